@@ -1,0 +1,50 @@
+# lenext_dist: every command a user meets. `make demo` and `make test` set up .venv themselves.
+PY        ?= python3
+VENV      ?= .venv
+BIN       := $(VENV)/bin
+# The CPU build lies on disk here; on a CUDA machine use e.g. TORCH_SPEC="torch==2.13.0" with the
+# CUDA index, or the GPU Docker image (docker/).
+TORCH_SPEC ?= torch==2.13.0
+NPROC     ?= 2
+PYTEST_ARGS ?=
+
+.PHONY: setup demo shards pretrain test test-fast dry-run bench clean
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q "$(TORCH_SPEC)"
+	$(BIN)/pip install -q -e ".[dev]"
+	touch $@
+
+# The embedded default: real-text sample -> shards -> a tiny NoPE model on 2 CPU ranks, ZeRO-2.
+demo: setup shards
+	$(BIN)/deepspeed --num_gpus $(NPROC) launch/pretrain.py --config configs/exp/tiny-cpu-nope.yaml
+
+shards: setup shards/sample/.done
+
+shards/sample/.done: data/sample/tokenizer.model
+	$(BIN)/python data_prep/shard.py --input 'data/sample/slimpajama/chunk*/*.jsonl.zst' --format slimpajama \
+	    --tokenizer data/sample/tokenizer.model --out shards/sample --name slimpajama \
+	    --valid-fraction 0.02 --workers $(NPROC)
+	$(BIN)/python data_prep/shard.py --input 'data/sample/starcoderdata/*/*.parquet' --format starcoder \
+	    --tokenizer data/sample/tokenizer.model --out shards/sample --name starcoder --workers $(NPROC)
+	touch $@
+
+dry-run: setup
+	$(BIN)/python launch/pretrain.py --config configs/exp/tinyllama-1.1b-nope.yaml --dry-run \
+	    --attention.head_scale.enabled=true
+
+test: setup
+	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+test-fast: setup
+	$(BIN)/python -m pytest -q -m "not distributed and not e2e" $(PYTEST_ARGS)
+
+bench: setup
+	$(BIN)/python benchmarks/run_all.py
+
+clean:
+	rm -rf runs shards .pytest_cache

@@ -1,0 +1,48 @@
+#!/usr/bin/env python
+"""Pretrain (or HeadScale-search) a megatron-core GPT under DeepSpeed ZeRO.
+
+    deepspeed --num_gpus 2 launch/pretrain.py --config configs/exp/tiny-cpu-nope.yaml [--dry-run] \
+        [--optim.lr=3e-4 --train.steps 100 ...]
+
+Also runs under torchrun, mpirun (mpi4py) and srun: the rank comes from the environment.
+Every `--a.b=value` (or `--a.b value`) overrides a config key; see README.md for all keys.
+"""
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from lenext_dist.config import ConfigError, load_config, split_cli_overrides  # noqa: E402
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--config", help="YAML under configs/ (default: built-in defaults)")
+    ap.add_argument("--dry-run", action="store_true",
+                    help="build on the meta device, print config, sizes, FLOPs, memory; no training")
+    ap.add_argument("--local_rank", "--local-rank", type=int, default=None,
+                    help=argparse.SUPPRESS)  # passed by the deepspeed launcher; LOCAL_RANK is used
+    args, rest = ap.parse_known_args(argv)
+    try:
+        cfg = load_config(args.config, split_cli_overrides(rest))
+    except ConfigError as e:
+        print(f"config error: {e}", file=sys.stderr)
+        return 2
+    if args.dry_run:
+        from lenext_dist.train.dryrun import dry_run
+
+        dry_run(cfg)
+        return 0
+    from lenext_dist.train.loop import train
+
+    try:
+        train(cfg)
+    except ConfigError as e:
+        print(f"config error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

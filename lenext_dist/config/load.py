@@ -1,0 +1,203 @@
+"""YAML -> RunConfig, strictly.
+
+A config file is a YAML mapping that mirrors `RunConfig`. It may start with
+`include: [path, ...]` (relative to the file): those files are merged first, in order, and the
+including file's keys win. Dotted CLI overrides (`optim.lr=3e-4`, `--train.steps 10`) are applied
+last. Every key is checked against the dataclasses: an unknown key, a wrong type or a failed
+validation raises ConfigError naming the key and the file it came from.
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from pathlib import Path
+from typing import Any, Literal, Union
+
+import yaml
+
+from .schema import ConfigError, RunConfig
+
+_MISSING = object()
+
+
+def _read_yaml(path: Path, stack: tuple[Path, ...] = ()) -> tuple[dict, dict]:
+    """Return (merged mapping, origin map dotted-key -> file) with includes resolved."""
+    path = path.resolve()
+    if path in stack:
+        raise ConfigError(f"{path}: include cycle: {' -> '.join(map(str, stack + (path,)))}")
+    if not path.is_file():
+        raise ConfigError(f"{path}: config file not found")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML: {e}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: top level must be a mapping, got {type(data).__name__}")
+    merged: dict = {}
+    origin: dict = {}
+    includes = data.pop("include", [])
+    if isinstance(includes, str):
+        includes = [includes]
+    for inc in includes:
+        sub, sub_origin = _read_yaml(path.parent / inc, stack + (path,))
+        _deep_merge(merged, sub)
+        origin.update(sub_origin)
+    _deep_merge(merged, data)
+    origin.update({k: str(path) for k in _dotted_keys(data)})
+    return merged, origin
+
+
+def _deep_merge(dst: dict, src: dict) -> None:
+    for k, v in src.items():
+        if isinstance(v, dict) and isinstance(dst.get(k), dict):
+            _deep_merge(dst[k], v)
+        else:
+            dst[k] = v
+
+
+def _dotted_keys(d: dict, prefix: str = ""):
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        yield key
+        if isinstance(v, dict):
+            yield from _dotted_keys(v, key + ".")
+
+
+def _type_name(tp) -> str:
+    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+
+
+def _coerce(value: Any, tp, key: str) -> Any:
+    """Check `value` against annotation `tp`, building nested dataclasses. Ints widen to float."""
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin in (Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for a in args:
+            if a is type(None):
+                continue
+            try:
+                return _coerce(value, a, key)
+            except ConfigError as e:
+                errors.append(str(e))
+        raise ConfigError(errors[0] if len(errors) == 1 else f"{key}: expected {_type_name(tp)}, got {value!r}")
+    if origin is Literal:
+        if value not in args:
+            raise ConfigError(f"{key}: must be one of {list(args)}, got {value!r}")
+        return value
+    if origin is list:
+        if not isinstance(value, list):
+            raise ConfigError(f"{key}: expected a list, got {type(value).__name__}")
+        return [_coerce(v, args[0], f"{key}[{i}]") for i, v in enumerate(value)]
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key}: expected a mapping, got {type(value).__name__}")
+        return _build(tp, value, key + ".")
+    if tp is float:
+        if isinstance(value, str):  # PyYAML (YAML 1.1) reads `3e-4` (no dot) as a string
+            try:
+                value = float(value)
+            except ValueError:
+                pass
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{key}: expected a number, got {value!r}")
+        return float(value)
+    if tp in (int, bool, str):
+        if type(value) is not tp:
+            raise ConfigError(f"{key}: expected {tp.__name__}, got {value!r} ({type(value).__name__})")
+        return value
+    raise ConfigError(f"{key}: unsupported annotation {tp}")
+
+
+def _build(cls, data: dict, prefix: str = ""):
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    kwargs = {}
+    for k, v in data.items():
+        if k not in names:
+            close = difflib.get_close_matches(str(k), names, n=1)
+            hint = f" (did you mean {prefix}{close[0]}?)" if close else f" (known: {', '.join(names)})"
+            raise ConfigError(f"{prefix}{k}: unknown key{hint}")
+        kwargs[k] = _coerce(v, hints[k], prefix + k)
+    try:
+        return cls(**kwargs)
+    except ConfigError as e:
+        raise ConfigError(str(e)) from None
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """`a.b=value` -> ("a.b", value parsed as YAML, so 3e-4, true, null and [1, 2] work)."""
+    if "=" not in text:
+        raise ConfigError(f"override {text!r}: expected key=value")
+    key, raw = text.split("=", 1)
+    key = key.strip().lstrip("-")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError as e:
+        raise ConfigError(f"override {key}: cannot parse {raw!r}: {e}") from None
+    return key, value
+
+
+def apply_override(data: dict, key: str, value: Any) -> None:
+    node = data
+    parts = key.split(".")
+    for p in parts[:-1]:
+        nxt = node.setdefault(p, {})
+        if not isinstance(nxt, dict):
+            raise ConfigError(f"override {key}: {p} is not a section")
+        node = nxt
+    node[parts[-1]] = value
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> RunConfig:
+    """Load a YAML config (or the defaults when path is None) and apply dotted overrides."""
+    data, origin = _read_yaml(Path(path)) if path else ({}, {})
+    for text in overrides:
+        key, value = parse_override(text)
+        apply_override(data, key, value)
+        origin[key] = "command line"
+    try:
+        return _build(RunConfig, data)
+    except ConfigError as e:
+        key = str(e).split(":", 1)[0].split("[")[0]
+        where = origin.get(key) or _nearest_origin(key, origin) or (str(path) if path else "defaults")
+        raise ConfigError(f"{where}: {e}") from None
+
+
+def _nearest_origin(key: str, origin: dict) -> str | None:
+    while "." in key:
+        key = key.rsplit(".", 1)[0]
+        if key in origin:
+            return origin[key]
+    return None
+
+
+def split_cli_overrides(argv: list[str]) -> list[str]:
+    """Turn `--a.b=1`, `--a.b 1` and `a.b=1` tokens into `a.b=1` strings."""
+    out, i = [], 0
+    while i < len(argv):
+        tok = argv[i]
+        if tok.startswith("--") and "=" not in tok and i + 1 < len(argv):
+            out.append(f"{tok[2:]}={argv[i + 1]}")
+            i += 2
+            continue
+        out.append(tok[2:] if tok.startswith("--") else tok)
+        i += 1
+    return out
+
+
+def to_dict(cfg) -> dict:
+    return dataclasses.asdict(cfg)
+
+
+def save_config(cfg: RunConfig, path: str | Path) -> None:
+    """Write the resolved config as YAML (loadable again by load_config)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+    tmp.replace(path)

@@ -1,0 +1,298 @@
+"""The typed config tree of a run.
+
+One dataclass per section; every field has a docstring-comment under it (the YAML reference in
+README.md is written from these). Validation that concerns one section lives in its
+`__post_init__`; checks that span sections (batch arithmetic, head scales vs heads) live in
+`RunConfig.__post_init__`. The loader (`load.py`) rejects unknown keys and wrong types before any
+of this runs, so a dataclass here only ever sees values of its declared types.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal, Optional
+
+
+class ConfigError(ValueError):
+    """A config value is wrong. The message names the key (and the file, when loaded from YAML)."""
+
+
+def _check(cond: bool, key: str, msg: str) -> None:
+    if not cond:
+        raise ConfigError(f"{key}: {msg}")
+
+
+@dataclass
+class ModelConfig:
+    """Shape of the megatron-core GPT. Defaults: a tiny CPU model; see configs/model/."""
+
+    name: str = "tiny-cpu"
+    """Free-form name, recorded in checkpoints and exports."""
+    num_layers: int = 2
+    hidden_size: int = 64
+    num_attention_heads: int = 4
+    num_query_groups: Optional[int] = None
+    """Key/value heads for grouped-query attention (GQA); null means one per head (MHA)."""
+    ffn_hidden_size: int = 176
+    """SwiGLU inner width (TinyLlama: 5632 = 2.75 x 2048)."""
+    vocab_size: int = 4096
+    """Embedding rows; must cover the tokenizer's vocabulary."""
+    seq_length: int = 128
+    """Training context length L."""
+    norm_epsilon: float = 1e-5
+    init_method_std: float = 0.02
+    tie_embeddings: bool = False
+    """TinyLlama unties input embedding and output layer."""
+
+    def __post_init__(self):
+        for k in ("num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size",
+                  "vocab_size", "seq_length"):
+            _check(getattr(self, k) > 0, f"model.{k}", "must be > 0")
+        _check(self.hidden_size % self.num_attention_heads == 0, "model.hidden_size",
+               f"{self.hidden_size} is not divisible by num_attention_heads={self.num_attention_heads}")
+        if self.num_query_groups is not None:
+            _check(self.num_query_groups > 0 and self.num_attention_heads % self.num_query_groups == 0,
+                   "model.num_query_groups",
+                   f"{self.num_query_groups} must divide num_attention_heads={self.num_attention_heads}")
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+    @property
+    def kv_heads(self) -> int:
+        return self.num_query_groups or self.num_attention_heads
+
+
+@dataclass
+class RopeConfig:
+    """Rotary position embedding settings, used when attention.position is `rope`."""
+
+    base: float = 10000.0
+    scaling: Literal["none", "pi", "ntk", "yarn"] = "none"
+    """Length extension applied at evaluation time (PI / NTK-aware / YaRN)."""
+    factor: float = 1.0
+    """Extension factor s = target length / training length, for `scaling`."""
+
+    def __post_init__(self):
+        _check(self.base > 1.0, "attention.rope.base", "must be > 1")
+        _check(self.factor >= 1.0, "attention.rope.factor", "must be >= 1")
+
+
+@dataclass
+class HeadScaleConfig:
+    """Per-head softmax scale lambda_h = m_h / sqrt(d) (the paper's HeadScale)."""
+
+    enabled: bool = False
+    """Give every attention layer a vector m of one scale per query head."""
+    init: Optional[float] = None
+    """Initial m_h for every head; null takes attention.scale_c (the best uniform scale)."""
+    trainable: bool = False
+    """m_h receives gradients (kept in fp32)."""
+    min_value: Optional[float] = 1.0
+    """Clamp m_h >= min_value after every optimizer step; null turns the constraint off (ablation)."""
+
+    def __post_init__(self):
+        if self.init is not None:
+            _check(self.init > 0, "attention.head_scale.init", "must be > 0")
+        _check(not self.trainable or self.enabled, "attention.head_scale.trainable",
+               "needs attention.head_scale.enabled: true")
+
+
+@dataclass
+class AttentionConfig:
+    """Attention variant (a registry entry, see lenext_dist/attention) and its softmax scale."""
+
+    position: str = "nope"
+    """Position handling, a name in the attention registry: `nope`, `rope`."""
+    scale_c: float = 1.0
+    """Uniform softmax scale lambda = c / sqrt(d) (paper: c ~1.2 for 2x, 1.5 for 4x length)."""
+    rope: RopeConfig = field(default_factory=RopeConfig)
+    head_scale: HeadScaleConfig = field(default_factory=HeadScaleConfig)
+
+    def __post_init__(self):
+        _check(self.scale_c > 0, "attention.scale_c", "must be > 0")
+        from lenext_dist.attention import registry  # late: attention imports nothing from config
+
+        _check(self.position in registry.POSITIONS, "attention.position",
+               f"unknown variant {self.position!r}; registered: {sorted(registry.POSITIONS)}")
+
+
+@dataclass
+class BlendItem:
+    prefix: str
+    """Path prefix of a megatron .bin/.idx pair (relative paths are from the current directory)."""
+    weight: float = 1.0
+    """Sampling weight in the blend (normalized over all items)."""
+
+    def __post_init__(self):
+        _check(self.weight > 0, "data.blend[].weight", "must be > 0")
+
+
+@dataclass
+class DataConfig:
+    """Megatron indexed-dataset shards and the weighted blend (GPTDataset via the blend builder)."""
+
+    blend: list[BlendItem] = field(default_factory=list)
+    """Training shards with weights, e.g. SlimPajama 0.69 + Starcoder 0.31."""
+    valid_blend: list[BlendItem] = field(default_factory=list)
+    """Validation shards; empty means none (validation skipped)."""
+    tokenizer: str = "data/sample/tokenizer.model"
+    """SentencePiece model the shards were made with (EOS id, vocabulary size)."""
+    seed: int = 1234
+    """Data order seed (shuffle of documents and samples); HeadScale uses a fresh one."""
+    cache_dir: Optional[str] = None
+    """Where megatron caches its sample indices; null puts them under <run_dir>/data_cache."""
+
+    def __post_init__(self):
+        for item in self.blend + self.valid_blend:
+            _check(bool(item.prefix), "data.blend[].prefix", "must not be empty")
+
+
+@dataclass
+class OptimConfig:
+    """AdamW with linear warmup then cosine decay to min_lr_ratio * lr (TinyLlama recipe)."""
+
+    lr: float = 1e-3
+    min_lr_ratio: float = 0.1
+    warmup_steps: int = 20
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-8
+    grad_clip: float = 1.0
+    """Global gradient-norm clip; 0 disables."""
+
+    def __post_init__(self):
+        _check(self.lr > 0, "optim.lr", "must be > 0")
+        _check(0 <= self.min_lr_ratio <= 1, "optim.min_lr_ratio", "must be in [0, 1]")
+        _check(self.warmup_steps >= 0, "optim.warmup_steps", "must be >= 0")
+        _check(0 <= self.beta1 < 1 and 0 <= self.beta2 < 1, "optim.beta1/beta2", "must be in [0, 1)")
+        _check(self.grad_clip >= 0, "optim.grad_clip", "must be >= 0")
+
+
+@dataclass
+class TrainConfig:
+    """Steps, batch arithmetic and precision. global = micro x grad_accum x data-parallel size."""
+
+    mode: Literal["pretrain", "headscale"] = "pretrain"
+    """`headscale`: freeze every weight but the per-head scales (needs checkpoint.init_from)."""
+    steps: int = 200
+    micro_batch_size: int = 4
+    """Sequences per rank per forward pass."""
+    global_batch_size: int = 8
+    """Sequences per optimizer step over all ranks."""
+    grad_accum: Optional[int] = None
+    """Micro-batches per step per rank; null derives it from the other two and the world size."""
+    precision: Literal["fp32", "bf16", "fp16"] = "fp32"
+    seed: int = 1234
+    """Model init and dropout seed."""
+    eval_interval: int = 100
+    """Validation loss every N steps (0: never); needs data.valid_blend."""
+    eval_iters: int = 4
+    """Validation micro-batches per evaluation."""
+
+    def __post_init__(self):
+        for k in ("steps", "micro_batch_size", "global_batch_size", "eval_iters"):
+            _check(getattr(self, k) > 0, f"train.{k}", "must be > 0")
+        _check(self.eval_interval >= 0, "train.eval_interval", "must be >= 0")
+        _check(self.grad_accum is None or self.grad_accum > 0, "train.grad_accum", "must be > 0")
+
+    def accum_steps(self, world_size: int) -> int:
+        """Micro-batches per optimizer step per rank; raises if the batch sizes do not divide."""
+        per_step = self.micro_batch_size * world_size
+        _check(self.global_batch_size % per_step == 0, "train.global_batch_size",
+               f"{self.global_batch_size} is not divisible by micro_batch_size x data-parallel "
+               f"size = {self.micro_batch_size} x {world_size}")
+        accum = self.global_batch_size // per_step
+        _check(self.grad_accum in (None, accum), "train.grad_accum",
+               f"{self.grad_accum} contradicts global_batch_size/(micro_batch_size x world) = {accum}")
+        return accum
+
+
+@dataclass
+class ParallelConfig:
+    """DeepSpeed ZeRO data parallelism (tensor/pipeline parallel are fixed at 1 for now)."""
+
+    zero_stage: int = 2
+    """0: plain DDP, 1: shard optimizer state, 2: + gradients, 3: + parameters."""
+    offload_optimizer: bool = False
+    """ZeRO-Offload of optimizer state to CPU (builds DeepSpeed's cpu_adam once)."""
+    backend: Optional[str] = None
+    """torch.distributed backend; null picks DeepSpeed's accelerator default (nccl / gloo on CPU)."""
+
+    def __post_init__(self):
+        _check(self.zero_stage in (0, 1, 2, 3), "parallel.zero_stage", "must be 0, 1, 2 or 3")
+
+
+@dataclass
+class CheckpointConfig:
+    """DeepSpeed checkpoints: atomic `latest`, keep-last-K, resume by default."""
+
+    dir: Optional[str] = None
+    """Checkpoint folder; null puts it at <run_dir>/checkpoints."""
+    interval: int = 100
+    """Save every N steps (and at the end, and on SIGTERM/SIGUSR1); 0 saves only at the end."""
+    keep_last: int = 3
+    """Checkpoints kept; older ones are deleted after a newer one is complete. 0 keeps all."""
+    resume: bool = True
+    """Continue from <dir>/latest when it exists."""
+    init_from: Optional[str] = None
+    """Checkpoint folder (or a step_* tag folder) whose model weights start a new run (HeadScale)."""
+
+    def __post_init__(self):
+        _check(self.interval >= 0, "checkpoint.interval", "must be >= 0")
+        _check(self.keep_last >= 0, "checkpoint.keep_last", "must be >= 0")
+
+
+@dataclass
+class LoggingConfig:
+    interval: int = 10
+    """Print metrics on rank 0 every N steps."""
+    tensorboard: bool = True
+    """Also write scalars to <run_dir>/tensorboard."""
+    peak_tflops: Optional[float] = None
+    """Per-device peak for MFU (e.g. 312 for A100 bf16); null measures a fp32 matmul peak at start."""
+    progress_bar: bool = True
+
+    def __post_init__(self):
+        _check(self.interval > 0, "logging.interval", "must be > 0")
+
+
+@dataclass
+class RunConfig:
+    """The root: one run of launch/pretrain.py."""
+
+    name: str = "run"
+    run_dir: Optional[str] = None
+    """Output folder (resolved config, metrics, tensorboard, checkpoints); null: runs/<name>."""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    attention: AttentionConfig = field(default_factory=AttentionConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+
+    def __post_init__(self):
+        if self.run_dir is None:
+            self.run_dir = f"runs/{self.name}"
+        if self.checkpoint.dir is None:
+            self.checkpoint.dir = f"{self.run_dir}/checkpoints"
+        if self.train.mode == "headscale":
+            _check(self.attention.head_scale.enabled and self.attention.head_scale.trainable,
+                   "train.mode", "headscale needs attention.head_scale.enabled and .trainable")
+            _check(self.checkpoint.init_from is not None, "checkpoint.init_from",
+                   "train.mode=headscale needs the pretrained checkpoint to start from")
+        _check(self.train.global_batch_size % self.train.micro_batch_size == 0,
+               "train.global_batch_size",
+               f"{self.train.global_batch_size} is not a multiple of micro_batch_size "
+               f"{self.train.micro_batch_size}")
+        _check(self.train.precision != "fp16" or not self.attention.head_scale.trainable,
+               "train.precision", "fp16 with trainable head scales is unsupported; use bf16 or fp32")
+
+    @property
+    def head_scale_init(self) -> float:
+        hs = self.attention.head_scale
+        return hs.init if hs.init is not None else self.attention.scale_c
+

@@ -1,0 +1,1 @@
+"""Training data from megatron indexed shards (GPTDataset + weighted blend), resumable by index."""

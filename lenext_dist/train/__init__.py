@@ -1,0 +1,1 @@
+"""Training: DeepSpeed engine loop, checkpoints, metrics, signals, the HeadScale mode."""

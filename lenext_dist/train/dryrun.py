@@ -1,0 +1,88 @@
+"""`--dry-run`: build the model on the meta device and report sizes, FLOPs and memory; no training.
+
+Memory estimate per data-parallel rank (bytes), for AdamW under ZeRO with world size W:
+    weights      P x w        (/ W at stage 3)       w = 4 (fp32) or 2 (bf16/fp16)
+    gradients    T x w        (/ W at stage >= 2)    T = trainable parameters
+    fp32 master  T x 4 when w = 2 (/ W at stage >= 1)
+    Adam m, v    T x 8        (/ W at stage >= 1)
+    activations  L x s x b x h x 34 x (w / 2)        (Korthikanti et al. 2022, "Reducing Activation
+                 Recomputation in Large Transformer Models", eq. 1, with the 5 a s^2 b attention-
+                 matrix term dropped because our attention never materializes it)
+A rough guide for choosing micro batch and ZeRO stage, not a measurement.
+"""
+from __future__ import annotations
+
+import os
+
+import yaml
+
+from lenext_dist.config import RunConfig, to_dict
+
+
+def _gb(x: float) -> str:
+    return f"{x / 2**30:.2f} GiB"
+
+
+def memory_estimate(cfg: RunConfig, total: int, trainable: int, world: int) -> dict[str, float]:
+    w = 4 if cfg.train.precision == "fp32" else 2
+    z = cfg.parallel.zero_stage
+    m = cfg.model
+    est = {
+        "weights": total * w / (world if z >= 3 else 1),
+        "gradients": trainable * w / (world if z >= 2 else 1),
+        "fp32_master": (trainable * 4 if w == 2 else 0) / (world if z >= 1 else 1),
+        "adam_states": trainable * 8 / (world if z >= 1 else 1),
+        "activations": m.num_layers * m.seq_length * cfg.train.micro_batch_size * m.hidden_size * 34 * w / 2,
+    }
+    if cfg.parallel.offload_optimizer:
+        est["fp32_master"] = est["adam_states"] = 0.0  # in host memory instead
+    est["total"] = sum(est.values())
+    return est
+
+
+def _init_single_process_group() -> None:
+    """megatron's parallel state needs a process group even to build on the meta device."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        return
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+
+
+def dry_run(cfg: RunConfig, world: int | None = None) -> dict:
+    """Print the resolved config and the model's numbers; returns them (used by tests)."""
+    from lenext_dist.model import build_model, flops_per_token, init_megatron, parameter_counts
+    from lenext_dist.train.optim import freeze_for_mode
+
+    world = world or int(os.environ.get("WORLD_SIZE", 1))
+    accum = cfg.train.accum_steps(world)  # validates the batch arithmetic for this world size
+    _init_single_process_group()
+    init_megatron(cfg.train.seed)
+    model = build_model(cfg, device="meta")
+    freeze_for_mode(model, cfg)
+    counts = parameter_counts(model)
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    fpt = flops_per_token(cfg)
+    mem = memory_estimate(cfg, counts["total"], trainable, world)
+    print("# resolved config")
+    print(yaml.safe_dump(to_dict(cfg), sort_keys=False).rstrip())
+    print("\n# dry run (meta device, nothing allocated)")
+    print(f"parameters: {counts['total']:,} total ({counts['total'] / 1e9:.3f}B), "
+          f"{counts['embedding']:,} embedding, {counts['non_embedding']:,} non-embedding")
+    heads = cfg.model.num_layers * cfg.model.num_attention_heads
+    print(f"attention heads: {heads} ({cfg.model.num_layers} layers x {cfg.model.num_attention_heads}"
+          f" heads) = HeadScale's per-head scales, here {counts['head_scales']:,} parameters "
+          f"({'trainable' if cfg.attention.head_scale.trainable else 'fixed'} when enabled)")
+    print(f"trainable: {trainable:,} ({cfg.train.mode} mode)")
+    print(f"FLOPs/token: {fpt:.4e} (PaLM 6N + 12LHQT); per step: "
+          f"{fpt * cfg.train.global_batch_size * cfg.model.seq_length:.4e}")
+    print(f"batch: micro {cfg.train.micro_batch_size} x accum {accum} x dp {world} = "
+          f"{cfg.train.global_batch_size} sequences of {cfg.model.seq_length}")
+    print(f"memory estimate per rank (ZeRO-{cfg.parallel.zero_stage}, {cfg.train.precision}, W={world}): "
+          + ", ".join(f"{k} {_gb(v)}" for k, v in mem.items()))
+    return {"counts": counts, "trainable": trainable, "flops_per_token": fpt, "memory": mem}

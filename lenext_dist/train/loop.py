@@ -1,0 +1,184 @@
+"""The training loop: DeepSpeed engine around the megatron GPT, pretrain and HeadScale modes.
+
+Run by launch/pretrain.py on every rank (deepspeed / torchrun / mpirun / srun set the rank env).
+"""
+from __future__ import annotations
+
+import os
+import platform
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+from lenext_dist.config import RunConfig, deepspeed_config, save_config, to_dict
+from lenext_dist.data.gpt_data import build_datasets, train_batches, valid_batches
+from lenext_dist.train import checkpoint, optim
+from lenext_dist.train.metrics import Metrics, measure_matmul_tflops
+from lenext_dist.train.signals import StopSignal
+
+
+def init_distributed(cfg: RunConfig) -> tuple[int, int]:
+    """torch.distributed through DeepSpeed (env:// from any launcher, or MPI discovery)."""
+    import deepspeed
+    from deepspeed.accelerator import get_accelerator
+
+    acc = get_accelerator()
+    backend = cfg.parallel.backend or acc.communication_backend_name()
+    if not dist.is_initialized():
+        deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=True, verbose=False)
+    if acc.device_name() != "cpu":
+        acc.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    return dist.get_rank(), dist.get_world_size()
+
+
+def _print0(*args):
+    if dist.get_rank() == 0:
+        print(*args, flush=True)
+
+
+def _header(cfg: RunConfig, model, world: int, accum: int, fpt: float, peak: float) -> None:
+    import deepspeed
+    import megatron.core
+
+    from lenext_dist.model import parameter_counts
+
+    c = parameter_counts(model)
+    _print0(
+        f"[lenext] run {cfg.name} ({cfg.train.mode}) -> {cfg.run_dir}\n"
+        f"[lenext] model {cfg.model.name}: {c['total']:,} params ({c['non_embedding']:,} non-embedding, "
+        f"{c['head_scales']:,} head scales), attention {cfg.attention.position} c={cfg.attention.scale_c}\n"
+        f"[lenext] FLOPs/token {fpt:.3e} (PaLM 6N+12LHQT), peak {peak:.3f} TFLOP/s per device\n"
+        f"[lenext] world {world}, ZeRO-{cfg.parallel.zero_stage}, micro {cfg.train.micro_batch_size} x accum "
+        f"{accum} x dp {world} = global {cfg.train.global_batch_size} seqs = "
+        f"{cfg.train.global_batch_size * cfg.model.seq_length:,} tokens/step, {cfg.train.precision}\n"
+        f"[lenext] torch {torch.__version__}, deepspeed {deepspeed.__version__}, megatron-core "
+        f"{megatron.core.__version__}, python {platform.python_version()}, {torch.get_num_threads()} threads")
+
+
+def _mean_over_ranks(value: float) -> float:
+    t = torch.tensor([value], dtype=torch.float64)
+    dist.all_reduce(t)
+    return t.item() / dist.get_world_size()
+
+
+def _micro_loss(engine, batch: dict, device) -> torch.Tensor:
+    b = {k: v.to(device) for k, v in batch.items()}
+    per_token = engine(input_ids=b["tokens"], position_ids=b["position_ids"], attention_mask=None,
+                       labels=b["labels"])  # [b, s] fp32
+    mask = b["loss_mask"].float()
+    return (per_token.float() * mask).sum() / mask.sum()
+
+
+@torch.no_grad()
+def evaluate(engine, dataset, cfg: RunConfig, rank: int, world: int, eval_index: int, device) -> float:
+    engine.eval()
+    losses = [_micro_loss(engine, b, device).item()
+              for b in valid_batches(dataset, cfg, rank, world, eval_index)]
+    engine.train()
+    return _mean_over_ranks(sum(losses) / len(losses))
+
+
+def train(cfg: RunConfig) -> dict:
+    """Train per cfg; returns {'step', 'stopped_by_signal'}. Call on every rank."""
+    import deepspeed
+    from deepspeed.accelerator import get_accelerator
+
+    from lenext_dist.model import build_model, flops_per_token, init_megatron
+
+    rank, world = init_distributed(cfg)
+    accum = cfg.train.accum_steps(world)  # raises on batch sizes that do not divide
+    ds_config = deepspeed_config(cfg, world)
+    device = get_accelerator().current_device_name()
+    init_megatron(cfg.train.seed)
+    model = build_model(cfg)
+    optim.freeze_for_mode(model, cfg)
+    engine, *_ = deepspeed.initialize(model=model, optimizer=optim.build_optimizer(model, cfg),
+                                      config=ds_config)
+    peak = cfg.logging.peak_tflops or measure_matmul_tflops(
+        device, torch.bfloat16 if cfg.train.precision == "bf16" and device != "cpu" else torch.float32)
+    fpt = flops_per_token(cfg)
+    _header(cfg, model, world, accum, fpt, peak)
+
+    step, consumed = 0, 0
+    tag = checkpoint.latest_tag(cfg.checkpoint.dir) if cfg.checkpoint.resume else None
+    if tag:
+        client = checkpoint.load(engine, cfg.checkpoint.dir, tag)
+        step, consumed = client["step"], client["consumed_samples"]
+        _print0(f"[lenext] resumed from {cfg.checkpoint.dir}/{tag}: step {step}, {consumed:,} samples")
+    elif cfg.checkpoint.init_from:
+        src = checkpoint.load_weights(engine, cfg.checkpoint.init_from)
+        _print0(f"[lenext] initialized weights from {src}")
+    if rank == 0:
+        save_config(cfg, os.path.join(cfg.run_dir, "config.yaml"))
+        with open(os.path.join(cfg.run_dir, "deepspeed.json"), "w") as f:
+            import json
+
+            json.dump(ds_config, f, indent=2)
+
+    train_ds, valid_ds = build_datasets(cfg, world)
+    metrics = Metrics(cfg.run_dir, cfg.train.steps, cfg.train.global_batch_size * cfg.model.seq_length,
+                      fpt, peak, world, cfg.logging.tensorboard, enabled=rank == 0)
+    hs_cfg = cfg.attention.head_scale
+    trainable_scales = hs_cfg.enabled and hs_cfg.trainable
+    stop = StopSignal()
+    bar = _progress(cfg, step, rank)
+    stopped = False
+    loss_sum, n_loss = 0.0, 0
+
+    batches = train_batches(train_ds, cfg, rank, world, step)
+    while step < cfg.train.steps:
+        t0 = time.perf_counter()
+        micro_batches = next(batches)
+        data_s = time.perf_counter() - t0
+        lr = optim.cosine_lr(step, cfg.optim, cfg.train.steps)
+        optim.set_lr(engine.optimizer, lr)
+        step_loss = 0.0
+        for mb in micro_batches:
+            loss = _micro_loss(engine, mb, device)
+            engine.backward(loss)
+            engine.step()  # DeepSpeed steps the optimizer on the accumulation boundary only
+            step_loss += loss.item() / len(micro_batches)
+        if trainable_scales and hs_cfg.min_value is not None:
+            optim.clamp_head_scales(engine, hs_cfg.min_value)
+        step += 1
+        consumed += cfg.train.global_batch_size
+        metrics.add_step(data_s)
+        loss_sum += _mean_over_ranks(step_loss)
+        n_loss += 1
+        if bar:
+            bar.update(1)
+        if step % cfg.logging.interval == 0 or step == cfg.train.steps:
+            gnorm = engine.get_global_grad_norm()
+            scales = optim.head_scale_stats(engine) if trainable_scales else None
+            metrics.log(step, {"loss": loss_sum / n_loss, "lr": lr,
+                               "grad_norm": float(gnorm) if gnorm is not None else float("nan")}, scales)
+            loss_sum, n_loss = 0.0, 0
+        if valid_ds is not None and cfg.train.eval_interval and step % cfg.train.eval_interval == 0:
+            metrics.log_eval(step, evaluate(engine, valid_ds, cfg, rank, world,
+                                            step // cfg.train.eval_interval - 1, device))
+        if stop.agreed():
+            _print0(f"[lenext] {stop.name} received: saving a checkpoint at step {step} and exiting")
+            checkpoint.save(engine, cfg, step, consumed)
+            stopped = True
+            break
+        interval = cfg.checkpoint.interval
+        if step == cfg.train.steps or (interval and step % interval == 0):
+            checkpoint.save(engine, cfg, step, consumed)
+    if bar:
+        bar.close()
+    metrics.close()
+    _print0(f"[lenext] {'stopped' if stopped else 'done'} at step {step}; checkpoints in {cfg.checkpoint.dir}")
+    return {"step": step, "stopped_by_signal": stopped}
+
+
+def _progress(cfg: RunConfig, step: int, rank: int):
+    if rank != 0 or not cfg.logging.progress_bar or not sys.stderr.isatty():
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=cfg.train.steps, initial=step, unit="step", dynamic_ncols=True)
+
+
+__all__ = ["train", "evaluate", "init_distributed", "to_dict"]

@@ -1,0 +1,145 @@
+"""Rank-0 metrics: the log line, metrics.jsonl and TensorBoard.
+
+MFU follows PaLM (Chowdhery et al. 2022, App. B): model FLOPs per token = 6N + 12 L H Q T
+(N non-embedding parameters, L layers, H heads, Q head dim, T sequence length; forward+backward,
+no recompute), divided by the per-device peak x devices. The peak is `logging.peak_tflops` or,
+when null, a dense matmul measured at start-up on this device in the training dtype, so the MFU
+of a CPU run is quoted against what this machine can actually do.
+"""
+from __future__ import annotations
+
+import json
+import resource
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+
+def measure_matmul_tflops(device: str = "cpu", dtype: torch.dtype = torch.float32, n: int = 1024,
+                          seconds: float = 0.5) -> float:
+    """Dense n x n matmul throughput in TFLOP/s (2 n^3 flops per product), best of a few runs."""
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+    from deepspeed.accelerator import get_accelerator
+
+    acc = get_accelerator()
+    best = 0.0
+    deadline = time.perf_counter() + seconds
+    a @ b  # warm-up
+    while time.perf_counter() < deadline:
+        acc.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(4):
+            a @ b
+        acc.synchronize()
+        best = max(best, 4 * 2 * n**3 / (time.perf_counter() - t0) / 1e12)
+    return best
+
+
+def peak_memory_gb() -> float:
+    """Peak memory of this process: device allocator peak on accelerators, max RSS on CPU."""
+    from deepspeed.accelerator import get_accelerator
+
+    acc = get_accelerator()
+    if acc.device_name() != "cpu":
+        return acc.max_memory_allocated() / 2**30
+    kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # Linux reports KiB
+    return kb / 2**20
+
+
+def _fmt_eta(seconds: float) -> str:
+    s = int(seconds)
+    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
+
+
+class Metrics:
+    """Accumulates timings between log lines; writes on rank 0 only."""
+
+    def __init__(self, run_dir: str, total_steps: int, tokens_per_step: int, flops_per_token: float,
+                 peak_tflops: float, world_size: int, tensorboard: bool, enabled: bool):
+        self.enabled = enabled
+        self.total_steps = total_steps
+        self.tokens_per_step = tokens_per_step
+        self.flops_per_token = flops_per_token
+        self.peak_total = peak_tflops * world_size
+        self.writer = None
+        self._reset()
+        if not enabled:
+            return
+        Path(run_dir).mkdir(parents=True, exist_ok=True)
+        self.jsonl = open(Path(run_dir) / "metrics.jsonl", "a")
+        if tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+
+                self.writer = SummaryWriter(str(Path(run_dir) / "tensorboard"))
+            except ImportError:
+                print("[lenext] tensorboard not installed: TensorBoard logging off", file=sys.stderr)
+
+    def _reset(self):
+        self.t_start = time.perf_counter()
+        self.data_time = 0.0
+        self.steps = 0
+
+    def add_step(self, data_seconds: float) -> None:
+        self.data_time += data_seconds
+        self.steps += 1
+
+    def log(self, step: int, record: dict, head_scales: Optional[dict] = None) -> None:
+        """Emit one line for the steps since the last call; `record` has loss, lr, grad_norm."""
+        elapsed = time.perf_counter() - self.t_start
+        steps = max(1, self.steps)
+        tok_s = steps * self.tokens_per_step / elapsed
+        tflops = tok_s * self.flops_per_token / 1e12
+        rec = {
+            "step": step,
+            "tokens": step * self.tokens_per_step,
+            **record,
+            "tokens_per_s": tok_s,
+            "tflops": tflops,
+            "mfu": tflops / self.peak_total if self.peak_total else float("nan"),
+            "ms_per_step": 1000 * elapsed / steps,
+            "data_wait_pct": 100 * self.data_time / elapsed,
+            "peak_mem_gb": peak_memory_gb(),
+        }
+        eta = (self.total_steps - step) * elapsed / steps
+        self._reset()
+        if not self.enabled:
+            return
+        if head_scales:
+            rec["head_scales"] = {k: list(v) for k, v in head_scales.items()}
+        self.jsonl.write(json.dumps(rec) + "\n")
+        self.jsonl.flush()
+        line = (f"step {step}/{self.total_steps} | tokens {rec['tokens']:,} | loss {rec['loss']:.4f}"
+                f" | lr {rec['lr']:.3e} | gnorm {rec['grad_norm']:.3f} | {tok_s:,.0f} tok/s"
+                f" | {tflops:.3f} TFLOP/s | MFU {100 * rec['mfu']:.1f}% | {rec['ms_per_step']:.0f} ms/step"
+                f" | data {rec['data_wait_pct']:.1f}% | mem {rec['peak_mem_gb']:.2f} GB | ETA {_fmt_eta(eta)}")
+        print(line, flush=True)
+        if head_scales:
+            for name, (lo, mean, hi) in head_scales.items():
+                print(f"    {name}: m_h min {lo:.4f} mean {mean:.4f} max {hi:.4f}", flush=True)
+        if self.writer:
+            for k in ("loss", "lr", "grad_norm", "tokens_per_s", "tflops", "mfu", "ms_per_step",
+                      "data_wait_pct", "peak_mem_gb"):
+                self.writer.add_scalar(f"train/{k}", rec[k], step)
+            for name, (lo, mean, hi) in (head_scales or {}).items():
+                self.writer.add_scalars(f"head_scale/{name}", {"min": lo, "mean": mean, "max": hi}, step)
+
+    def log_eval(self, step: int, loss: float) -> None:
+        if not self.enabled:
+            return
+        self.jsonl.write(json.dumps({"step": step, "valid_loss": loss}) + "\n")
+        self.jsonl.flush()
+        print(f"step {step} | valid loss {loss:.4f} | valid ppl {torch.tensor(loss).exp().item():.2f}",
+              flush=True)
+        if self.writer:
+            self.writer.add_scalar("valid/loss", loss, step)
+
+    def close(self) -> None:
+        if self.enabled:
+            self.jsonl.close()
+            if self.writer:
+                self.writer.close()

@@ -1,0 +1,94 @@
+"""Optimizer, LR schedule and the per-head-scale constraint.
+
+The optimizer is torch AdamW handed to DeepSpeed (nothing JIT-compiles; DeepSpeed wraps it in its
+ZeRO optimizer). The LR is a pure function of the optimizer step, set on every step, so resume
+needs no scheduler state and cannot drift.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from lenext_dist.config import OptimConfig, RunConfig
+
+HEAD_SCALE_SUFFIX = "head_scale"
+
+
+def cosine_lr(step: int, opt: OptimConfig, total_steps: int) -> float:
+    """LR for 0-based optimizer step `step`: linear warmup to lr, then cosine to min_lr_ratio*lr."""
+    if step < opt.warmup_steps:
+        return opt.lr * (step + 1) / opt.warmup_steps
+    span = max(1, total_steps - opt.warmup_steps)
+    progress = min(1.0, (step - opt.warmup_steps) / span)
+    floor = opt.lr * opt.min_lr_ratio
+    return floor + (opt.lr - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def is_head_scale(name: str) -> bool:
+    return name.endswith(HEAD_SCALE_SUFFIX)
+
+
+def freeze_for_mode(model: torch.nn.Module, cfg: RunConfig) -> None:
+    """HeadScale mode trains the per-head scales only; everything else is frozen."""
+    if cfg.train.mode == "headscale":
+        for name, p in model.named_parameters():
+            p.requires_grad_(is_head_scale(name))
+
+
+def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
+    """AdamW groups: matrices decay; norms, biases and head scales do not (GPT-2/nanoGPT rule)."""
+    decay, no_decay = [], []
+    for name, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        (decay if p.ndim >= 2 and not is_head_scale(name) else no_decay).append(p)
+    groups = [{"params": g, "weight_decay": wd} for g, wd in ((decay, weight_decay), (no_decay, 0.0)) if g]
+    if not groups:
+        raise ValueError("no trainable parameters (train.mode / attention.head_scale.trainable?)")
+    return groups
+
+
+def build_optimizer(model: torch.nn.Module, cfg: RunConfig) -> torch.optim.Optimizer:
+    o = cfg.optim
+    return torch.optim.AdamW(param_groups(model, o.weight_decay), lr=o.lr, betas=(o.beta1, o.beta2),
+                             eps=o.eps, foreach=False)
+
+
+def set_lr(optimizer, lr: float) -> None:
+    for g in optimizer.param_groups:
+        g["lr"] = lr
+
+
+@torch.no_grad()
+def clamp_head_scales(engine, min_value: float) -> None:
+    """m_h <- max(m_h, min_value) after an optimizer step (paper: the m_h >= 1 constraint).
+
+    Under ZeRO the optimizer updates its own fp32 master copy and copies it into the module's
+    parameters only after the next step, so clamping the module tensor alone would be undone.
+    The clamp is elementwise, so each rank clamps the master copy (DeepSpeed's safe_* accessors
+    cover stages 1-3) and its local module tensor (the full tensor, or its ZeRO-3 partition).
+    """
+    from deepspeed.utils import safe_get_full_fp32_param, safe_set_full_fp32_param
+
+    for name, p in engine.module.named_parameters():
+        if not (is_head_scale(name) and p.requires_grad):
+            continue
+        master = safe_get_full_fp32_param(p)
+        if master is not None:
+            safe_set_full_fp32_param(p, master.clamp(min=min_value))
+        local = p.ds_tensor if hasattr(p, "ds_tensor") else p.data
+        local.clamp_(min=min_value)
+
+
+def head_scale_stats(engine) -> dict[str, tuple[float, float, float]]:
+    """{layer name: (min, mean, max)} of the per-head scales m_h, gathered under ZeRO-3."""
+    from deepspeed.utils import safe_get_full_fp32_param
+
+    out = {}
+    for name, p in engine.module.named_parameters():
+        if is_head_scale(name):
+            full = safe_get_full_fp32_param(p)
+            v = (full if full is not None else p.data).float()
+            out[name] = (v.min().item(), v.mean().item(), v.max().item())
+    return out

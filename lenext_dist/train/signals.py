@@ -1,0 +1,33 @@
+"""SIGTERM / SIGUSR1: checkpoint at the next step boundary and exit cleanly.
+
+Slurm sends SIGUSR1 ahead of a time limit (`--signal=USR1@120`) and SIGTERM on preemption. The
+handler only sets a flag; ranks agree on it with one all-reduce per step, so every rank stops at
+the same step even when only some of them received the signal.
+"""
+from __future__ import annotations
+
+import signal
+
+import torch
+import torch.distributed as dist
+
+
+class StopSignal:
+    SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+
+    def __init__(self):
+        self.name = None
+        for s in self.SIGNALS:
+            signal.signal(s, self._handle)
+
+    def _handle(self, signum, _frame):
+        self.name = signal.Signals(signum).name
+
+    def agreed(self) -> bool:
+        """True on every rank if any rank got a signal (collective: call on all ranks)."""
+        flag = torch.tensor([1.0 if self.name else 0.0])
+        if dist.is_initialized():
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        if flag.item() and self.name is None:
+            self.name = "a peer's stop signal"
+        return bool(flag.item())

@@ -1,0 +1,98 @@
+"""The typed config tree: strict YAML, includes, overrides, validation, the DeepSpeed JSON."""
+import pytest
+import yaml
+
+from lenext_dist.config import ConfigError, deepspeed_config, load_config, save_config, split_cli_overrides
+
+
+def write(tmp_path, name, data):
+    p = tmp_path / name
+    p.write_text(yaml.safe_dump(data) if isinstance(data, dict) else data)
+    return p
+
+
+def test_every_shipped_config_loads(repo):
+    paths = sorted((repo / "configs").rglob("*.yaml"))
+    assert len(paths) >= 5
+    for p in paths:
+        if p.parent.name == "exp":
+            cfg = load_config(p)
+            assert cfg.name == p.stem
+
+
+def test_include_merge_and_override_order(tmp_path):
+    write(tmp_path, "base.yaml", {"model": {"num_layers": 3, "hidden_size": 64}, "optim": {"lr": 0.1}})
+    p = write(tmp_path, "exp.yaml", {"include": ["base.yaml"], "model": {"num_layers": 5}})
+    cfg = load_config(p, ["optim.lr=3e-4", "train.steps=7"])
+    assert (cfg.model.num_layers, cfg.model.hidden_size) == (5, 64)
+    assert cfg.optim.lr == 3e-4 and isinstance(cfg.optim.lr, float)
+    assert cfg.train.steps == 7
+
+
+def test_unknown_key_names_key_and_file(tmp_path):
+    p = write(tmp_path, "bad.yaml", {"train": {"micro_batch_sise": 4}})
+    with pytest.raises(ConfigError) as e:
+        load_config(p)
+    msg = str(e.value)
+    assert "train.micro_batch_sise" in msg and str(p) in msg and "micro_batch_size" in msg
+
+
+def test_unknown_key_in_included_file_names_that_file(tmp_path):
+    inc = write(tmp_path, "inc.yaml", {"model": {"hidden": 64}})
+    p = write(tmp_path, "exp.yaml", {"include": ["inc.yaml"]})
+    with pytest.raises(ConfigError, match=f"{inc}.*model.hidden"):
+        load_config(p)
+
+
+@pytest.mark.parametrize("override,key", [
+    ("train.steps=ten", "train.steps"),
+    ("train.steps=1.5", "train.steps"),
+    ("optim.lr=true", "optim.lr"),
+    ("train.precision=fp8", "train.precision"),
+    ("attention.position=spiral", "attention.position"),
+    ("parallel.zero_stage=4", "parallel.zero_stage"),
+    ("model.hidden_size=65", "model.hidden_size"),
+    ("train.global_batch_size=10", "train.global_batch_size"),  # micro 4 does not divide 10
+])
+def test_bad_values_name_the_key(override, key):
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        load_config(None, ["train.micro_batch_size=4", override])
+
+
+def test_batch_arithmetic_checked_against_world_size():
+    cfg = load_config(None, ["train.micro_batch_size=2", "train.global_batch_size=8"])
+    assert cfg.train.accum_steps(1) == 4 and cfg.train.accum_steps(2) == 2
+    with pytest.raises(ConfigError, match="train.global_batch_size"):
+        cfg.train.accum_steps(3)
+    cfg = load_config(None, ["train.micro_batch_size=2", "train.global_batch_size=8", "train.grad_accum=3"])
+    with pytest.raises(ConfigError, match="train.grad_accum"):
+        cfg.train.accum_steps(1)
+
+
+def test_headscale_mode_requires_trainable_scales_and_source():
+    with pytest.raises(ConfigError, match="train.mode"):
+        load_config(None, ["train.mode=headscale"])
+    with pytest.raises(ConfigError, match="checkpoint.init_from"):
+        load_config(None, ["train.mode=headscale", "attention.head_scale.enabled=true",
+                           "attention.head_scale.trainable=true"])
+
+
+def test_cli_override_forms():
+    assert split_cli_overrides(["--optim.lr=3e-4", "--train.steps", "5", "name=x"]) == [
+        "optim.lr=3e-4", "train.steps=5", "name=x"]
+
+
+def test_resolved_config_round_trips(tmp_path):
+    cfg = load_config(None, ["model.num_layers=3", "data.blend=[{prefix: a, weight: 0.5}]"])
+    save_config(cfg, tmp_path / "c.yaml")
+    assert load_config(tmp_path / "c.yaml") == cfg
+
+
+def test_deepspeed_json_from_config():
+    cfg = load_config(None, ["train.micro_batch_size=2", "train.global_batch_size=8",
+                             "parallel.zero_stage=3", "train.precision=bf16", "optim.grad_clip=0.5"])
+    ds = deepspeed_config(cfg, world_size=2)
+    assert ds["train_batch_size"] == 8 and ds["gradient_accumulation_steps"] == 2
+    assert ds["train_micro_batch_size_per_gpu"] == 2
+    assert ds["zero_optimization"]["stage"] == 3 and ds["bf16"] == {"enabled": True}
+    assert ds["gradient_clipping"] == 0.5
