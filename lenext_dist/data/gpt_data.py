@@ -30,6 +30,11 @@ class ShardTokenizer:
     eod: int
     vocab_size: int
 
+    @property
+    def unique_identifiers(self) -> dict:
+        """Part of megatron's dataset description, hashed into the sample-index cache names."""
+        return {"class": type(self).__name__, "eod": self.eod, "vocab_size": self.vocab_size}
+
     @classmethod
     def from_sentencepiece(cls, path: str) -> "ShardTokenizer":
         import sentencepiece as spm

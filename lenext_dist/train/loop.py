@@ -26,6 +26,12 @@ def init_distributed(cfg: RunConfig) -> tuple[int, int]:
 
     acc = get_accelerator()
     backend = cfg.parallel.backend or acc.communication_backend_name()
+    if acc.device_name() == "cpu" and "OMP_NUM_THREADS" not in os.environ:
+        # N ranks on one host would each take every core and thrash; share the cores instead.
+        # ranks per host as told by torchrun / deepspeed / Open MPI / Slurm
+        local = next((int(os.environ[k]) for k in ("LOCAL_WORLD_SIZE", "LOCAL_SIZE",
+                      "OMPI_COMM_WORLD_LOCAL_SIZE", "SLURM_NTASKS_PER_NODE") if k in os.environ), 1)
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // local))
     if not dist.is_initialized():
         deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=True, verbose=False)
     if acc.device_name() != "cpu":
@@ -144,7 +150,7 @@ def train(cfg: RunConfig) -> dict:
             optim.clamp_head_scales(engine, hs_cfg.min_value)
         step += 1
         consumed += cfg.train.global_batch_size
-        metrics.add_step(data_s)
+        metrics.add_step(time.perf_counter() - t0, data_s)
         loss_sum += _mean_over_ranks(step_loss)
         n_loss += 1
         if bar:

@@ -80,17 +80,20 @@ class Metrics:
                 print("[lenext] tensorboard not installed: TensorBoard logging off", file=sys.stderr)
 
     def _reset(self):
-        self.t_start = time.perf_counter()
+        self.step_time = 0.0
         self.data_time = 0.0
         self.steps = 0
 
-    def add_step(self, data_seconds: float) -> None:
+    def add_step(self, step_seconds: float, data_seconds: float) -> None:
+        """One optimizer step took step_seconds wall time, data_seconds of it waiting for data.
+        Evaluation and checkpoint time are not steps, so they do not dilute tokens/s."""
+        self.step_time += step_seconds
         self.data_time += data_seconds
         self.steps += 1
 
     def log(self, step: int, record: dict, head_scales: Optional[dict] = None) -> None:
         """Emit one line for the steps since the last call; `record` has loss, lr, grad_norm."""
-        elapsed = time.perf_counter() - self.t_start
+        elapsed = max(self.step_time, 1e-9)
         steps = max(1, self.steps)
         tok_s = steps * self.tokens_per_step / elapsed
         tflops = tok_s * self.flops_per_token / 1e12
