@@ -24,10 +24,11 @@ class StopSignal:
         self.name = signal.Signals(signum).name
 
     def agreed(self) -> bool:
-        """True on every rank if any rank got a signal (collective: call on all ranks)."""
-        flag = torch.tensor([1.0 if self.name else 0.0])
+        """True on every rank if any rank got a signal (collective: call on all ranks). `name` is
+        then the signal's name on every rank, whichever rank received it."""
+        num = torch.tensor([signal.Signals[self.name].value if self.name else 0])
         if dist.is_initialized():
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        if flag.item() and self.name is None:
-            self.name = "a peer's stop signal"
-        return bool(flag.item())
+            dist.all_reduce(num, op=dist.ReduceOp.MAX)
+        if num.item():
+            self.name = signal.Signals(int(num.item())).name
+        return bool(num.item())

@@ -68,3 +68,30 @@ def test_kill9_during_checkpoint_write_keeps_previous(sample_shards, tmp_path):
     p = run(pretrain_cmd(cfg, "deepspeed", 2, free_port()))
     assert f"resumed from {ckpt}/{latest}" in p.stdout
     assert (ckpt / "latest").read_text().strip() == f"step_{STEPS:07d}"
+
+
+def test_sigusr1_to_one_rank_checkpoints_and_exits_cleanly(sample_shards, tmp_path):
+    """Slurm's `--signal=USR1@T` reaches the ranks; even if only one rank gets it, all ranks agree
+    to stop at the same step, save, and exit 0; the next run resumes there."""
+    import os
+    import signal
+
+    import psutil
+
+    cfg = write_config(tmp_path, sample_shards, "sig", train={"steps": 40, "eval_interval": 0},
+                       checkpoint={"interval": 0})
+    proc = start(pretrain_cmd(cfg, "deepspeed", 2, free_port()), tmp_path / "sig.log")
+    metrics = tmp_path / "sig" / "metrics.jsonl"
+    assert wait_for(lambda: metrics.exists() and len(metrics.read_text().splitlines()) >= 3, timeout=240)
+    ranks = [c for c in psutil.Process(proc.pid).children(recursive=True)
+             if any(a.startswith("--local_rank=") for a in c.cmdline())]
+    assert len(ranks) == 2
+    os.kill(ranks[1].pid, signal.SIGUSR1)
+    assert proc.wait(timeout=120) == 0
+    log = (tmp_path / "sig.log").read_text()
+    assert "SIGUSR1 received" in log and "stopped at step" in log
+    stopped = int(log.split("stopped at step ")[1].split(";")[0])
+    assert 3 <= stopped < 40
+    assert (tmp_path / "sig" / "checkpoints" / "latest").read_text().strip() == f"step_{stopped:07d}"
+    p = run(pretrain_cmd(cfg, "deepspeed", 2, free_port(), "--train.steps=%d" % (stopped + 2)))
+    assert f"step {stopped}, " in p.stdout and "done at step %d" % (stopped + 2) in p.stdout
