@@ -28,8 +28,11 @@ class ModelConfig:
     name: str = "tiny-cpu"
     """Free-form name, recorded in checkpoints and exports."""
     num_layers: int = 2
+    """Transformer layers (TinyLlama: 22)."""
     hidden_size: int = 64
+    """Model width (TinyLlama: 2048)."""
     num_attention_heads: int = 4
+    """Query heads per layer; head dim = hidden_size / heads (TinyLlama: 32, head dim 64)."""
     num_query_groups: Optional[int] = None
     """Key/value heads for grouped-query attention (GQA); null means one per head (MHA)."""
     ffn_hidden_size: int = 176
@@ -39,7 +42,9 @@ class ModelConfig:
     seq_length: int = 128
     """Training context length L."""
     norm_epsilon: float = 1e-5
+    """RMSNorm epsilon."""
     init_method_std: float = 0.02
+    """Std of the normal init of weight matrices (megatron scales output layers by 1/sqrt(2L))."""
     tie_embeddings: bool = False
     """TinyLlama unties input embedding and output layer."""
 
@@ -68,6 +73,7 @@ class RopeConfig:
     """Rotary position embedding settings, used when attention.position is `rope`."""
 
     base: float = 10000.0
+    """Rotary base theta."""
     scaling: Literal["none", "pi", "ntk", "yarn"] = "none"
     """Length extension applied at evaluation time (PI / NTK-aware / YaRN)."""
     factor: float = 1.0
@@ -153,12 +159,19 @@ class OptimConfig:
     """AdamW with linear warmup then cosine decay to min_lr_ratio * lr (TinyLlama recipe)."""
 
     lr: float = 1e-3
+    """Peak learning rate (paper's NoPE: 3.5e-4; HeadScale: 0.1)."""
     min_lr_ratio: float = 0.1
+    """Cosine floor as a fraction of lr."""
     warmup_steps: int = 20
+    """Linear warmup steps from lr/warmup_steps to lr."""
     weight_decay: float = 0.1
+    """AdamW decoupled weight decay on matrices (never on norms or head scales)."""
     beta1: float = 0.9
+    """AdamW beta1."""
     beta2: float = 0.95
+    """AdamW beta2 (0.95, TinyLlama and the paper)."""
     eps: float = 1e-8
+    """AdamW epsilon."""
     grad_clip: float = 1.0
     """Global gradient-norm clip; 0 disables."""
 
@@ -177,6 +190,7 @@ class TrainConfig:
     mode: Literal["pretrain", "headscale"] = "pretrain"
     """`headscale`: freeze every weight but the per-head scales (needs checkpoint.init_from)."""
     steps: int = 200
+    """Optimizer steps of the run (part of the data order: keep it fixed when resuming)."""
     micro_batch_size: int = 4
     """Sequences per rank per forward pass."""
     global_batch_size: int = 8
@@ -184,6 +198,7 @@ class TrainConfig:
     grad_accum: Optional[int] = None
     """Micro-batches per step per rank; null derives it from the other two and the world size."""
     precision: Literal["fp32", "bf16", "fp16"] = "fp32"
+    """Parameter/compute dtype; bf16/fp16 keep fp32 master weights in the ZeRO optimizer."""
     seed: int = 1234
     """Model init and dropout seed."""
     eval_interval: int = 100
@@ -253,6 +268,7 @@ class LoggingConfig:
     peak_tflops: Optional[float] = None
     """Per-device peak for MFU (e.g. 312 for A100 bf16); null measures a fp32 matmul peak at start."""
     progress_bar: bool = True
+    """A tqdm bar on rank 0 when stderr is a terminal."""
 
     def __post_init__(self):
         _check(self.interval > 0, "logging.interval", "must be > 0")
@@ -263,6 +279,7 @@ class RunConfig:
     """The root: one run of launch/pretrain.py."""
 
     name: str = "run"
+    """Run name; also the default output folder runs/<name>."""
     run_dir: Optional[str] = None
     """Output folder (resolved config, metrics, tensorboard, checkpoints); null: runs/<name>."""
     model: ModelConfig = field(default_factory=ModelConfig)

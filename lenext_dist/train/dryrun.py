@@ -40,28 +40,15 @@ def memory_estimate(cfg: RunConfig, total: int, trainable: int, world: int) -> d
     return est
 
 
-def _init_single_process_group() -> None:
-    """megatron's parallel state needs a process group even to build on the meta device."""
-    import torch.distributed as dist
-
-    if dist.is_initialized():
-        return
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
-
-
 def dry_run(cfg: RunConfig, world: int | None = None) -> dict:
     """Print the resolved config and the model's numbers; returns them (used by tests)."""
-    from lenext_dist.model import build_model, flops_per_token, init_megatron, parameter_counts
+    from lenext_dist.model import (build_model, flops_per_token, init_megatron,
+                                   init_single_process_group, parameter_counts)
     from lenext_dist.train.optim import freeze_for_mode
 
     world = world or int(os.environ.get("WORLD_SIZE", 1))
     accum = cfg.train.accum_steps(world)  # validates the batch arithmetic for this world size
-    _init_single_process_group()
+    init_single_process_group()  # megatron's parallel state needs a group even on the meta device
     init_megatron(cfg.train.seed)
     model = build_model(cfg, device="meta")
     freeze_for_mode(model, cfg)

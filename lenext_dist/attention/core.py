@@ -1,0 +1,141 @@
+"""Causal attention with a per-head softmax scale: the one function both megatron and HF call.
+
+Layout (batch-first, heads before sequence, as `torch.nn.functional.scaled_dot_product_attention`):
+
+    q [b, h, sq, d]    k, v [b, g, sk, d]    m [h] fp32    ->    out [b, h, sq, d]
+
+- GQA: g divides h; query head j reads key/value group j // (h // g) (megatron's fused-QKV
+  grouping and HF's `repeat_kv` both use this order).
+- Scale: the logits of head j are lambda_j q.k with lambda_j = m_j / sqrt(d) (the paper's
+  HeadScale parametrization; a uniform scale c is m filled with c). The fast path folds m into q
+  and keeps SDPA's default 1/sqrt(d), so no [b, h, sq, sk] tensor is materialized by this code
+  and fused kernels (flash on GPU) stay usable. Uniform and all-equal per-head scales run the
+  same code and are bitwise identical.
+- Causality: query i (0-based among the sq queries) sits at absolute position sk - sq + i and
+  sees keys 0..sk - sq + i (bottom-right alignment; sq == sk in training and scoring, sq < sk when
+  decoding with a KV cache).
+
+`attend` adds the position variant (rotation, optional per-position scale, optional score_mod);
+`eager_causal_attention` / `iter_attention_probs` are the explicit-softmax reference, computed in
+fp32 by query chunks (for tests, for variants with a score_mod, and for attention entropy).
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable, Iterator, Optional, Union
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from .position import PositionVariant
+
+ScoreMod = Callable[[Tensor, Tensor, Tensor], Tensor]
+
+
+def _check_shapes(q: Tensor, k: Tensor, v: Tensor, m: Tensor) -> None:
+    b, h, sq, d = q.shape
+    g, sk = k.shape[1], k.shape[2]
+    if k.shape != v.shape or k.shape[0] != b or k.shape[3] != d:
+        raise ValueError(f"k {tuple(k.shape)} / v {tuple(v.shape)} do not match q {tuple(q.shape)}")
+    if h % g:
+        raise ValueError(f"{g} key/value groups do not divide {h} query heads")
+    if sq > sk:
+        raise ValueError(f"more queries ({sq}) than keys ({sk})")
+    if m.shape != (h,):
+        raise ValueError(f"head multiplier m must have shape [{h}], got {tuple(m.shape)}")
+
+
+def _scaled_query(q: Tensor, m: Tensor, q_scale: Optional[Tensor]) -> Tensor:
+    # q [b, h, sq, d] * m [h] (* t [sq]): lambda_{j,i} = m_j t_i / sqrt(d) after SDPA's 1/sqrt(d)
+    mult = m.to(q.dtype).view(1, -1, 1, 1)
+    if q_scale is not None:
+        mult = mult * q_scale.to(q.dtype).view(1, 1, -1, 1)
+    return q * mult
+
+
+def causal_attention(q: Tensor, k: Tensor, v: Tensor, m: Tensor,
+                     q_scale: Optional[Tensor] = None) -> Tensor:
+    """SDPA fast path: q [b, h, sq, d], k/v [b, g, sk, d], m [h], q_scale [sq] -> [b, h, sq, d]."""
+    _check_shapes(q, k, v, m)
+    sq, sk = q.shape[2], k.shape[2]
+    qs = _scaled_query(q, m, q_scale)
+    gqa = k.shape[1] != q.shape[1]  # enable_gqa == repeat_interleave of k/v, bitwise, on CPU
+    if sq == sk:
+        return F.scaled_dot_product_attention(qs, k, v, is_causal=True, enable_gqa=gqa)
+    # KV-cache decoding: SDPA's is_causal is top-left aligned, so pass the [sq, sk] mask instead
+    # (sq is small here; for sq == 1 every key is visible and no mask is needed).
+    mask = None if sq == 1 else _causal_mask(sq, sk, q.device)
+    return F.scaled_dot_product_attention(qs, k, v, attn_mask=mask, enable_gqa=gqa)
+
+
+def _causal_mask(sq: int, sk: int, device, q_start: int = 0, q_end: Optional[int] = None) -> Tensor:
+    """Boolean [q_end - q_start, sk], True = visible, for queries q_start..q_end-1 of sq."""
+    q_end = sq if q_end is None else q_end
+    q_pos = torch.arange(q_start, q_end, device=device) + (sk - sq)  # absolute positions
+    return torch.arange(sk, device=device)[None, :] <= q_pos[:, None]
+
+
+def iter_attention_probs(q: Tensor, k: Tensor, m: Tensor, *, chunk_size: int = 1024,
+                         q_scale: Optional[Tensor] = None, score_mod: Optional[ScoreMod] = None,
+                         ) -> Iterator[tuple[int, Tensor]]:
+    """Explicit softmax by query chunks, in fp32.
+
+    q [b, h, sq, d], k [b, g, sk, d] -> yields (start, probs [b, h, c, sk]) for query rows
+    start..start+c-1. Peak extra memory is b*h*chunk_size*sk fp32 (choose chunk_size for 16K).
+    `score_mod(scores, q_pos, k_pos)` gets raw fp32 logits [b, h, c, sk] (already scaled) and
+    absolute positions q_pos [c], k_pos [sk]; masked entries are set to -inf after it.
+    """
+    b, h, sq, d = q.shape
+    g, sk = k.shape[1], k.shape[2]
+    qs = _scaled_query(q, m, q_scale).float()
+    kf = k.float().repeat_interleave(h // g, dim=1)  # [b, h, sk, d]
+    k_pos = torch.arange(sk, device=q.device)
+    for start in range(0, sq, chunk_size):
+        end = min(start + chunk_size, sq)
+        scores = torch.matmul(qs[:, :, start:end], kf.transpose(-1, -2)) / math.sqrt(d)
+        if score_mod is not None:
+            scores = score_mod(scores, k_pos[start:end] + (sk - sq), k_pos)
+        visible = _causal_mask(sq, sk, q.device, start, end)
+        scores = scores.masked_fill(~visible, float("-inf"))
+        yield start, torch.softmax(scores, dim=-1)
+
+
+def eager_causal_attention(q: Tensor, k: Tensor, v: Tensor, m: Tensor, *,
+                           q_scale: Optional[Tensor] = None, score_mod: Optional[ScoreMod] = None,
+                           chunk_size: int = 1024) -> Tensor:
+    """Reference path: same contract as `causal_attention` (+ score_mod), computed in fp32 by query
+    chunks, returned in q.dtype. Differentiable (used as the slow path of score_mod variants)."""
+    _check_shapes(q, k, v, m)
+    h, g = q.shape[1], k.shape[1]
+    vf = v.float().repeat_interleave(h // g, dim=1)  # [b, h, sk, d]
+    outs = [torch.matmul(p, vf) for _, p in iter_attention_probs(
+        q, k, m, chunk_size=chunk_size, q_scale=q_scale, score_mod=score_mod)]
+    return torch.cat(outs, dim=2).to(q.dtype)
+
+
+def attend(q: Tensor, k: Tensor, v: Tensor, m: Tensor, variant: PositionVariant,
+           positions: Union[Tensor, int, None] = None, *, eager: bool = False) -> Tensor:
+    """The whole attention function of a variant: rotate, scale, causal softmax, weight values.
+
+    q [b, h, sq, d], k/v [b, g, sk, d] (not yet rotated), m [h] fp32 -> [b, h, sq, d] in q.dtype.
+    positions: absolute positions of the queries, which are also those of the last sq keys: a
+    tensor [sq] or an int start; default sk - sq (0..s-1 without a cache).
+    With a KV cache (sq < sk), the cached part k[:, :, :sk - sq] must be rotated already:
+    `rotate` is applied to the new tokens only, so callers rotate before caching.
+    `eager=True` forces the explicit-softmax reference path (tests).
+    """
+    sq, sk = q.shape[2], k.shape[2]
+    if positions is None:
+        positions = sk - sq
+    if sq == sk:
+        q, k = variant.rotate(q, k, positions)
+    else:
+        q, k_new = variant.rotate(q, k[:, :, sk - sq:], positions)
+        k = torch.cat((k[:, :, :sk - sq], k_new), dim=2)
+    pos = (torch.arange(positions, positions + sq, device=q.device)
+           if isinstance(positions, int) else positions)
+    q_scale = variant.query_scale(pos)
+    if eager or variant.score_mod is not None:
+        return eager_causal_attention(q, k, v, m, q_scale=q_scale, score_mod=variant.score_mod)
+    return causal_attention(q, k, v, m, q_scale=q_scale)

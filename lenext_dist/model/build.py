@@ -1,0 +1,135 @@
+"""Build the megatron-core GPTModel of a run (TinyLlama shape) with our core attention.
+
+The only place that constructs megatron model code (megatron-core deprecates GPTModel in 0.19:
+keep the blast radius here). Shape, from cfg.model: SwiGLU (gated_linear_unit + silu), RMSNorm,
+no biases, GQA via num_query_groups, untied embeddings unless model.tie_embeddings, no dropout.
+`position_embedding_type="none"` ALWAYS: positions (RoPE and its scalings, ...) enter inside
+`LenextCoreAttention` through the attention registry, the same code the HF export runs.
+
+Forward contract (megatron GPTModel):
+    model(input_ids [b, s] long, position_ids [b, s] long, attention_mask=None, labels=[b, s] long)
+        -> per-token loss [b, s] fp32            (without labels: logits [b, s, vocab])
+position_ids are ignored (positions 0..s-1 inside core attention); attention_mask is ignored
+(causal inside core attention).
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Optional, Union
+
+import torch
+import torch.nn.functional as F
+
+from lenext_dist.attention import build_position
+
+from .megatron_env import accelerator_name
+
+
+def transformer_config(cfg, *, device: Optional[str] = None):
+    """megatron TransformerConfig for cfg (a RunConfig). device: 'meta' skips initialization."""
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    mc = cfg.model
+    bf16 = cfg.train.precision == "bf16"
+    fp16 = cfg.train.precision == "fp16"
+    device = device or accelerator_name()
+    return TransformerConfig(
+        num_layers=mc.num_layers,
+        hidden_size=mc.hidden_size,
+        num_attention_heads=mc.num_attention_heads,
+        num_query_groups=mc.kv_heads,
+        kv_channels=mc.head_dim,
+        ffn_hidden_size=mc.ffn_hidden_size,
+        normalization="RMSNorm",
+        layernorm_epsilon=mc.norm_epsilon,
+        gated_linear_unit=True,  # SwiGLU: linear_fc1 = [gate; up], act(gate) * up
+        activation_func=F.silu,
+        add_bias_linear=False,
+        add_qkv_bias=False,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        init_method_std=mc.init_method_std,
+        softmax_scale=None,  # our scale is LenextCoreAttention.head_scale only
+        params_dtype=torch.bfloat16 if bf16 else (torch.float16 if fp16 else torch.float32),
+        bf16=bf16,
+        fp16=fp16,
+        # CPU: params are created on CPU (the GPU path calls torch.cuda.current_device());
+        # meta: created under torch.device("meta") and never initialized.
+        use_cpu_initialization=device in ("cpu", "meta"),
+        perform_initialization=device != "meta",
+        # fusions that need CUDA kernels stay off (DESIGN.md section 8)
+        bias_activation_fusion=False,
+        masked_softmax_fusion=False,
+        persist_layer_norm=False,
+        gradient_accumulation_fusion=False,
+        apply_rope_fusion=False,
+        bias_dropout_fusion=False,
+        cross_entropy_loss_fusion=False,
+    )
+
+
+def layer_spec(cfg):
+    """megatron's local GPT layer spec (RMSNorm) with core_attention swapped for ours."""
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+
+    from .core_attention import core_attention_builder
+
+    mc, att = cfg.model, cfg.attention
+    hs = att.head_scale
+    variant = build_position(att, head_dim=mc.head_dim, train_length=mc.seq_length)
+    spec = get_gpt_layer_local_spec(normalization="RMSNorm")
+    spec.submodules.self_attention.submodules.core_attention = core_attention_builder(
+        variant=variant,
+        init_scale=cfg.head_scale_init if hs.enabled else att.scale_c,
+        learned=hs.enabled,
+        trainable=hs.enabled and hs.trainable,
+    )
+    return spec
+
+
+def build_model(cfg, device: Union[str, torch.device, None] = None):
+    """The GPTModel of cfg (a RunConfig) on `device` (default: DeepSpeed's accelerator).
+
+    device="meta": parameters on the meta device (no memory, no init; the dry run and parameter
+    counts of the full-size model). Needs `init_megatron` (megatron's parallel groups) first.
+    """
+    from megatron.core import parallel_state
+    from megatron.core.models.gpt.gpt_model import GPTModel
+
+    if not parallel_state.model_parallel_is_initialized():
+        raise RuntimeError("build_model needs init_megatron(seed) first (after torch.distributed "
+                           "is up; init_single_process_group() makes a 1-rank group)")
+    dev = torch.device(device) if device is not None else torch.device(accelerator_name())
+    config = transformer_config(cfg, device=dev.type)
+    mc = cfg.model
+    # CUDA: megatron places params on torch.cuda.current_device() itself; CPU/meta: the ambient
+    # default device decides where torch.empty(...) inside megatron lands.
+    ctx = torch.device(dev) if dev.type in ("cpu", "meta") else contextlib.nullcontext()
+    with ctx:
+        model = GPTModel(
+            config=config,
+            transformer_layer_spec=layer_spec(cfg),
+            vocab_size=mc.vocab_size,
+            max_sequence_length=mc.seq_length,
+            pre_process=True,
+            post_process=True,
+            parallel_output=True,  # TP = 1: the full vocabulary anyway
+            share_embeddings_and_output_weights=mc.tie_embeddings,
+            position_embedding_type="none",
+        )
+    return model
+
+
+def head_scale_parameters(model: torch.nn.Module) -> list[tuple[str, torch.nn.Parameter]]:
+    """(name, Parameter) of every learned per-head scale (empty unless head_scale.enabled)."""
+    return [(n, p) for n, p in model.named_parameters() if n.endswith("core_attention.head_scale")]
+
+
+@torch.no_grad()
+def clamp_head_scales(model: torch.nn.Module, min_value: Optional[float]) -> None:
+    """In place: m_h <- max(m_h, min_value) for every head scale (the paper's m_h >= 1; call after
+    each optimizer step). min_value None: no constraint. Plain parameters only (not ZeRO-3)."""
+    if min_value is None:
+        return
+    for _, p in head_scale_parameters(model):
+        p.clamp_(min=min_value)

@@ -1,0 +1,99 @@
+"""The core-attention module megatron's `SelfAttention` calls: our variant math from
+`lenext_dist.attention`, plugged in through `SelfAttentionSubmodules.core_attention`.
+
+megatron (attention.py, `Attention.__init__`) builds it as
+`core_attention(config=, layer_number=, attn_mask_type=, attention_type=, cp_comm_type=,
+softmax_scale=, pg_collection=)` and calls it as
+`core_attention(query, key, value, attention_mask, attn_mask_type=, attention_bias=,
+packed_seq_params=)` with query [sq, b, np, hn] and key/value [sk, b, ng, hn] (after its
+`get_query_key_value_tensors`; megatron's RotaryEmbedding is off: position_embedding_type
+"none" always, rotation happens here). It returns [sq, b, np * hn].
+
+Why not megatron's DotProductAttention: it materializes [b, np, sq, sk] scores (through a CUDA
+`GlobalMemoryBuffer`), applies its causal mask on "cuda", and has only a scalar softmax_scale.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from megatron.core.transformer.enums import AttnMaskType
+from megatron.core.transformer.module import MegatronModule
+from megatron.core.transformer.transformer_config import TransformerConfig
+
+from lenext_dist.attention import PositionVariant, attend
+
+from .megatron_env import current_device
+
+
+class LenextCoreAttention(MegatronModule):
+    """Causal attention of one layer with a per-head multiplier m [np] (lambda_h = m_h / sqrt(hn)).
+
+    Built by `core_attention_builder(variant, head_scale=..., ...)` (a closure over our run
+    config, since megatron passes only its own kwargs). `head_scale` is an fp32 Parameter when
+    HeadScale is enabled, else a non-persistent buffer filled with the uniform scale c (so uniform
+    and per-head scales run the same code; the buffer stays out of checkpoints since c is config).
+    """
+
+    # DeepSpeed 0.19 (engine._cast_module_mixed_precision, runtime/keep_in_fp32.py) keeps
+    # *buffers* matching these names in fp32 when it casts a model to bf16: the uniform-scale
+    # buffer stays exact. It casts every *parameter*, so a learned head_scale runs in bf16 under a
+    # DeepSpeed bf16 engine (its optimizer master copy stays fp32).
+    _keep_in_fp32_modules_strict = ["head_scale"]
+
+    def __init__(self, config: TransformerConfig, layer_number: int, attn_mask_type: AttnMaskType,
+                 attention_type: str, softmax_scale: Optional[float] = None,
+                 cp_comm_type: Optional[str] = None, pg_collection=None, *,
+                 variant: PositionVariant, init_scale: float, learned: bool, trainable: bool):
+        super().__init__(config=config)
+        if softmax_scale is not None or config.apply_query_key_layer_scaling:
+            # our scale lives in head_scale only; megatron's would be applied a second time
+            raise ValueError("LenextCoreAttention: set the scale through attention.scale_c / "
+                             "head_scale, not TransformerConfig.softmax_scale")
+        if attn_mask_type != AttnMaskType.causal or attention_type != "self":
+            raise ValueError(f"only causal self-attention, got {attn_mask_type} {attention_type}")
+        if config.context_parallel_size != 1 or config.tensor_model_parallel_size != 1:
+            raise ValueError("tensor/context parallel size must be 1")
+        self.layer_number = layer_number
+        self.variant = variant
+        h = config.num_attention_heads
+        # where megatron puts its own params: the ambient default device with
+        # use_cpu_initialization (cpu, or meta under `torch.device("meta")`), else the
+        # accelerator's current device (megatron: torch.cuda.current_device())
+        device = None if config.use_cpu_initialization else current_device()
+        m = torch.full((h,), float(init_scale), dtype=torch.float32, device=device)
+        if learned:
+            self.head_scale = torch.nn.Parameter(m, requires_grad=trainable)
+        else:
+            self.register_buffer("head_scale", m, persistent=False)
+
+    def forward(self, query: Tensor, key: Tensor, value: Tensor, attention_mask: Optional[Tensor],
+                attn_mask_type: Optional[AttnMaskType] = None,
+                attention_bias: Optional[Tensor] = None, packed_seq_params=None) -> Tensor:
+        """query [sq, b, np, hn], key/value [sk, b, ng, hn] -> [sq, b, np * hn].
+
+        attention_mask is ignored: causality is built in (no padding, no packed sequences).
+        """
+        if packed_seq_params is not None or attention_bias is not None:
+            raise NotImplementedError("packed sequences / attention_bias are not supported")
+        sq, b, np_, hn = query.shape
+        # [s, b, n, hn] -> [b, n, s, hn]: SDPA's layout (a strided view; SDPA copies if needed)
+        q, k, v = (x.permute(1, 2, 0, 3) for x in (query, key, value))
+        out = attend(q, k, v, self.head_scale, self.variant)  # [b, np, sq, hn]
+        # [b, np, sq, hn] -> [sq, b, np * hn]
+        return out.permute(2, 0, 1, 3).reshape(sq, b, np_ * hn)
+
+    def extra_repr(self) -> str:
+        return f"layer={self.layer_number}, variant={self.variant!r}"
+
+
+def core_attention_builder(**bound):
+    """A `CoreAttentionBuilder` (megatron's protocol: a callable taking its kwargs) that also
+    passes our keyword arguments `bound` (variant, init_scale, learned, trainable)."""
+
+    def build(**megatron_kwargs) -> LenextCoreAttention:
+        return LenextCoreAttention(**megatron_kwargs, **bound)
+
+    return build
