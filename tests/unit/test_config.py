@@ -96,3 +96,11 @@ def test_deepspeed_json_from_config():
     assert ds["train_micro_batch_size_per_gpu"] == 2
     assert ds["zero_optimization"]["stage"] == 3 and ds["bf16"] == {"enabled": True}
     assert ds["gradient_clipping"] == 0.5
+
+
+def test_readme_config_reference_is_current(repo):
+    """README's key table is generated from schema.py; regenerate with
+    `python -m lenext_dist.config.docs --write` after changing a field."""
+    from lenext_dist.config.docs import readme_block, reference
+
+    assert readme_block(repo / "README.md") == reference()
