@@ -13,7 +13,7 @@ import os
 import random
 import shutil
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 import numpy as np
 import torch
@@ -107,12 +107,37 @@ def load(engine, root: str, tag: str) -> dict:
     return client
 
 
-def load_weights(engine, path: str) -> str:
-    """Start a new run from another run's weights (HeadScale): module only, non-strict so that
-    parameters the source never had (the head scales) keep their fresh initialization."""
+def read_weights(path: str) -> dict[str, torch.Tensor]:
+    """The model's full fp32 state dict from a checkpoint of any ZeRO stage, on CPU, in one process.
+
+    ZeRO 1-3 keep the exact fp32 master weights in the optimizer partitions: merge them with
+    DeepSpeed's zero_to_fp32. Stage 0 has none, and its module file holds the full weights.
+    """
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
     root, tag = resolve(path)
-    loaded, _ = engine.load_checkpoint(root, tag=tag, load_module_only=True, load_module_strict=False,
-                                       load_optimizer_states=False, load_lr_scheduler_states=False)
-    if loaded is None:
-        raise RuntimeError(f"{path}: DeepSpeed could not load weights from {root}/{tag}")
+    folder = Path(root) / tag
+    if any(folder.glob("*zero_pp_rank_*_optim_states.pt")):
+        state = get_fp32_state_dict_from_zero_checkpoint(root, tag=tag)
+    else:
+        state = torch.load(folder / "mp_rank_00_model_states.pt", map_location="cpu",
+                           weights_only=False)["module"]
+    return {k: v.float() if v.is_floating_point() else v for k, v in state.items()
+            if not k.endswith("._extra_state")}
+
+
+def load_weights(model: torch.nn.Module, path: str, keep: Callable[[str], bool]) -> str:
+    """Start a new run from another run's weights (HeadScale), before DeepSpeed wraps the model.
+
+    Parameters for which keep(name) is true keep their fresh initialization (the head scales,
+    which start from the config's value, not from the source); every other parameter must be in
+    the checkpoint, so a wrong source fails loudly instead of training from random weights.
+    """
+    root, tag = resolve(path)
+    state = {k: v for k, v in read_weights(path).items() if not keep(k)}
+    result = model.load_state_dict(state, strict=False)
+    missing = [k for k in result.missing_keys if not keep(k) and not k.endswith("._extra_state")]
+    if missing or result.unexpected_keys:
+        raise RuntimeError(f"{root}/{tag} does not fit this model: missing {missing[:5]}, "
+                           f"unexpected {result.unexpected_keys[:5]} (same model.* shape needed)")
     return f"{root}/{tag}"

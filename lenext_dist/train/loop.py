@@ -99,6 +99,10 @@ def train(cfg: RunConfig) -> dict:
     device = get_accelerator().current_device_name()
     init_megatron(cfg.train.seed)
     model = build_model(cfg)
+    tag = checkpoint.latest_tag(cfg.checkpoint.dir) if cfg.checkpoint.resume else None
+    if tag is None and cfg.checkpoint.init_from:
+        src = checkpoint.load_weights(model, cfg.checkpoint.init_from, keep=optim.is_head_scale)
+        _print0(f"[lenext] initialized weights from {src}; head scales start at {cfg.head_scale_init}")
     optim.freeze_for_mode(model, cfg)
     engine, *_ = deepspeed.initialize(model=model, optimizer=optim.build_optimizer(model, cfg),
                                       config=ds_config)
@@ -108,14 +112,10 @@ def train(cfg: RunConfig) -> dict:
     _header(cfg, model, world, accum, fpt, peak)
 
     step, consumed = 0, 0
-    tag = checkpoint.latest_tag(cfg.checkpoint.dir) if cfg.checkpoint.resume else None
     if tag:
         client = checkpoint.load(engine, cfg.checkpoint.dir, tag)
         step, consumed = client["step"], client["consumed_samples"]
         _print0(f"[lenext] resumed from {cfg.checkpoint.dir}/{tag}: step {step}, {consumed:,} samples")
-    elif cfg.checkpoint.init_from:
-        src = checkpoint.load_weights(engine, cfg.checkpoint.init_from)
-        _print0(f"[lenext] initialized weights from {src}")
     if rank == 0:
         save_config(cfg, os.path.join(cfg.run_dir, "config.yaml"))
         with open(os.path.join(cfg.run_dir, "deepspeed.json"), "w") as f:
