@@ -6,6 +6,7 @@ BIN       := $(VENV)/bin
 # CUDA index, or the GPU Docker image (docker/).
 TORCH_SPEC ?= torch==2.13.0
 NPROC     ?= 2
+PORT      ?= 29500
 PYTEST_ARGS ?=
 
 .PHONY: setup demo shards pretrain test test-fast dry-run bench clean
@@ -21,7 +22,7 @@ $(VENV)/.installed: pyproject.toml
 
 # The embedded default: real-text sample -> shards -> a tiny NoPE model on 2 CPU ranks, ZeRO-2.
 demo: setup shards
-	$(BIN)/deepspeed --num_gpus $(NPROC) launch/pretrain.py --config configs/exp/tiny-cpu-nope.yaml
+	$(BIN)/deepspeed --num_gpus $(NPROC) --master_port $(PORT) launch/pretrain.py --config configs/exp/tiny-cpu-nope.yaml
 
 shards: setup shards/sample/.done
 

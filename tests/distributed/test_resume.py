@@ -35,6 +35,8 @@ def test_kill9_at_random_step_then_resume_is_bitwise(sample_shards, tmp_path):
     assert "resumed from" in p.stdout
     got = losses(tmp_path / "kill")
     assert got == expected  # float equality: bitwise identical curve
+    # keep_last = 2: only the two newest complete checkpoints survive
+    assert _complete(tmp_path / "kill" / "checkpoints") == ["step_0000006", "step_0000008"]
 
 
 def test_kill9_during_checkpoint_write_keeps_previous(sample_shards, tmp_path):
