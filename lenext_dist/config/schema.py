@@ -205,6 +205,8 @@ class TrainConfig:
     """Validation loss every N steps (0: never); needs data.valid_blend."""
     eval_iters: int = 4
     """Validation micro-batches per evaluation."""
+    activation_checkpointing: bool = False
+    """Recompute each transformer layer in the backward pass (memory for long HeadScale lengths)."""
 
     def __post_init__(self):
         for k in ("steps", "micro_batch_size", "global_batch_size", "eval_iters"):

@@ -117,7 +117,27 @@ def build_model(cfg, device: Union[str, torch.device, None] = None):
             share_embeddings_and_output_weights=mc.tie_embeddings,
             position_embedding_type="none",
         )
+    if cfg.train.activation_checkpointing:
+        _recompute_layers(model)
     return model
+
+
+def _recompute_layers(model) -> None:
+    """Activation checkpointing per transformer layer with torch.utils.checkpoint (non-reentrant).
+
+    megatron's own recompute forks its CUDA RNG tracker and fails on CPU; our layers have no
+    dropout, so plain torch recomputation gives identical gradients on every device. Only the
+    layer inputs [s, b, h] are kept per layer; everything inside is recomputed in backward.
+    """
+    from torch.utils.checkpoint import checkpoint
+
+    for layer in model.decoder.layers:
+        def forward(*args, _inner=layer.forward, **kwargs):
+            if not torch.is_grad_enabled():
+                return _inner(*args, **kwargs)
+            return checkpoint(_inner, *args, use_reentrant=False, **kwargs)
+
+        layer.forward = forward
 
 
 def head_scale_parameters(model: torch.nn.Module) -> list[tuple[str, torch.nn.Parameter]]:
