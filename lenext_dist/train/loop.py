@@ -4,6 +4,7 @@ Run by launch/pretrain.py on every rank (deepspeed / torchrun / mpirun / srun se
 """
 from __future__ import annotations
 
+import json
 import os
 import platform
 import sys
@@ -96,6 +97,7 @@ def train(cfg: RunConfig) -> dict:
     rank, world = init_distributed(cfg)
     accum = cfg.train.accum_steps(world)  # raises on batch sizes that do not divide
     ds_config = deepspeed_config(cfg, world)
+    train_ds, valid_ds = build_datasets(cfg, world)  # bad shards fail here, before the model
     device = get_accelerator().current_device_name()
     init_megatron(cfg.train.seed)
     model = build_model(cfg)
@@ -119,11 +121,8 @@ def train(cfg: RunConfig) -> dict:
     if rank == 0:
         save_config(cfg, os.path.join(cfg.run_dir, "config.yaml"))
         with open(os.path.join(cfg.run_dir, "deepspeed.json"), "w") as f:
-            import json
-
             json.dump(ds_config, f, indent=2)
 
-    train_ds, valid_ds = build_datasets(cfg, world)
     metrics = Metrics(cfg.run_dir, cfg.train.steps, cfg.train.global_batch_size * cfg.model.seq_length,
                       fpt, peak, world, cfg.logging.tensorboard, enabled=rank == 0)
     hs_cfg = cfg.attention.head_scale

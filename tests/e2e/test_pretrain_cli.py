@@ -45,3 +45,12 @@ def test_batch_that_does_not_divide_the_world_fails_on_every_rank(sample_shards,
     assert "train.global_batch_size: 6 is not divisible by micro_batch_size x data-parallel size = 2 x 2" \
         in p.stderr
     assert "step 1/" not in p.stdout
+
+
+def test_missing_shard_fails_before_the_model_is_built(sample_shards, tmp_path):
+    cfg = write_config(tmp_path, sample_shards, "noshard",
+                       data={"blend": [{"prefix": str(tmp_path / "nope_train"), "weight": 1.0}]})
+    p = run(pretrain_cmd(cfg, "deepspeed", 1, free_port()), check=False)
+    assert p.returncode != 0
+    assert f"data.blend: shard {tmp_path / 'nope_train'}.bin not found" in p.stderr
+    assert "[lenext] model" not in p.stdout
