@@ -9,6 +9,8 @@ resume never sees a partial checkpoint; the partial folder is overwritten when s
 """
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import random
 import shutil
@@ -74,6 +76,10 @@ def _prune(root: Path, keep: int) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
+class CheckpointError(RuntimeError):
+    """A checkpoint is missing, partial or not ours (the message says which and what to do)."""
+
+
 def latest_tag(root: str | os.PathLike) -> Optional[str]:
     """Tag named by `latest` if that checkpoint is complete, else None."""
     f = Path(root) / LATEST
@@ -81,20 +87,28 @@ def latest_tag(root: str | os.PathLike) -> Optional[str]:
         return None
     tag = f.read_text().strip()
     if not (Path(root) / tag / COMPLETE).is_file():
-        raise RuntimeError(f"{f} names {tag}, which is not a complete checkpoint; "
-                           f"point it at a complete step_* folder or remove it")
+        raise CheckpointError(f"{f} names {tag}, which is not a complete checkpoint; "
+                              f"point it at a complete step_* folder or remove it")
     return tag
 
 
-def resolve(path: str) -> tuple[str, str]:
-    """`dir` (uses its latest) or `dir/step_N` -> (dir, tag)."""
-    p = Path(path)
-    if (p / COMPLETE).is_file():
-        return str(p.parent), p.name
-    tag = latest_tag(p)
-    if tag is None:
-        raise FileNotFoundError(f"{path}: no complete checkpoint (no `latest` file and no COMPLETE marker)")
-    return str(p), tag
+def resolve(checkpoint: str | os.PathLike, tag: Optional[str] = None) -> Path:
+    """A checkpoint folder (+ tag, or its `latest`) or a step_* folder -> the complete step folder."""
+    p = Path(checkpoint)
+    if tag is not None:
+        step = p / tag
+    elif (p / COMPLETE).is_file() or any(p.glob("*model_states.pt")):
+        step = p
+    elif (p / LATEST).is_file():
+        step = p / latest_tag(p)
+    else:
+        raise CheckpointError(f"{p}: neither a checkpoint folder with a `latest` file nor a step_* "
+                              "folder (name a step_NNNNNNN folder)")
+    if not step.is_dir():
+        raise CheckpointError(f"{step}: no such checkpoint")
+    if not (step / COMPLETE).is_file():
+        raise CheckpointError(f"{step}: no COMPLETE marker (a partial save?); choose another step")
+    return step
 
 
 def load(engine, root: str, tag: str) -> dict:
@@ -102,26 +116,54 @@ def load(engine, root: str, tag: str) -> dict:
     _, client = engine.load_checkpoint(root, tag=tag, load_optimizer_states=True,
                                        load_lr_scheduler_states=False)
     if client is None:
-        raise RuntimeError(f"{root}/{tag}: DeepSpeed could not load this checkpoint")
+        raise CheckpointError(f"{root}/{tag}: DeepSpeed could not load this checkpoint")
     set_rng_state(client["rng"])
     return client
 
 
-def read_weights(path: str) -> dict[str, torch.Tensor]:
-    """The model's full fp32 state dict from a checkpoint of any ZeRO stage, on CPU, in one process.
+def run_config(step_dir: str | os.PathLike) -> RunConfig:
+    """The resolved config a checkpoint was written with (its config.yaml)."""
+    from lenext_dist.config import load_config
 
-    ZeRO 1-3 keep the exact fp32 master weights in the optimizer partitions: merge them with
-    DeepSpeed's zero_to_fp32. Stage 0 has none, and its module file holds the full weights.
+    f = Path(step_dir) / "config.yaml"
+    if not f.is_file():
+        raise CheckpointError(f"{step_dir}: no config.yaml (not written by lenext_dist.train?)")
+    return load_config(f)
+
+
+def read_state(step_dir: str | os.PathLike) -> tuple[dict[str, torch.Tensor], str]:
+    """(megatron state dict on CPU, source) of a complete step folder, in one process.
+
+    source 'zero_fp32': ZeRO 1-3 keep the exact fp32 master weights in the optimizer partitions,
+    merged with DeepSpeed's zero_to_fp32 (the only source under ZeRO-3, whose module file holds
+    empty placeholders). source 'module': ZeRO-0 has no partitions; its module file is complete.
     """
-    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+    step_dir = Path(step_dir)
+    if any(step_dir.glob("*_optim_states.pt")):
+        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
-    root, tag = resolve(path)
-    folder = Path(root) / tag
-    if any(folder.glob("*zero_pp_rank_*_optim_states.pt")):
-        state = get_fp32_state_dict_from_zero_checkpoint(root, tag=tag)
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            state = get_fp32_state_dict_from_zero_checkpoint(str(step_dir.parent), tag=step_dir.name)
+        source = "zero_fp32"
     else:
-        state = torch.load(folder / "mp_rank_00_model_states.pt", map_location="cpu",
-                           weights_only=False)["module"]
+        files = sorted(step_dir.glob("mp_rank_*_model_states.pt"))
+        if not files:
+            raise CheckpointError(f"{step_dir}: no DeepSpeed model states file")
+        if len(files) > 1:
+            raise CheckpointError(f"{step_dir}: {len(files)} model-parallel ranks; only TP=PP=1 is supported")
+        state = torch.load(files[0], map_location="cpu", weights_only=False)["module"]
+        source = "module"
+    state = {k: v for k, v in state.items() if isinstance(v, torch.Tensor)}
+    empty = [k for k, v in state.items() if v.numel() == 0]
+    if empty:
+        raise CheckpointError(f"{step_dir}: {len(empty)} tensors are empty placeholders (a ZeRO-3 "
+                              f"module file without optimizer partitions?), e.g. {empty[0]}")
+    return state, source
+
+
+def read_weights(checkpoint: str | os.PathLike) -> dict[str, torch.Tensor]:
+    """The model's state dict in fp32 from a checkpoint folder or step folder (any ZeRO stage)."""
+    state, _ = read_state(resolve(checkpoint))
     return {k: v.float() if v.is_floating_point() else v for k, v in state.items()
             if not k.endswith("._extra_state")}
 
@@ -133,11 +175,11 @@ def load_weights(model: torch.nn.Module, path: str, keep: Callable[[str], bool])
     which start from the config's value, not from the source); every other parameter must be in
     the checkpoint, so a wrong source fails loudly instead of training from random weights.
     """
-    root, tag = resolve(path)
-    state = {k: v for k, v in read_weights(path).items() if not keep(k)}
+    step = resolve(path)
+    state = {k: v for k, v in read_weights(step).items() if not keep(k)}
     result = model.load_state_dict(state, strict=False)
     missing = [k for k in result.missing_keys if not keep(k) and not k.endswith("._extra_state")]
     if missing or result.unexpected_keys:
-        raise RuntimeError(f"{root}/{tag} does not fit this model: missing {missing[:5]}, "
-                           f"unexpected {result.unexpected_keys[:5]} (same model.* shape needed)")
-    return f"{root}/{tag}"
+        raise CheckpointError(f"{step} does not fit this model: missing {missing[:5]}, "
+                              f"unexpected {result.unexpected_keys[:5]} (same model.* shape needed)")
+    return str(step)

@@ -1,0 +1,68 @@
+"""python -m lenext_dist.convert --checkpoint runs/x/checkpoints --out hf/x [options]"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m lenext_dist.convert",
+        description="Export a lenext DeepSpeed/megatron checkpoint to a Hugging Face folder "
+                    "(load with trust_remote_code=True).")
+    p.add_argument("--checkpoint", required=True,
+                   help="checkpoint folder (uses its `latest`) or a step_* folder in it")
+    p.add_argument("--tag", help="step_NNNNNNN folder inside --checkpoint (default: latest)")
+    p.add_argument("--out", required=True, help="output folder (created)")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--scale-c", type=float,
+                   help="export a uniform softmax scale c for every head (lambda = c/sqrt(d))")
+    g.add_argument("--head-scales-from",
+                   help="per-head scales [layers, heads]: a HeadScale run's checkpoint folder, "
+                        "a .json (list of lists) or a .pt tensor")
+    p.add_argument("--tokenizer", help="SentencePiece model (default: the run's data.tokenizer)")
+    p.add_argument("--no-tokenizer", action="store_true", help="do not ship a tokenizer")
+    p.add_argument("--dtype", default="fp32", choices=["fp32", "bf16", "fp16"],
+                   help="weight dtype in model.safetensors (head scales stay fp32)")
+    p.add_argument("--overwrite", action="store_true", help="replace a non-empty --out")
+    p.add_argument("--verify", action="store_true",
+                   help="reload the export with transformers and compare its logits with the "
+                        "megatron model of the checkpoint (fp32); fail above --tolerance")
+    p.add_argument("--tolerance", type=float, default=1e-4)
+    a = p.parse_args(argv)
+    os.environ.setdefault("DS_ACCELERATOR", "cpu") if a.verify else None
+
+    from lenext_dist.train.checkpoint import CheckpointError
+
+    from .export import export, verify
+
+    try:
+        info = export(a.checkpoint, a.out, tag=a.tag, scale_c=a.scale_c,
+                      head_scales=a.head_scales_from,
+                      tokenizer="" if a.no_tokenizer else a.tokenizer,
+                      dtype=a.dtype, overwrite=a.overwrite)
+    except (CheckpointError, KeyError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    hs = info.pop("head_scales")
+    print(f"[lenext.convert] {info['checkpoint']} -> {info['out']}: position={info['position']}, "
+          f"head scales {info['head_scale_source']} (c={info['scale_c']}), weights from "
+          f"{info['weights']} (ZeRO-{info['zero_stage']}, {info['train_precision']}) as {a.dtype}")
+    if a.verify:
+        if a.dtype != "fp32":
+            print("error: --verify needs --dtype fp32", file=sys.stderr)
+            return 2
+        diff = verify(a.out)
+        ok = diff < a.tolerance
+        print(f"[lenext.convert] verify: max |logits_hf - logits_megatron| = {diff:.3e} "
+              f"({'ok' if ok else 'FAILED'}, tolerance {a.tolerance:g})")
+        if not ok:
+            return 1
+    print(json.dumps({"head_scales": hs}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,306 @@
+"""DeepSpeed/megatron checkpoint -> Hugging Face folder (safetensors + config + modeling code).
+
+    export(checkpoint="runs/x/checkpoints", out="hf/x")            # latest complete checkpoint
+    export(checkpoint="runs/x/checkpoints/step_0000100", out=...)  # a given one
+    export(..., scale_c=1.2)                                       # uniform scale c for all heads
+    export(..., head_scales="runs/hs/checkpoints")                 # per-head scales of another run
+
+Weights: the fp32 master weights whenever the checkpoint has ZeRO optimizer partitions (stages 1-3,
+any precision; through deepspeed.utils.zero_to_fp32), so the export is exact; otherwise (ZeRO-0)
+the module weights of `mp_rank_00_model_states.pt`. A ZeRO-3 module file holds only empty
+placeholders, which is detected and never exported.
+
+Output folder:
+    model.safetensors      Llama-named weights + model.layers.N.self_attn.head_scale [heads] fp32
+    config.json            model_type `lenext`, auto_map -> the shipped classes, position / rope /
+                           scale_c / train_length / head_scale_source, lenext_source (provenance)
+    generation_config.json
+    configuration_lenext.py, modeling_lenext.py, tokenization_lenext.py   (from lenext_dist/hf)
+    lenext_attention.py, lenext_attention_*.py   (flattened copy of lenext_dist/attention)
+    tokenizer.model, tokenizer_config.json, special_tokens_map.json
+    lenext_run_config.yaml (the run's resolved config)
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import shutil
+from pathlib import Path
+from typing import Optional, Union
+
+import torch
+from torch import Tensor
+
+from lenext_dist.train.checkpoint import CheckpointError
+from lenext_dist.train.checkpoint import read_state as load_megatron_state
+from lenext_dist.train.checkpoint import resolve as resolve_checkpoint
+from lenext_dist.train.checkpoint import run_config as load_run_config
+
+from .keymap import Shape, megatron_to_hf
+
+HF_DIR = Path(__file__).resolve().parents[1] / "hf"
+ATTENTION_DIR = Path(__file__).resolve().parents[1] / "attention"
+SHIPPED = ("configuration_lenext.py", "modeling_lenext.py", "tokenization_lenext.py")
+
+
+class ExportError(CheckpointError):
+    """The checkpoint cannot be exported as asked (message says why and what to do)."""
+
+
+# ------------------------------------------------------------------ reading checkpoints
+
+
+def head_scales_from(path: Union[str, Path], num_layers: int, num_heads: int) -> Tensor:
+    """[layers, heads] fp32 from a checkpoint (folder or step_*; its learned head scales), a .pt
+    file (a tensor, or a dict with 'head_scales') or a .json file (a list of lists)."""
+    p = Path(path)
+    if p.is_dir():
+        state, _ = load_megatron_state(resolve_checkpoint(p))
+        keys = [f"decoder.layers.{i}.self_attention.core_attention.head_scale" for i in range(num_layers)]
+        if not all(k in state for k in keys):
+            raise ExportError(f"{p}: checkpoint has no learned head scales "
+                              "(attention.head_scale.enabled was off)")
+        t = torch.stack([state[k].float() for k in keys])
+    elif p.suffix == ".json":
+        data = json.loads(p.read_text())
+        t = torch.tensor(data["head_scales"] if isinstance(data, dict) else data, dtype=torch.float32)
+    elif p.suffix in (".pt", ".pth"):
+        data = torch.load(p, map_location="cpu", weights_only=True)
+        t = (data["head_scales"] if isinstance(data, dict) else data).float()
+    else:
+        raise ExportError(f"{p}: head scales must be a checkpoint folder, .json or .pt")
+    if tuple(t.shape) != (num_layers, num_heads):
+        raise ExportError(f"{p}: head scales have shape {tuple(t.shape)}, the model needs "
+                          f"[{num_layers}, {num_heads}]")
+    if not torch.isfinite(t).all() or (t <= 0).any():
+        raise ExportError(f"{p}: head scales must be finite and > 0")
+    return t
+
+
+# ------------------------------------------------------------------ writing the folder
+
+
+_REL_IMPORT = re.compile(r"^(\s*from\s+)\.(\w+)(\s+import\b)", re.MULTILINE)
+_BAD_REL = re.compile(r"^\s*(from\s+\.(\s|\.|\w+\.)|import\s+\.)", re.MULTILINE)
+
+
+def write_attention_copy(out: Path, src: Path = ATTENTION_DIR) -> list[str]:
+    """Flatten the attention package into out/lenext_attention.py (its __init__) and
+    out/lenext_attention_<module>.py, rewriting `from .x import` to `from .lenext_attention_x
+    import` (transformers' remote-code loader copies only flat relative imports)."""
+    written = []
+    for f in sorted(src.glob("*.py")):
+        text = f.read_text()
+        if _BAD_REL.search(text):
+            raise ExportError(f"{f}: only `from .module import ...` relative imports can be "
+                              "shipped with remote code (no `from . import x`, no sub-packages)")
+        name = "lenext_attention.py" if f.stem == "__init__" else f"lenext_attention_{f.stem}.py"
+        body = _REL_IMPORT.sub(r"\1.lenext_attention_\2\3", text)
+        header = (f"# Verbatim copy of lenext_dist/attention/{f.name} written by lenext_dist.convert "
+                  "(relative imports flattened). Do not edit.\n")
+        (out / name).write_text(header + body)
+        written.append(name)
+    return written
+
+
+def _tokenizer_files(out: Path, tokenizer: Path) -> dict:
+    import sentencepiece as spm
+
+    sp = spm.SentencePieceProcessor(model_file=str(tokenizer))
+    shutil.copyfile(tokenizer, out / "tokenizer.model")
+    ids = {"bos": sp.bos_id(), "eos": sp.eos_id(), "pad": sp.pad_id(), "unk": sp.unk_id()}
+    piece = {k: (sp.id_to_piece(v) if v >= 0 else None) for k, v in ids.items()}
+    special = {f"{k}_token": v for k, v in piece.items() if v is not None}
+    tok_cfg = {
+        "tokenizer_class": "LenextTokenizer",
+        "auto_map": {"AutoTokenizer": ["tokenization_lenext.LenextTokenizer", None]},
+        "add_bos_token": False,  # as data_prep: sp.encode(text) + [eos], no BOS
+        "add_eos_token": False,
+        "model_max_length": 1_000_000_000,
+        "clean_up_tokenization_spaces": False,
+        **special,
+    }
+    (out / "tokenizer_config.json").write_text(json.dumps(tok_cfg, indent=2) + "\n")
+    (out / "special_tokens_map.json").write_text(json.dumps(special, indent=2) + "\n")
+    return {"size": sp.get_piece_size(), **{k: (v if v >= 0 else None) for k, v in ids.items()}}
+
+
+def build_hf_config(cfg, *, scale_c: float, head_scale_source: str, tok: Optional[dict],
+                    source: dict, dtype: str):
+    from lenext_dist.hf.configuration_lenext import LENEXT_FORMAT, LENEXT_ROPE_GUARD, LenextConfig
+
+    m, a = cfg.model, cfg.attention
+    tok = tok or {}
+    options = {k: v for k, v in dataclasses.asdict(a).items()
+               if k not in ("position", "rope", "scale_c", "head_scale")}
+    return LenextConfig(
+        architectures=["LenextForCausalLM"],
+        auto_map={"AutoConfig": "configuration_lenext.LenextConfig",
+                  "AutoModel": "modeling_lenext.LenextModel",
+                  "AutoModelForCausalLM": "modeling_lenext.LenextForCausalLM"},
+        vocab_size=m.vocab_size, hidden_size=m.hidden_size, intermediate_size=m.ffn_hidden_size,
+        num_hidden_layers=m.num_layers, num_attention_heads=m.num_attention_heads,
+        num_key_value_heads=m.kv_heads, head_dim=m.head_dim, hidden_act="silu",
+        max_position_embeddings=m.seq_length, rms_norm_eps=m.norm_epsilon,
+        initializer_range=m.init_method_std, tie_word_embeddings=m.tie_embeddings,
+        bos_token_id=tok.get("bos"), eos_token_id=tok.get("eos"), pad_token_id=tok.get("pad"),
+        rope_parameters=dict(LENEXT_ROPE_GUARD),
+        position=a.position, rope=dataclasses.asdict(a.rope), scale_c=float(scale_c),
+        train_length=m.seq_length, head_scale_source=head_scale_source,
+        attention_options=options,
+        lenext_format=LENEXT_FORMAT, lenext_source=source, dtype=dtype,
+    )
+
+
+_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def export(checkpoint: Union[str, Path], out: Union[str, Path], *, tag: Optional[str] = None,
+           scale_c: Optional[float] = None, head_scales: Union[str, Path, Tensor, None] = None,
+           tokenizer: Union[str, Path, None] = None, dtype: str = "fp32",
+           overwrite: bool = False) -> dict:
+    """Export one checkpoint to an HF folder; returns a summary dict (also written to
+    config.json's lenext_source).
+
+    Head scales of the export, in order of precedence: `head_scales` (a [layers, heads] tensor or
+    a path, see head_scales_from), `scale_c` (uniform), the run's learned head scales (when it
+    had attention.head_scale.enabled), else the run's attention.scale_c.
+    tokenizer: default the run's data.tokenizer; None found -> ExportError (use --no-tokenizer
+    by passing tokenizer="" to skip).
+    """
+    if scale_c is not None and head_scales is not None:
+        raise ExportError("give either scale_c or head_scales, not both")
+    if scale_c is not None and not scale_c > 0:
+        raise ExportError(f"scale_c must be > 0, got {scale_c}")
+    if dtype not in _DTYPES:
+        raise ExportError(f"dtype must be one of {sorted(_DTYPES)}")
+    step_dir = resolve_checkpoint(checkpoint, tag)
+    cfg = load_run_config(step_dir)
+    m = cfg.model
+    shape = Shape.from_run_config(cfg)
+    state, weights_source = load_megatron_state(step_dir)
+    hf_state = megatron_to_hf(state, shape)
+
+    learned = "model.layers.0.self_attn.head_scale" in hf_state
+    if head_scales is not None:
+        scales = (head_scales.float() if isinstance(head_scales, Tensor)
+                  else head_scales_from(head_scales, m.num_layers, m.num_attention_heads))
+        if tuple(scales.shape) != (m.num_layers, m.num_attention_heads):
+            raise ExportError(f"head scales shape {tuple(scales.shape)} != "
+                              f"[{m.num_layers}, {m.num_attention_heads}]")
+        hs_source, c = "file", float(cfg.attention.scale_c)
+    elif scale_c is not None:
+        scales = torch.full((m.num_layers, m.num_attention_heads), float(scale_c))
+        hs_source, c = "uniform", float(scale_c)
+    elif learned:
+        scales = torch.stack([hf_state[f"model.layers.{i}.self_attn.head_scale"].float()
+                              for i in range(m.num_layers)])
+        hs_source, c = "learned", float(cfg.attention.scale_c)
+    else:
+        scales = torch.full((m.num_layers, m.num_attention_heads), float(cfg.attention.scale_c))
+        hs_source, c = "uniform", float(cfg.attention.scale_c)
+    for i in range(m.num_layers):
+        hf_state[f"model.layers.{i}.self_attn.head_scale"] = scales[i].to(torch.float32).contiguous()
+
+    torch_dtype = _DTYPES[dtype]
+    tensors = {k: (v if k.endswith("head_scale") else v.to(torch_dtype)).contiguous()
+               for k, v in hf_state.items()}
+
+    out = Path(out)
+    if out.exists() and any(out.iterdir()):
+        if not overwrite:
+            raise ExportError(f"{out} exists and is not empty (pass --overwrite)")
+        shutil.rmtree(out)
+    out.mkdir(parents=True, exist_ok=True)
+
+    tok_info = None
+    tok_path = cfg.data.tokenizer if tokenizer is None else tokenizer
+    if tok_path:
+        tok_path = Path(tok_path)
+        if not tok_path.is_file():
+            raise ExportError(f"tokenizer {tok_path} not found (the run's data.tokenizer is relative "
+                              "to where it was launched; pass --tokenizer PATH)")
+        tok_info = _tokenizer_files(out, tok_path)
+        if tok_info["size"] > m.vocab_size:
+            raise ExportError(f"tokenizer has {tok_info['size']} pieces > model vocab {m.vocab_size}")
+
+    source = {"checkpoint": str(step_dir.resolve()), "tag": step_dir.name, "run": cfg.name,
+              "weights": weights_source, "zero_stage": cfg.parallel.zero_stage,
+              "train_precision": cfg.train.precision, "exported_dtype": dtype}
+    hf_cfg = build_hf_config(cfg, scale_c=c, head_scale_source=hs_source, tok=tok_info,
+                             source=source, dtype={"fp32": "float32", "bf16": "bfloat16",
+                                                   "fp16": "float16"}[dtype])
+    hf_cfg.to_json_file(str(out / "config.json"), use_diff=False)
+
+    from transformers import GenerationConfig
+
+    gen = GenerationConfig(bos_token_id=hf_cfg.bos_token_id, eos_token_id=hf_cfg.eos_token_id,
+                           pad_token_id=hf_cfg.pad_token_id if hf_cfg.pad_token_id is not None
+                           else hf_cfg.eos_token_id, do_sample=False)
+    gen.save_pretrained(str(out))
+
+    from safetensors.torch import save_file
+
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    for f in SHIPPED:
+        shutil.copyfile(HF_DIR / f, out / f)
+    write_attention_copy(out)
+    shutil.copyfile(step_dir / "config.yaml", out / "lenext_run_config.yaml")
+    return {**source, "out": str(out), "position": cfg.attention.position, "scale_c": c,
+            "head_scale_source": hs_source, "head_scales": scales.tolist()}
+
+
+# ------------------------------------------------------------------ verification
+
+
+def megatron_reference(step_dir: Union[str, Path], head_scales: Optional[Tensor] = None):
+    """The run's megatron GPTModel in fp32 on CPU with the checkpoint's weights (1-rank gloo group
+    made if needed), eval mode; head_scales [layers, heads] override the per-head multipliers."""
+    from lenext_dist.model import build_model, init_megatron, init_single_process_group
+
+    step_dir = Path(step_dir)
+    cfg = load_run_config(step_dir)
+    cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, precision="fp32"))
+    state, _ = load_megatron_state(step_dir)
+    init_single_process_group()
+    init_megatron(cfg.train.seed)
+    model = build_model(cfg, device="cpu")
+    missing, unexpected = model.load_state_dict(
+        {k: v.float() for k, v in state.items()}, strict=False)
+    missing = [k for k in missing if not k.endswith(("_extra_state", "core_attention.head_scale"))]
+    if missing or unexpected:
+        raise ExportError(f"megatron reference: missing {missing}, unexpected {unexpected}")
+    if head_scales is not None:
+        attn = [mod for name, mod in model.named_modules() if name.endswith("core_attention")]
+        with torch.no_grad():
+            for mod, row in zip(attn, head_scales):
+                mod.head_scale.copy_(row)
+    return model.eval()
+
+
+@torch.no_grad()
+def verify(out: Union[str, Path], *, tokens: Optional[Tensor] = None, seed: int = 0) -> float:
+    """Max |logits_HF - logits_megatron| on `tokens` [b, s] (default: 2 random sequences of the
+    training length) for an exported folder, against the checkpoint it came from (both fp32)."""
+    from transformers import AutoModelForCausalLM
+
+    out = Path(out)
+    info = json.loads((out / "config.json").read_text())
+    hf = AutoModelForCausalLM.from_pretrained(str(out), trust_remote_code=True,
+                                              dtype=torch.float32).eval()
+    from lenext_dist.hf.modeling_lenext import get_head_scales
+
+    ref = megatron_reference(info["lenext_source"]["checkpoint"], get_head_scales(hf))
+    if tokens is None:
+        gen = torch.Generator().manual_seed(seed)
+        tokens = torch.randint(0, info["vocab_size"], (2, info["train_length"]), generator=gen)
+    pos = torch.arange(tokens.shape[1]).expand_as(tokens)
+    a = ref(tokens, pos, attention_mask=None).float()
+    b = hf(input_ids=tokens, use_cache=False).logits.float()
+    return (a - b).abs().max().item()
+
+
+__all__ = ["ExportError", "export", "verify", "megatron_reference", "resolve_checkpoint",
+           "load_megatron_state", "load_run_config", "head_scales_from", "write_attention_copy",
+           "build_hf_config"]

@@ -1,0 +1,360 @@
+"""`LenextForCausalLM`: the HF model of an exported lenext checkpoint.
+
+Shipped inside every export (loaded with `trust_remote_code=True`); imports only torch,
+transformers and the attention math of the training code:
+
+- in the repo, `.lenext_attention` is a shim re-exporting `lenext_dist.attention`;
+- in an export, `lenext_attention.py` (+ `lenext_attention_*.py`) is a flattened verbatim copy
+  of `lenext_dist/attention/` written by `lenext_dist.convert` (transformers' remote-code loader
+  follows flat `from .x import` imports only, no sub-packages).
+
+So the exported model runs the very function the megatron model was trained with:
+`attend(q, k, v, head_scale, variant, positions)` (rotation of the position variant, per-head
+scale lambda_h = head_scale[h] / sqrt(d), causal softmax, GQA).
+
+Weights use Llama's names (`model.layers.N.self_attn.q_proj.weight`, ...) plus one fp32 buffer per
+layer, `model.layers.N.self_attn.head_scale` [heads]. The config's `position` / `rope` fields choose
+the variant; a config without them, or with a name this code does not know, is refused.
+
+Eval-time knobs on a loaded model (see also `set_position`, `set_uniform_scale`,
+`set_head_scales`): `from_pretrained(dir, trust_remote_code=True, position="rope",
+rope={"base": 1e4, "scaling": "yarn", "factor": 4.0}, scale_c=...)` overrides config fields
+before the model is built (scale_c only matters for weights without head_scale buffers).
+
+Limitations: no padding (an attention_mask with zeros raises), batch rows share positions.
+"""
+from __future__ import annotations
+
+import inspect
+from types import SimpleNamespace
+from typing import Optional, Union
+
+import torch
+from torch import Tensor, nn
+from transformers import GenerationMixin, PreTrainedModel
+from transformers.cache_utils import Cache, DynamicCache
+from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
+from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm
+
+from .configuration_lenext import LenextConfig, check_lenext_config
+from .lenext_attention import POSITIONS, attend, build_position
+
+
+def _namespace(d):
+    return SimpleNamespace(**{k: _namespace(v) if isinstance(v, dict) else v for k, v in d.items()})
+
+
+def build_variant(config: LenextConfig):
+    """The PositionVariant of `config` (validated): registry name + rope settings + the other
+    attention options of the run (`config.attention_options`: window, variant sections, ...)."""
+    check_lenext_config(config, POSITIONS)
+    attn_cfg = _namespace({**(config.attention_options or {}), "position": config.position,
+                           "scale_c": float(config.scale_c), "rope": dict(config.rope)})
+    kwargs = dict(head_dim=config.head_dim, train_length=int(config.train_length))
+    if "num_heads" in inspect.signature(build_position).parameters:
+        kwargs["num_heads"] = config.num_attention_heads
+    # transformers builds models under a meta default device; the variant's tables (RoPE inv_freq)
+    # are real CPU tensors, moved to the activations' device lazily
+    with torch.device("cpu"):
+        return build_position(attn_cfg, **kwargs)
+
+
+def _has_state(variant) -> bool:
+    return isinstance(variant, nn.Module) and any(True for _ in variant.state_dict())
+
+
+def layer_variants(config: LenextConfig) -> list:
+    """One variant per layer: a shared instance when the variant is parameter-free (RoPE's cos/sin
+    cache is then computed once per forward), separate instances when it has per-layer state
+    (KERPLE's learned r1, r2 at `model.layers.N.self_attn.position.*`)."""
+    first = build_variant(config)
+    if not _has_state(first):
+        return [first] * config.num_hidden_layers
+    return [first] + [build_variant(config) for _ in range(config.num_hidden_layers - 1)]
+
+
+class LenextAttention(nn.Module):
+    """Causal self-attention with the lenext variant math.
+
+    Attributes used by evaluation code:
+      head_scale  fp32 buffer [heads]: m_h, logits of head h are m_h / sqrt(d) q.k
+      position    the PositionVariant (shared by all layers of a model)
+    """
+
+    def __init__(self, config: LenextConfig, layer_idx: int, position):
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = config.head_dim
+        bias = config.attention_bias
+        self.q_proj = nn.Linear(config.hidden_size, self.num_heads * self.head_dim, bias=bias)
+        self.k_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
+        self.v_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
+        self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=bias)
+        self.register_buffer("head_scale", torch.full((self.num_heads,), float(config.scale_c),
+                                                      dtype=torch.float32))
+        self.position = position
+
+    def _apply(self, fn, recurse=True):
+        # .to(bf16) / .half() must not round the scales: keep head_scale fp32, move device only
+        hs = self._buffers["head_scale"]
+        super()._apply(fn, recurse)
+        moved = self._buffers["head_scale"]
+        if moved.dtype != torch.float32:
+            self._buffers["head_scale"] = hs.to(device=moved.device, dtype=torch.float32)
+        return self
+
+    def _project(self, hidden_states: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        b, s, _ = hidden_states.shape
+        q = self.q_proj(hidden_states).view(b, s, self.num_heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(hidden_states).view(b, s, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(hidden_states).view(b, s, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        return q, k, v  # [b, h, s, d], [b, g, s, d], [b, g, s, d]
+
+    def qk(self, hidden_states: Tensor, positions: Union[Tensor, int] = 0) -> tuple[Tensor, Tensor]:
+        """hidden_states [b, s, hidden] (this layer's attention input, i.e. after input_layernorm)
+        -> (q [b, h, s, d], k [b, g, s, d]), rotated by the position variant at `positions`
+        (int start or tensor [s]). Feed to `iter_attention_probs(q, k, self.head_scale,
+        q_scale=self.position.query_scale(pos), score_mod=self.position.score_mod)`."""
+        q, k, _ = self._project(hidden_states)
+        return self.position.rotate(q, k, positions)
+
+    def forward(self, hidden_states: Tensor, positions: Union[Tensor, int],
+                past_key_values: Optional[Cache] = None) -> Tensor:
+        b, s, _ = hidden_states.shape
+        q, k, v = self._project(hidden_states)
+        if past_key_values is None:
+            out = attend(q, k, v, self.head_scale, self.position, positions)
+        else:
+            # the cache holds rotated keys; attend rotates the new keys itself
+            _, k_rot = self.position.rotate(q, k, positions)
+            k_all, v_all = past_key_values.update(k_rot, v, self.layer_idx)
+            past = k_all.shape[2] - s
+            k_in = k if past == 0 else torch.cat((k_all[:, :, :past], k), dim=2)
+            out = attend(q, k_in, v_all, self.head_scale, self.position, positions)
+        return self.o_proj(out.transpose(1, 2).reshape(b, s, self.num_heads * self.head_dim))
+
+    def extra_repr(self) -> str:
+        return f"layer={self.layer_idx}, position={self.position!r}"
+
+
+class LenextDecoderLayer(nn.Module):
+    """Pre-norm block: x + attn(norm(x)), then x + mlp(norm(x)) (megatron GPT / Llama)."""
+
+    def __init__(self, config: LenextConfig, layer_idx: int, position):
+        super().__init__()
+        self.self_attn = LenextAttention(config, layer_idx, position)
+        self.mlp = LlamaMLP(config)
+        self.input_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.post_attention_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+
+    def forward(self, hidden_states: Tensor, positions, past_key_values=None) -> Tensor:
+        hidden_states = hidden_states + self.self_attn(self.input_layernorm(hidden_states), positions,
+                                                       past_key_values)
+        return hidden_states + self.mlp(self.post_attention_layernorm(hidden_states))
+
+
+class LenextPreTrainedModel(PreTrainedModel):
+    config_class = LenextConfig
+    config: LenextConfig
+    base_model_prefix = "model"
+    supports_gradient_checkpointing = False
+    _no_split_modules = ["LenextDecoderLayer"]
+    _skip_keys_device_placement = ["past_key_values"]
+    _supports_sdpa = True
+
+    @torch.no_grad()
+    def _init_weights(self, module):
+        super()._init_weights(module)
+        if isinstance(module, LenextAttention):
+            from transformers import initialization as init
+
+            init.constant_(module.head_scale, float(self.config.scale_c))
+
+
+def _positions(position_ids: Optional[Tensor], past: int, s: int) -> Union[Tensor, int]:
+    if position_ids is None:
+        return past
+    if position_ids.dim() == 2:
+        if position_ids.shape[0] > 1 and not bool((position_ids == position_ids[:1]).all()):
+            raise NotImplementedError("lenext: rows of a batch must share position_ids (no padding)")
+        position_ids = position_ids[0]
+    if position_ids.shape[0] != s:
+        raise ValueError(f"position_ids has {position_ids.shape[0]} positions for {s} tokens")
+    return position_ids
+
+
+class LenextModel(LenextPreTrainedModel):
+    def __init__(self, config: LenextConfig):
+        super().__init__(config)
+        variants = layer_variants(config)  # raises on an unusable config
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, config.pad_token_id)
+        self.layers = nn.ModuleList([LenextDecoderLayer(config, i, variants[i])
+                                     for i in range(config.num_hidden_layers)])
+        self.norm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.post_init()
+
+    def get_input_embeddings(self):
+        return self.embed_tokens
+
+    def set_input_embeddings(self, value):
+        self.embed_tokens = value
+
+    def forward(self, input_ids: Optional[Tensor] = None, attention_mask: Optional[Tensor] = None,
+                position_ids: Optional[Tensor] = None, past_key_values: Optional[Cache] = None,
+                inputs_embeds: Optional[Tensor] = None, use_cache: Optional[bool] = None,
+                output_hidden_states: Optional[bool] = None, **kwargs) -> BaseModelOutputWithPast:
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("specify exactly one of input_ids or inputs_embeds")
+        if attention_mask is not None and attention_mask.dim() == 2 and not bool(attention_mask.all()):
+            raise NotImplementedError("lenext: padding (zeros in attention_mask) is not supported; "
+                                      "run sequences of equal length without padding")
+        if inputs_embeds is None:
+            inputs_embeds = self.embed_tokens(input_ids)
+        use_cache = self.config.use_cache if use_cache is None else use_cache
+        if use_cache and past_key_values is None:
+            past_key_values = DynamicCache(config=self.config)
+        cache = past_key_values if use_cache or past_key_values is not None else None
+        past = cache.get_seq_length() if cache is not None else 0
+        positions = _positions(position_ids, past, inputs_embeds.shape[1])
+        hidden = inputs_embeds
+        all_hidden = [] if output_hidden_states else None
+        for layer in self.layers:
+            if all_hidden is not None:
+                all_hidden.append(hidden)
+            hidden = layer(hidden, positions, cache)
+        hidden = self.norm(hidden)
+        if all_hidden is not None:
+            all_hidden.append(hidden)
+        return BaseModelOutputWithPast(last_hidden_state=hidden, past_key_values=cache,
+                                       hidden_states=tuple(all_hidden) if all_hidden else None)
+
+
+class LenextForCausalLM(LenextPreTrainedModel, GenerationMixin):
+    _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
+
+    def __init__(self, config: LenextConfig):
+        super().__init__(config)
+        self.model = LenextModel(config)
+        self.vocab_size = config.vocab_size
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.post_init()
+
+    def get_input_embeddings(self):
+        return self.model.embed_tokens
+
+    def set_input_embeddings(self, value):
+        self.model.embed_tokens = value
+
+    def get_output_embeddings(self):
+        return self.lm_head
+
+    def set_output_embeddings(self, value):
+        self.lm_head = value
+
+    def forward(self, input_ids: Optional[Tensor] = None, attention_mask: Optional[Tensor] = None,
+                position_ids: Optional[Tensor] = None, past_key_values: Optional[Cache] = None,
+                inputs_embeds: Optional[Tensor] = None, labels: Optional[Tensor] = None,
+                use_cache: Optional[bool] = None, logits_to_keep: Union[int, Tensor] = 0,
+                output_hidden_states: Optional[bool] = None, return_dict: Optional[bool] = None,
+                **kwargs) -> CausalLMOutputWithPast:
+        out = self.model(input_ids=input_ids, attention_mask=attention_mask,
+                         position_ids=position_ids, past_key_values=past_key_values,
+                         inputs_embeds=inputs_embeds, use_cache=use_cache,
+                         output_hidden_states=output_hidden_states)
+        hidden = out.last_hidden_state
+        if isinstance(logits_to_keep, int):
+            hidden = hidden[:, -logits_to_keep:] if logits_to_keep else hidden
+        else:
+            hidden = hidden[:, logits_to_keep]
+        logits = self.lm_head(hidden)
+        loss = None
+        if labels is not None:
+            loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size,
+                                      **kwargs)
+        result = CausalLMOutputWithPast(loss=loss, logits=logits, past_key_values=out.past_key_values,
+                                        hidden_states=out.hidden_states)
+        return result if return_dict is not False else result.to_tuple()
+
+
+# ---------------------------------------------------------------- eval-time helpers
+
+
+def attention_layers(model: nn.Module) -> list[LenextAttention]:
+    """Every LenextAttention of `model` (LenextForCausalLM or LenextModel), in layer order.
+    (Matched by class name, so models loaded through remote code work too.)"""
+    return [m for m in model.modules() if type(m).__name__ == "LenextAttention"]
+
+
+@torch.no_grad()
+def set_uniform_scale(model: nn.Module, c: float) -> None:
+    """Every head of every layer: m_h = c (lambda = c / sqrt(d)); also records config.scale_c."""
+    for attn in attention_layers(model):
+        attn.head_scale.fill_(float(c))
+    model.config.scale_c = float(c)
+    model.config.head_scale_source = "uniform"
+
+
+@torch.no_grad()
+def set_head_scales(model: nn.Module, scales: Tensor) -> None:
+    """scales [layers, heads] (any float dtype) -> each layer's fp32 head_scale buffer."""
+    layers = attention_layers(model)
+    scales = torch.as_tensor(scales)
+    if tuple(scales.shape) != (len(layers), layers[0].num_heads):
+        raise ValueError(f"head scales must have shape [{len(layers)}, {layers[0].num_heads}], "
+                         f"got {tuple(scales.shape)}")
+    for attn, row in zip(layers, scales):
+        attn.head_scale.copy_(row.to(torch.float32))
+    model.config.head_scale_source = "file"
+
+
+def get_head_scales(model: nn.Module) -> Tensor:
+    """[layers, heads] fp32 copy of the current head scales."""
+    return torch.stack([a.head_scale.detach().float().cpu() for a in attention_layers(model)])
+
+
+def set_position(model: nn.Module, position: Optional[str] = None, *,
+                 rope: Optional[dict] = None, **options):
+    """Switch every layer to another position variant / options at eval time, e.g.
+    `set_position(model, "rope", rope={"scaling": "yarn", "factor": 4.0})` or
+    `set_position(model, window=128)`. Updates model.config (position, rope (given keys only),
+    attention_options) and rebuilds the variants; returns the first layer's variant.
+    Unknown names raise ValueError (the config is left unchanged). A variant with learned state
+    (KERPLE) keeps its per-layer parameters when the variant class is unchanged."""
+    cfg = model.config
+    old = (cfg.position, cfg.rope, cfg.attention_options)
+    cfg.position = cfg.position if position is None else position
+    cfg.rope = {**cfg.rope, **(rope or {})}
+    cfg.attention_options = {**(cfg.attention_options or {}), **options}
+    try:
+        variants = layer_variants(cfg)
+    except Exception:
+        cfg.position, cfg.rope, cfg.attention_options = old
+        raise
+    for attn, new in zip(attention_layers(model), variants):
+        if _has_state(new) and type(new) is type(attn.position):
+            new.load_state_dict(attn.position.state_dict())
+        dev = next((t.device for t in attn.parameters()), None)
+        attn.position = new.to(dev) if dev is not None and isinstance(new, nn.Module) else new
+    return attention_layers(model)[0].position
+
+
+def attention_inputs(model: nn.Module, input_ids: Tensor) -> list[Tensor]:
+    """Run `model` on input_ids (no cache) and return each layer's attention input
+    [b, s, hidden] (after input_layernorm), for `LenextAttention.qk`."""
+    captured: list[Tensor] = []
+    hooks = [a.register_forward_pre_hook(lambda _m, args: captured.append(args[0].detach()))
+             for a in attention_layers(model)]
+    try:
+        with torch.no_grad():
+            model(input_ids=input_ids, use_cache=False)
+    finally:
+        for h in hooks:
+            h.remove()
+    return captured
+
+
+__all__ = ["LenextForCausalLM", "LenextModel", "LenextPreTrainedModel", "LenextAttention",
+           "LenextDecoderLayer", "build_variant", "attention_layers", "set_uniform_scale",
+           "set_head_scales", "get_head_scales", "set_position", "attention_inputs"]
