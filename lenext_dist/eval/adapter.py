@@ -1,0 +1,182 @@
+"""The one place that knows how a model's attention is laid out (so only this module changes when
+the HF modeling code changes).
+
+Two layouts are supported:
+
+- **lenext** (`lenext_dist/hf/modeling_lenext.py`): each `model.model.layers[i].self_attn` is a
+  `LenextAttention` with `head_scale` ([heads] fp32 multiplier m; lambda_h = m_h / sqrt(d)),
+  `position` (the PositionVariant) and `qk(hidden_states, positions) -> (q [b, h, s, d],
+  k [b, g, s, d])`, both already rotated. The modeling module exposes `set_uniform_scale(model, c)`
+  and `set_head_scales(model, m [layers, heads])`.
+- **llama** (plain `transformers` Llama-like attention with `q_proj`/`k_proj`, `head_dim`,
+  `scaling` and rotary `position_embeddings` passed to the attention module): q/k are recomputed
+  from the projections and rotated with HF's `apply_rotary_pos_emb`; the uniform scale is set by
+  overwriting `self_attn.scaling` (HF passes it to every attention backend).
+
+Public API: `attention_layers`, `layout`, `capture_qk`, `head_scales`, `set_uniform_scale`,
+`restore_scales`, `train_length`.
+"""
+from __future__ import annotations
+
+import math
+import sys
+from contextlib import contextmanager
+from typing import Callable, Iterator, Optional
+
+import torch
+from torch import Tensor, nn
+
+QKCallback = Callable[[int, Tensor, Tensor, Tensor], None]
+"""on_layer(layer_index, q [b, h, s, d] rotated, k [b, g, s, d] rotated, m [h] fp32)."""
+
+
+def attention_layers(model: nn.Module) -> list[nn.Module]:
+    """The self-attention module of every decoder layer, in order."""
+    base = getattr(model, "model", model)
+    layers = getattr(base, "layers", None)
+    if layers is None:
+        raise TypeError(f"{type(model).__name__}: no `.model.layers`; not a Llama-shaped causal LM")
+    return [layer.self_attn for layer in layers]
+
+
+def layout(model: nn.Module) -> str:
+    """'lenext' or 'llama' (see the module docstring); raises for anything else."""
+    attn = attention_layers(model)[0]
+    if hasattr(attn, "qk") and hasattr(attn, "head_scale"):
+        return "lenext"
+    if all(hasattr(attn, a) for a in ("q_proj", "k_proj", "scaling", "head_dim")):
+        return "llama"
+    raise TypeError(f"unknown attention module {type(attn).__name__}: expected LenextAttention "
+                    "(qk, head_scale) or a Llama attention (q_proj, k_proj, scaling, head_dim)")
+
+
+def _num_heads(attn: nn.Module) -> int:
+    n = getattr(attn, "num_heads", None)
+    return int(n) if n is not None else int(attn.config.num_attention_heads)
+
+
+def _lenext_m(attn: nn.Module) -> Tensor:
+    hs = attn.head_scale
+    return (hs.detach() if isinstance(hs, Tensor) else torch.as_tensor(hs)).float().reshape(-1)
+
+
+def _llama_m(attn: nn.Module) -> Tensor:
+    # HF logits are scaling * q.k; scaling = m / sqrt(d) -> m = scaling * sqrt(d)
+    return torch.full((_num_heads(attn),), float(attn.scaling) * math.sqrt(attn.head_dim))
+
+
+def head_scales(model: nn.Module) -> Tensor:
+    """m [layers, heads] fp32 (lambda_h = m_h / sqrt(d))."""
+    kind = layout(model)
+    get = _lenext_m if kind == "lenext" else _llama_m
+    return torch.stack([get(a).cpu() for a in attention_layers(model)])
+
+
+def _modeling_module(model: nn.Module):
+    return sys.modules.get(type(model).__module__)
+
+
+def set_uniform_scale(model: nn.Module, c: float) -> None:
+    """Every head of every layer gets lambda = c / sqrt(d)."""
+    if layout(model) == "lenext":
+        fn = getattr(_modeling_module(model), "set_uniform_scale", None)
+        if fn is not None:
+            fn(model, float(c))
+            return
+        for a in attention_layers(model):
+            with torch.no_grad():
+                a.head_scale.fill_(float(c))
+        return
+    for a in attention_layers(model):
+        a.scaling = float(c) / math.sqrt(a.head_dim)
+
+
+def set_head_scales(model: nn.Module, m: Tensor) -> None:
+    """m [layers, heads]: lambda_{l,h} = m[l, h] / sqrt(d). Plain Llama supports one value only."""
+    if layout(model) == "lenext":
+        fn = getattr(_modeling_module(model), "set_head_scales", None)
+        if fn is not None:
+            fn(model, m)
+            return
+        for a, row in zip(attention_layers(model), m):
+            with torch.no_grad():
+                a.head_scale.copy_(row.to(a.head_scale))
+        return
+    if not torch.all(m == m.reshape(-1)[0]):
+        raise ValueError("a plain Llama model has one scale for all heads; use a lenext model")
+    set_uniform_scale(model, float(m.reshape(-1)[0]))
+
+
+@contextmanager
+def restore_scales(model: nn.Module) -> Iterator[None]:
+    """Put the model's scales back after a block that changes them (scale sweeps)."""
+    saved = head_scales(model)
+    cfg = getattr(model, "config", None)
+    meta = {k: getattr(cfg, k) for k in ("scale_c", "head_scale_source") if hasattr(cfg, k)}
+    try:
+        yield
+    finally:
+        set_head_scales(model, saved)
+        for k, v in meta.items():  # the modeling helpers record what they did in the config
+            setattr(cfg, k, v)
+
+
+def train_length(model: nn.Module) -> Optional[int]:
+    """The training context L, from the config: `train_length`, `seq_length`, the rope scaling's
+    `original_max_position_embeddings`, else `max_position_embeddings`."""
+    cfg = getattr(model, "config", None)
+    if cfg is None:
+        return None
+    for key in ("train_length", "seq_length", "original_max_position_embeddings"):
+        v = getattr(cfg, key, None)
+        if v:
+            return int(v)
+    for key in ("rope_scaling", "rope_parameters"):
+        rs = getattr(cfg, key, None)
+        if isinstance(rs, dict) and rs.get("original_max_position_embeddings"):
+            return int(rs["original_max_position_embeddings"])
+    v = getattr(cfg, "max_position_embeddings", None)
+    return int(v) if v else None
+
+
+def _llama_qk(attn: nn.Module, hidden: Tensor, kwargs: dict) -> tuple[Tensor, Tensor]:
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+    b, s, _ = hidden.shape
+    q = attn.q_proj(hidden).view(b, s, -1, attn.head_dim).transpose(1, 2)
+    k = attn.k_proj(hidden).view(b, s, -1, attn.head_dim).transpose(1, 2)
+    pe = kwargs.get("position_embeddings")
+    if pe is not None:
+        cos, sin = pe
+        q, k = apply_rotary_pos_emb(q, k, cos, sin)
+    return q, k
+
+
+def capture_qk(model: nn.Module, input_ids: Tensor, on_layer: QKCallback) -> None:
+    """Run one forward pass of `input_ids` [b, s] and call `on_layer(i, q, k, m)` for every
+    layer, from inside the layer (so only one layer's q/k is alive at a time)."""
+    kind = layout(model)
+    handles = []
+
+    def make_hook(i: int, attn: nn.Module):
+        def hook(module, args, kwargs):
+            hidden = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
+            if kind == "lenext":  # LenextAttention.forward(hidden_states, positions, cache)
+                positions = args[1] if len(args) > 1 else kwargs.get("positions", 0)
+                q, k = attn.qk(hidden, positions)
+                m = _lenext_m(attn)
+            else:
+                q, k = _llama_qk(attn, hidden, kwargs)
+                m = _llama_m(attn)
+            on_layer(i, q, k, m.to(q.device))
+        return hook
+
+    for i, attn in enumerate(attention_layers(model)):
+        handles.append(attn.register_forward_pre_hook(make_hook(i, attn), with_kwargs=True))
+    try:
+        with torch.inference_mode():
+            base = getattr(model, "model", model)
+            base(input_ids=input_ids, use_cache=False)
+    finally:
+        for h in handles:
+            h.remove()

@@ -1,0 +1,161 @@
+"""`lenext report --runs DIR... --out report.md`: one markdown report of result folders.
+
+A result folder is what `lenext eval ... --out DIR` writes (ppl_*.json, passkey*.json,
+entropy*.json, scale_sweep.json and their PNGs). The report has one table per kind (PPL per length
+per run/protocol/scale; context use and extrapolation penalty; passkey accuracy per length;
+attention entropy; scale-sweep fits) and embeds every PNG by a path relative to the report.
+
+Public API: `collect`, `render`, `write_report`, `main`.
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+from typing import Optional, Sequence
+
+
+def _load(path: str) -> Optional[dict]:
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def collect(runs: Sequence[str]) -> list[dict]:
+    """[{name, dir, results: [(file, json)], pngs: [...]}] for every run folder."""
+    out = []
+    for d in runs:
+        if not os.path.isdir(d):
+            raise FileNotFoundError(f"--runs {d!r} is not a folder")
+        files = sorted(glob.glob(os.path.join(d, "*.json")))
+        res = [(f, j) for f in files if (j := _load(f)) is not None and "kind" in j]
+        pngs = sorted(glob.glob(os.path.join(d, "*.png")))
+        out.append({"name": os.path.basename(os.path.normpath(d)), "dir": d, "results": res,
+                    "pngs": pngs})
+    return out
+
+
+def _fmt(x, nd: int = 3) -> str:
+    if x is None:
+        return "-"
+    if isinstance(x, float):
+        return f"{x:.{nd}f}"
+    return str(x)
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    if not rows:
+        return []
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return lines + [""]
+
+
+def _label(run: dict, j: dict) -> str:
+    c = j.get("model", {}).get("scale_c")
+    return run["name"] + (f" (c={c:g})" if c is not None else "")
+
+
+def render(runs: list[dict], out_path: str, title: str = "lenext evaluation report") -> str:
+    base = os.path.dirname(os.path.abspath(out_path))
+    md = [f"# {title}", ""]
+    md += ["Runs: " + ", ".join(f"`{r['name']}` ({r['dir']})" for r in runs), ""]
+
+    ppl = [(r, j) for r in runs for f, j in r["results"] if j["kind"] == "ppl"]
+    if ppl:
+        lengths = sorted({x["length"] for _, j in ppl for x in j["results"]})
+        rows = []
+        for r, j in ppl:
+            by = {x["length"]: x for x in j["results"]}
+            rows.append([_label(r, j), j["protocol"], str(j["stride"]),
+                         _fmt(j.get("train_length"))]
+                        + [_fmt(by[W]["ppl"], 2) if W in by else "-" for W in lengths])
+        md += ["## Perplexity", "",
+               "Protocols (DESIGN section 4): `last-stride` = windows of W scoring their last S "
+               "tokens; `yarn` = first window scores all, later ones their new tokens; `full` = "
+               "non-overlapping windows. Scored tokens per cell are in the JSON.", ""]
+        md += _table(["run", "protocol", "stride", "L"] + [f"W={W}" for W in lengths], rows)
+        rows = []
+        for r, j in ppl:
+            for d in j.get("diagnostics", []):
+                cu = d.get("context_use", {})
+                by_s = {(x["s_from"], x["s_to"]): x["penalty"] for x in d.get("penalty_by_s", [])}
+                pen = "; ".join(f"({a:g},{b:g}]: {p:+.3f}" for (a, b), p in by_s.items())
+                rows.append([_label(r, j), str(d["length"]), _fmt(cu.get("loss_pos_4_8")),
+                             _fmt(cu.get("loss_pos_halfL_L")), _fmt(cu.get("gain")),
+                             _fmt(d.get("penalty_mean")), pen or "-"])
+        if rows:
+            md += ["## Context use and extrapolation penalty", "",
+                   "Context use: mean loss at positions [4,8) vs [L/2,L) (gain ~0: the model "
+                   "does not use its context). Penalty: loss with full context minus the loss "
+                   "of the same token under a window of L, by s = context/L (nats).", ""]
+            md += _table(["run", "W", "loss [4,8)", "loss [L/2,L)", "gain", "penalty mean",
+                          "penalty by s"], rows)
+
+    pk = [(r, j) for r in runs for f, j in r["results"] if j["kind"] == "passkey"]
+    if pk:
+        lengths = sorted({x for _, j in pk for x in j["lengths"]})
+        rows = []
+        for r, j in pk:
+            by = dict(zip(j["lengths"], j["accuracy_by_length"]))
+            rows.append([_label(r, j), str(len(j["depths"])), str(len(j["keys"]))]
+                        + [_fmt(by.get(x), 2) for x in lengths] + [_fmt(j["mean_accuracy"], 2)])
+        md += ["## Passkey retrieval", "", "Exact-match accuracy averaged over depths.", ""]
+        md += _table(["run", "depths", "keys"] + [str(x) for x in lengths] + ["mean"], rows)
+
+    en = [(r, j) for r in runs for f, j in r["results"] if j["kind"] == "entropy"]
+    if en:
+        rows = [[_label(r, j), str(j["length"]), str(j["samples"]), _fmt(j.get("mean_at_L")),
+                 _fmt(j.get("normalized_at_L")), _fmt(j["mean_at_end"]),
+                 _fmt(j["normalized_at_end"])] for r, j in en]
+        md += ["## Attention entropy", "", "Mean over heads and layers; normalized = H / ln i.",
+               ""]
+        md += _table(["run", "length", "samples", "H at L", "H/ln i at L", "H at end",
+                      "H/ln i at end"], rows)
+
+    sw = [(r, j) for r in runs for f, j in r["results"] if j["kind"] == "scale_sweep"]
+    if sw:
+        rows = [[_label(r, j), str(j["length"]), str(j["train_length"]),
+                 f"{j['grid'][0]:g}..{j['grid'][-1]:g} ({len(j['grid'])})",
+                 _fmt(j["fit"].get("a"), 4), _fmt(j["fit"].get("r2"), 4),
+                 _fmt(j["best_c_mean"], 2), _fmt(j.get("best_c_beyond_L"), 2)] for r, j in sw]
+        md += ["## Uniform-scale sweep", "", "Fit c(s) = 1 + a ln s over position bins past L "
+               "(paper: a = 0.3010 / 0.3973).", ""]
+        md += _table(["run", "N", "L", "grid", "a", "R^2", "best c (all)", "best c (>L)"], rows)
+
+    md += ["## Figures", ""]
+    for r in runs:
+        for p in r["pngs"]:
+            rel = os.path.relpath(os.path.abspath(p), base)
+            md += [f"### {r['name']}: {os.path.basename(p)}", "", f"![{r['name']}]({rel})", ""]
+    return "\n".join(md)
+
+
+def write_report(runs: Sequence[str], out: str, title: Optional[str] = None) -> str:
+    text = render(collect(runs), out, title or "lenext evaluation report")
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    with open(out, "w") as f:
+        f.write(text + "\n")
+    return out
+
+
+def build_parser(parser: Optional[argparse.ArgumentParser] = None) -> argparse.ArgumentParser:
+    ap = parser or argparse.ArgumentParser(prog="lenext report", description=__doc__)
+    ap.add_argument("--runs", nargs="+", required=True, help="result folders of `lenext eval`")
+    ap.add_argument("--out", default="report.md", help="markdown file to write")
+    ap.add_argument("--title", default=None)
+    return ap
+
+
+def run(args) -> str:
+    path = write_report(args.runs, args.out, args.title)
+    print(f"wrote {path}")
+    return path
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    run(build_parser().parse_args(argv))
+    return 0

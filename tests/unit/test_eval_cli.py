@@ -1,0 +1,69 @@
+"""`lenext eval ...` / `lenext report` end to end on a tiny random model (in process)."""
+import json
+
+import pytest
+
+from lenext_dist.cli import main
+from lenext_dist.eval.testing import REPO, one_thread, save_tiny_model
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    with one_thread():
+        yield
+
+
+DATA = f"{REPO}/data/sample/heldout/code.jsonl.zst"
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return save_tiny_model(str(tmp_path_factory.mktemp("m") / "tiny"), train_length=32)
+
+
+def run(*argv):
+    assert main(list(argv)) == 0
+
+
+def test_ppl_cli(model_dir, tmp_path):
+    out = tmp_path / "r"
+    run("eval", "ppl", "--model", model_dir, "--data", DATA, "--lengths", "32,64",
+        "--stride", "8", "--budget-tokens", "64", "--batch-size", "4", "--out", str(out),
+        "--no-progress")
+    j = json.loads((out / "ppl_last-stride.json").read_text())
+    assert j["protocol"] == "last-stride" and j["train_length"] == 32
+    assert [r["length"] for r in j["results"]] == [32, 64]
+    assert all(r["scored_tokens"] == 64 for r in j["results"])
+    assert j["data"]["files"][0]["tokens"] > 70000
+    assert j["model"]["attention_layout"] == "llama"
+    d = j["diagnostics"][-1]
+    assert d["length"] == 64 and d["penalty_by_s"] and d["context_use"]["gain"] is not None
+    assert (out / "ppl_last-stride.png").stat().st_size > 1000
+    assert (out / "penalty_last-stride.png").exists()
+    run("eval", "ppl", "--model", model_dir, "--data", DATA, "--lengths", "64",
+        "--protocol", "yarn", "--stride", "16", "--max-docs", "1", "--scale-c", "1.2",
+        "--no-penalty", "--out", str(out), "--no-progress")
+    j = json.loads((out / "ppl_yarn_c1.2.json").read_text())
+    assert j["model"]["scale_c"] == 1.2 and j["model"]["head_scale"]["min"] == pytest.approx(1.2)
+    assert j["results"][0]["scored_tokens"] == j["data"]["documents"][0]["tokens"] - 1
+    run("eval", "passkey", "--model", model_dir, "--lengths", "100,140", "--depths", "2",
+        "--keys", "2", "--max-new-tokens", "3", "--out", str(out), "--no-progress")
+    j = json.loads((out / "passkey.json").read_text())
+    assert j["depths"] == [0.0, 1.0] and len(j["accuracy"]) == 2
+    assert (out / "passkey.png").exists()
+    run("eval", "entropy", "--model", model_dir, "--data", DATA, "--length", "64",
+        "--samples", "2", "--out", str(out), "--no-progress")
+    j = json.loads((out / "entropy_64.json").read_text())
+    assert j["samples"] == 2 and len(j["per_head"]) == 2 and (out / "entropy_64.png").exists()
+    run("eval", "scale-sweep", "--model", model_dir, "--data", DATA, "--length", "64",
+        "--c-min", "0.8", "--c-max", "1.2", "--c-step", "0.2", "--samples", "1",
+        "--out", str(out), "--no-progress")
+    j = json.loads((out / "scale_sweep.json").read_text())
+    assert j["grid"] == [0.8, 1.0, 1.2] and j["fit"]["n_points"] >= 1
+    assert (out / "scale_sweep.png").exists()
+    rep = tmp_path / "report.md"
+    run("report", "--runs", str(out), "--out", str(rep))
+    text = rep.read_text()
+    for s in ("## Perplexity", "| r | last-stride |", "r (c=1.2)", "## Passkey",
+              "## Attention entropy", "## Uniform-scale sweep", "](r/passkey.png)"):
+        assert s in text

@@ -1,0 +1,96 @@
+"""Evaluation on the HF export's model class (lenext_dist.hf): the adapter's q/k/m reproduce the
+model's attention, scales go through the modeling helpers, PPL equals the brute-force loop, and
+the CLI runs on an export-shaped folder loaded with trust_remote_code."""
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from lenext_dist.attention import eager_causal_attention
+from lenext_dist.cli import main
+from lenext_dist.eval.adapter import (capture_qk, head_scales, layout, restore_scales,
+                                      set_uniform_scale, train_length)
+from lenext_dist.eval.entropy import _position_hooks, evaluate_entropy
+from lenext_dist.eval.passkey import greedy_generate
+from lenext_dist.eval.ppl import evaluate_ppl
+from lenext_dist.eval.testing import REPO, one_thread, random_docs, save_tiny_lenext, tiny_lenext
+
+from test_eval_ppl import brute_force  # noqa: E402  (tests/unit is on sys.path under pytest)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    with one_thread():
+        yield
+
+
+@pytest.mark.parametrize("position", ["nope", "rope", "alibi", "kerple_log"])
+def test_adapter_on_lenext(position):
+    model = tiny_lenext(position, vocab_size=256, train_length=32)
+    assert layout(model) == "lenext" and train_length(model) == 32
+    ids = torch.randint(0, 256, (2, 20))
+    attn = model.model.layers[1].self_attn
+    cap, qk = {}, {}
+    h1 = attn.register_forward_pre_hook(lambda mod, a: cap.__setitem__("h", a[0]))
+    h2 = attn.register_forward_hook(lambda mod, a, out: cap.__setitem__("o", out))
+    capture_qk(model, ids, lambda i, q, k, m: qk.__setitem__(i, (q, k, m)))
+    h1.remove(), h2.remove()
+    q, k, m = qk[1]
+    with torch.no_grad():
+        v = attn.v_proj(cap["h"]).view(2, 20, -1, 8).transpose(1, 2)
+        qs, mod = _position_hooks(attn, 20, q.device)  # what entropy feeds iter_attention_probs
+        o = eager_causal_attention(q, k, v, m, q_scale=qs, score_mod=mod)
+        o = attn.o_proj(o.transpose(1, 2).reshape(2, 20, -1))
+    torch.testing.assert_close(o, cap["o"], rtol=1e-4, atol=1e-5)
+    with restore_scales(model):
+        set_uniform_scale(model, 1.3)
+        assert torch.allclose(head_scales(model), torch.full((2, 4), 1.3))
+        assert torch.allclose(attn.head_scale, torch.full((4,), 1.3))
+    assert torch.allclose(head_scales(model), torch.ones(2, 4))
+    assert model.config.scale_c == 1.0 and model.config.head_scale_source == "uniform"
+
+
+def test_ppl_and_entropy_on_lenext():
+    model = tiny_lenext("rope", vocab_size=512, train_length=32)
+    docs = random_docs([150, 97], vocab_size=512)
+    for protocol in ("last-stride", "yarn"):
+        ref, n = brute_force(model, docs, 32, 8, protocol)
+        r = evaluate_ppl(model, docs, 32, stride=8, protocol=protocol, batch_size=3,
+                         progress=False)
+        assert r["scored_tokens"] == n and r["nll"] == pytest.approx(ref, rel=1e-5)
+    e = evaluate_entropy(model, docs, 48, samples=2, chunk_size=7, progress=False)
+    assert e["entropy"].shape == (2, 4, 48)
+    assert np.all(e["entropy"] <= e["upper_bound"] + 1e-5)
+    # greedy decoding through the lenext KV cache equals recomputation
+    ids = torch.randint(3, 512, (1, 30))
+    new = greedy_generate(model, ids, 4)
+    seq = ids
+    for _ in range(4):
+        with torch.no_grad():
+            nxt = model(input_ids=seq, use_cache=False).logits[:, -1].argmax(-1, keepdim=True)
+        seq = torch.cat([seq, nxt], 1)
+    assert new.tolist() == seq[:, 30:].tolist()
+
+
+def test_cli_on_export_folder(tmp_path):
+    mdir = save_tiny_lenext(str(tmp_path / "lx"), position="nope", train_length=32)
+    out = tmp_path / "res"
+    data = f"{REPO}/data/sample/heldout/code.jsonl.zst"
+    assert main(["eval", "ppl", "--model", mdir, "--data", data, "--lengths", "32,64",
+                 "--stride", "16", "--budget-tokens", "64", "--scale-c", "1.2",
+                 "--out", str(out), "--no-progress"]) == 0
+    j = json.loads((out / "ppl_last-stride_c1.2.json").read_text())
+    assert j["model"]["attention_layout"] == "lenext" and j["train_length"] == 32
+    assert j["model"]["head_scale"]["min"] == pytest.approx(1.2)
+    assert "NoPE" in j["model"]["position"] and j["diagnostics"][-1]["penalty_by_s"]
+    assert main(["eval", "entropy", "--model", mdir, "--data", data, "--length", "64",
+                 "--samples", "1", "--out", str(out), "--no-progress"]) == 0
+    assert main(["eval", "passkey", "--model", mdir, "--lengths", "100", "--depths", "2",
+                 "--keys", "2", "--max-new-tokens", "3", "--out", str(out),
+                 "--no-progress"]) == 0
+    assert main(["eval", "scale-sweep", "--model", mdir, "--data", data, "--length", "64",
+                 "--c-min", "1.0", "--c-max", "1.2", "--c-step", "0.2", "--samples", "1",
+                 "--out", str(out), "--no-progress"]) == 0
+    for f in ("entropy_64.json", "passkey.json", "scale_sweep.json", "passkey.png"):
+        assert (out / f).exists()
