@@ -20,9 +20,20 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/pip install -q -e ".[dev]"
 	touch $@
 
-# The embedded default: real-text sample -> shards -> a tiny NoPE model on 2 CPU ranks, ZeRO-2.
+# The embedded default, the whole pipeline: real-text sample -> shards -> a tiny NoPE model on 2
+# CPU ranks (ZeRO-2) -> HF export (verified by logits) -> sliding-window PPL at 1x/2x/4x the
+# training length with c = 1.0 and c = 1.2 -> report. A few minutes.
+DEMO      := tiny-cpu-nope
+EVAL_DATA := data/sample/heldout/books.jsonl.zst
 demo: setup shards
-	$(BIN)/deepspeed --num_gpus $(NPROC) --master_port $(PORT) launch/pretrain.py --config configs/exp/tiny-cpu-nope.yaml
+	$(BIN)/deepspeed --num_gpus $(NPROC) --master_port $(PORT) launch/pretrain.py --config configs/exp/$(DEMO).yaml
+	$(BIN)/python -m lenext_dist.convert --checkpoint runs/$(DEMO)/checkpoints --out runs/$(DEMO)/hf --overwrite --verify
+	for c in 1.0 1.2; do \
+	  $(BIN)/lenext eval ppl --model runs/$(DEMO)/hf --data $(EVAL_DATA) --lengths 128,256,512 --stride 64 \
+	      --budget-tokens 20000 --scale-c $$c --out runs/$(DEMO)/eval || exit 1; \
+	done
+	$(BIN)/lenext report --runs runs/$(DEMO)/eval --out runs/$(DEMO)/report.md
+	@echo "report: runs/$(DEMO)/report.md"
 
 shards: setup shards/sample/.done
 

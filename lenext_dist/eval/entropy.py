@@ -79,7 +79,7 @@ def evaluate_entropy(model: nn.Module, docs: Sequence, length: int, *, samples: 
         from tqdm.auto import tqdm
 
         bar = tqdm(total=len(windows) * len(layers), desc=f"entropy L={length}", unit="layer",
-                   leave=False)
+                   leave=False, disable=None)
 
     def on_layer(i, q, k, m):
         qs, mod = _position_hooks(layers[i], q.shape[2], q.device) if kind == "lenext" \

@@ -113,7 +113,7 @@ def run_passkey(model: nn.Module, sp, lengths: Sequence[int], depths: Sequence[f
         from tqdm.auto import tqdm
 
         bar = tqdm(total=len(lengths) * len(depths) * keys, desc="passkey", unit="prompt",
-                   leave=False)
+                   leave=False, disable=None)
     acc = np.zeros((len(lengths), len(depths)))
     cells, examples = [], []
     for li, L in enumerate(lengths):

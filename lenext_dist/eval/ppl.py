@@ -92,7 +92,7 @@ def _progress(total: int, desc: str, enabled: bool):
         return None
     from tqdm.auto import tqdm
 
-    return tqdm(total=total, desc=desc, unit="win", leave=False)
+    return tqdm(total=total, desc=desc, unit="win", leave=False, disable=None)
 
 
 def _curve(windows: Sequence[Window], nlls: Sequence[np.ndarray], W: int, all_positions: bool):

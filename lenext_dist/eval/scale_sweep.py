@@ -52,7 +52,7 @@ def sweep_losses(model: nn.Module, docs: Sequence, length: int, grid: Sequence[f
         from tqdm.auto import tqdm
 
         bar = tqdm(total=len(grid) * len(windows), desc=f"scale sweep N={length}", unit="win",
-                   leave=False)
+                   leave=False, disable=None)
     loss = np.zeros((len(grid), length))
     with restore_scales(model):
         for i, c in enumerate(grid):
