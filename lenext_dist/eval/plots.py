@@ -1,6 +1,7 @@
 """PNG figures of the evaluation results (matplotlib, Agg backend; inputs are the JSON dicts).
 
-Public API: `plot_ppl`, `plot_penalty`, `plot_passkey`, `plot_entropy`, `plot_scale_sweep`.
+Public API: `plot_ppl`, `plot_penalty`, `plot_passkey`, `plot_entropy`, `plot_scale_sweep`,
+`plot_head_scales`.
 """
 from __future__ import annotations
 
@@ -152,4 +153,21 @@ def plot_scale_sweep(res: dict, path: str) -> str:
     a2.set_ylabel("mean loss - its minimum over c")
     a2.legend(fontsize=7)
     fig.suptitle(f"uniform scale sweep at N={res['length']} (L={res['train_length']})")
+    return _save(fig, path)
+
+
+def plot_head_scales(scales, path: str, title: str = "HeadScale: learned m_h") -> str:
+    """Heatmap of the per-head scales m_h (lambda_h = m_h / sqrt(d)), layers (rows) x heads."""
+    plt = _plt()
+    m = np.asarray(scales, dtype=float)
+    fig, ax = plt.subplots(figsize=(2.0 + 0.25 * m.shape[1], 1.2 + 0.3 * m.shape[0]))
+    im = ax.imshow(m, cmap="viridis", aspect="auto")
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("head")
+    ax.set_ylabel("layer")
+    ax.set_title(f"{title} (min {m.min():.3f}, mean {m.mean():.3f}, max {m.max():.3f})", fontsize=9)
+    fig.colorbar(im, ax=ax, fraction=0.04, label="m_h")
     return _save(fig, path)

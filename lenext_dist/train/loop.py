@@ -156,7 +156,7 @@ def train(cfg: RunConfig) -> dict:
             bar.update(1)
         if step % cfg.logging.interval == 0 or step == cfg.train.steps:
             gnorm = engine.get_global_grad_norm()
-            scales = optim.head_scale_stats(engine) if trainable_scales else None
+            scales = optim.head_scale_stats(optim.head_scale_matrix(engine)) if trainable_scales else None
             metrics.log(step, {"loss": loss_sum / n_loss, "lr": lr,
                                "grad_norm": float(gnorm) if gnorm is not None else float("nan")}, scales)
             loss_sum, n_loss = 0.0, 0
@@ -174,8 +174,22 @@ def train(cfg: RunConfig) -> dict:
     if bar:
         bar.close()
     metrics.close()
+    if trainable_scales:
+        _write_head_scales(optim.head_scale_matrix(engine), cfg.run_dir, rank)
     _print0(f"[lenext] {'stopped' if stopped else 'done'} at step {step}; checkpoints in {cfg.checkpoint.dir}")
     return {"step": step, "stopped_by_signal": stopped}
+
+
+def _write_head_scales(matrix: torch.Tensor, run_dir: str, rank: int) -> None:
+    """The searched per-head scales as JSON and a layer x head heatmap (rank 0)."""
+    if rank != 0:
+        return
+    from lenext_dist.eval.plots import plot_head_scales
+
+    with open(os.path.join(run_dir, "head_scales.json"), "w") as f:
+        json.dump({"head_scales": matrix.tolist(), "lambda": "m_h / sqrt(head_dim)"}, f, indent=1)
+    png = plot_head_scales(matrix, os.path.join(run_dir, "head_scales.png"))
+    _print0(f"[lenext] head scales: {run_dir}/head_scales.json, {png}")
 
 
 def _progress(cfg: RunConfig, step: int, rank: int):

@@ -7,6 +7,7 @@ needs no scheduler state and cannot drift.
 from __future__ import annotations
 
 import math
+from typing import Optional
 
 import torch
 
@@ -81,14 +82,19 @@ def clamp_head_scales(engine, min_value: float) -> None:
         local.clamp_(min=min_value)
 
 
-def head_scale_stats(engine) -> dict[str, tuple[float, float, float]]:
-    """{layer name: (min, mean, max)} of the per-head scales m_h, gathered under ZeRO-3."""
+def head_scale_matrix(engine) -> Optional[torch.Tensor]:
+    """[layers, heads] fp32 per-head scales m_h, gathered under ZeRO-3 (collective: call on all
+    ranks); None when the model has no learned head scales."""
     from deepspeed.utils import safe_get_full_fp32_param
 
-    out = {}
+    rows = []
     for name, p in engine.module.named_parameters():
         if is_head_scale(name):
             full = safe_get_full_fp32_param(p)
-            v = (full if full is not None else p.data).float()
-            out[name] = (v.min().item(), v.mean().item(), v.max().item())
-    return out
+            rows.append((full if full is not None else p.data).detach().float().cpu())
+    return torch.stack(rows) if rows else None
+
+
+def head_scale_stats(matrix: torch.Tensor) -> dict[str, tuple[float, float, float]]:
+    """{layer i: (min, mean, max)} of a [layers, heads] matrix of m_h, for the log line."""
+    return {f"layer {i}": (r.min().item(), r.mean().item(), r.max().item()) for i, r in enumerate(matrix)}

@@ -1,4 +1,6 @@
 """HeadScale mode on 2 ranks under ZeRO-2: only the per-head scales change, and they keep m_h >= 1."""
+import json
+
 import pytest
 import torch
 
@@ -36,3 +38,7 @@ def test_headscale_search_changes_only_head_scales(sample_shards, tmp_path):
     assert m.shape == (2, 4)
     assert (m >= 1.0).all()
     assert not torch.allclose(m, torch.full_like(m, 1.2)), "the head scales did not move"
+    # the searched scales are also written for people: JSON + layer x head heatmap
+    written = json.loads((tmp_path / "hs" / "head_scales.json").read_text())["head_scales"]
+    assert torch.equal(torch.tensor(written), m)
+    assert (tmp_path / "hs" / "head_scales.png").stat().st_size > 1000
