@@ -1,4 +1,5 @@
-"""The `lenext` command: `lenext eval {ppl,passkey,entropy,scale-sweep} ...`, `lenext report ...`.
+"""The `lenext` command: `lenext eval {ppl,passkey,entropy,scale-sweep} ...`, `lenext report ...`,
+`lenext extend ...`.
 
 Subcommands are registered in `SUBCOMMANDS` (name -> (help, build_parser, run)); others (e.g.
 `extend`) add one entry. Also runs as `python -m lenext_dist ...`.
@@ -22,9 +23,17 @@ def _report():
     return report.build_parser, report.run
 
 
+def _extend():
+    from . import extend
+
+    return extend.build_parser, extend.run
+
+
 SUBCOMMANDS = {
     "eval": ("evaluate a model directory: ppl, passkey, entropy, scale-sweep", _eval),
     "report": ("one markdown report of result folders", _report),
+    "extend": ("scale sweep -> HeadScale search -> export -> evaluation -> report, per target length",
+               _extend),
 }
 
 
