@@ -250,3 +250,63 @@ def test_export_learned_head_scales(runs, megatron_1rank, tmp_path):
     convert("--checkpoint", runs["z2_mha_rope"], "--out", base, "--head-scales-from", runs["headscale"])
     wb = load_file(str(base / "model.safetensors"))
     assert set(wb) == set(w) and all(torch.equal(wb[k], w[k]) for k in w)
+
+
+MC_TASK = """task: lenext_local_mc
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {data}
+test_split: test
+output_type: multiple_choice
+doc_to_text: "{{{{context}}}}"
+doc_to_choice: "{{{{choices}}}}"
+doc_to_target: "{{{{label}}}}"
+target_delimiter: ""
+metric_list:
+  - metric: acc
+    aggregation: mean
+    higher_is_better: true
+"""
+MC_DOCS = [
+    {"context": TEXT[:84], "choices": [" wife.", " horse.", " river."], "label": 0},
+    {"context": "def add(a, b):\n    return a", "choices": [" + b", " * 7 ]", " (("], "label": 0},
+    {"context": "To be, or not to be, that is the", "choices": [" question", " banana", " seven"], "label": 0},
+]
+
+
+def test_export_evaluates_with_lm_evaluation_harness_offline(runs, tmp_path):
+    """lm-evaluation-harness (hf backend, trust_remote_code) on a local task, offline; its
+    log-likelihoods must be the exported model's own (recomputed here the way lm-eval splits
+    context and continuation)."""
+    pytest.importorskip("lm_eval")
+    hf_dir = tmp_path / "hf"
+    convert("--checkpoint", runs["z3_gqa_nope"], "--out", hf_dir)
+    (tmp_path / "mc.jsonl").write_text("".join(json.dumps(d) + "\n" for d in MC_DOCS))
+    (tmp_path / "tasks").mkdir()
+    (tmp_path / "tasks" / "task.yaml").write_text(MC_TASK.format(data=tmp_path / "mc.jsonl"))
+    e = env(2)
+    e.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", HF_DATASETS_CACHE=str(tmp_path / "ds_cache"))
+    p = subprocess.run([sys.executable, "-m", "lm_eval", "--model", "hf", "--model_args",
+                        f"pretrained={hf_dir},trust_remote_code=True,dtype=float32", "--tasks",
+                        "lenext_local_mc", "--include_path", str(tmp_path / "tasks"), "--device", "cpu",
+                        "--batch_size", "2", "--output_path", str(tmp_path / "out"), "--log_samples"],
+                       cwd=REPO, env=e, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-4000:]
+    samples = [json.loads(line) for f in (tmp_path / "out").rglob("samples_*.jsonl")
+               for line in f.read_text().splitlines()]
+    assert sorted(s["doc_id"] for s in samples) == [0, 1, 2]
+
+    from transformers import AutoTokenizer
+
+    model = load_hf(hf_dir)
+    tok = AutoTokenizer.from_pretrained(hf_dir, trust_remote_code=True)
+    for s in samples:
+        doc = MC_DOCS[s["doc_id"]]
+        for choice, resp in zip(doc["choices"], s["resps"]):
+            whole = tok(doc["context"] + choice, add_special_tokens=False)["input_ids"]
+            ctx = tok(doc["context"], add_special_tokens=False)["input_ids"]
+            with torch.no_grad():
+                logp = model(torch.tensor([whole])).logits[0].log_softmax(-1)
+            ours = sum(logp[i - 1, whole[i]].item() for i in range(len(ctx), len(whole)))
+            assert abs(float(resp[0][0]) - ours) < 1e-3, (doc["context"], choice, resp, ours)
