@@ -12,6 +12,8 @@ from pathlib import Path
 
 import yaml
 
+from lenext_dist.config.load import deep_merge
+
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 
@@ -33,15 +35,6 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def deep_update(dst: dict, src: dict) -> dict:
-    for k, v in src.items():
-        if isinstance(v, dict) and isinstance(dst.get(k), dict):
-            deep_update(dst[k], v)
-        else:
-            dst[k] = v
-    return dst
-
-
 def write_config(tmp: Path, shards: dict, name: str = "run", **sections) -> Path:
     """A full YAML config for the tiny model on `shards` (from the sample_shards fixture)."""
     cfg = json.loads(json.dumps(TINY))
@@ -49,7 +42,7 @@ def write_config(tmp: Path, shards: dict, name: str = "run", **sections) -> Path
     cfg["run_dir"] = str(tmp / name)
     cfg["data"] = {"tokenizer": shards["tokenizer"], "blend": shards["blend"],
                    "valid_blend": shards["valid_blend"]}
-    deep_update(cfg, sections)
+    deep_merge(cfg, sections)
     path = tmp / f"{name}.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return path

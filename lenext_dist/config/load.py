@@ -42,19 +42,21 @@ def _read_yaml(path: Path, stack: tuple[Path, ...] = ()) -> tuple[dict, dict]:
         includes = [includes]
     for inc in includes:
         sub, sub_origin = _read_yaml(path.parent / inc, stack + (path,))
-        _deep_merge(merged, sub)
+        deep_merge(merged, sub)
         origin.update(sub_origin)
-    _deep_merge(merged, data)
+    deep_merge(merged, data)
     origin.update({k: str(path) for k in _dotted_keys(data)})
     return merged, origin
 
 
-def _deep_merge(dst: dict, src: dict) -> None:
+def deep_merge(dst: dict, src: dict) -> dict:
+    """Merge mapping `src` into `dst` in place (nested mappings merge, everything else replaces)."""
     for k, v in src.items():
         if isinstance(v, dict) and isinstance(dst.get(k), dict):
-            _deep_merge(dst[k], v)
+            deep_merge(dst[k], v)
         else:
             dst[k] = v
+    return dst
 
 
 def _dotted_keys(d: dict, prefix: str = ""):

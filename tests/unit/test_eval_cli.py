@@ -4,13 +4,7 @@ import json
 import pytest
 
 from lenext_dist.cli import main
-from lenext_dist.eval.testing import REPO, one_thread, save_tiny_model
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    with one_thread():
-        yield
+from lenext_dist.eval.testing import REPO, save_tiny_model
 
 
 DATA = f"{REPO}/data/sample/heldout/code.jsonl.zst"

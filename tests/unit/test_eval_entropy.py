@@ -2,20 +2,13 @@
 import math
 
 import numpy as np
-import pytest
 import torch
 
 from lenext_dist.attention import eager_causal_attention
 from lenext_dist.eval.adapter import capture_qk, head_scales, set_uniform_scale
 from lenext_dist.eval.entropy import (entropy_by_position, entropy_from_probs,
                                       evaluate_entropy, summarize_entropy)
-from lenext_dist.eval.testing import one_thread, random_docs, tiny_llama
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    with one_thread():
-        yield
+from lenext_dist.eval.testing import random_docs, tiny_llama
 
 
 def test_uniform_and_one_hot():

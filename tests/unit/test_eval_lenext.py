@@ -14,15 +14,9 @@ from lenext_dist.eval.adapter import (capture_qk, head_scales, layout, restore_s
 from lenext_dist.eval.entropy import _position_hooks, evaluate_entropy
 from lenext_dist.eval.passkey import greedy_generate
 from lenext_dist.eval.ppl import evaluate_ppl
-from lenext_dist.eval.testing import REPO, one_thread, random_docs, save_tiny_lenext, tiny_lenext
+from lenext_dist.eval.testing import REPO, random_docs, save_tiny_lenext, tiny_lenext
 
 from test_eval_ppl import brute_force  # noqa: E402  (tests/unit is on sys.path under pytest)
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    with one_thread():
-        yield
 
 
 @pytest.mark.parametrize("position", ["nope", "rope", "alibi", "kerple_log"])

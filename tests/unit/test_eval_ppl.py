@@ -8,13 +8,7 @@ import torch
 from lenext_dist.eval.ppl import (context_diagnostics, evaluate_ppl, plan_document,
                                   plan_windows)
 from lenext_dist.eval.scoring import Window, score_windows
-from lenext_dist.eval.testing import one_thread, random_docs, tiny_llama
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    with one_thread():
-        yield
+from lenext_dist.eval.testing import random_docs, tiny_llama
 
 
 @pytest.fixture(scope="module")

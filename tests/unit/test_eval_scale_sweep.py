@@ -8,13 +8,7 @@ import pytest
 from lenext_dist.eval.scale_sweep import (analyze, best_c_for_length, fit_log_scale, make_grid,
                                           position_bins, run_scale_sweep)
 from lenext_dist.eval.data import DocSet
-from lenext_dist.eval.testing import one_thread, random_docs, tiny_llama
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    with one_thread():
-        yield
+from lenext_dist.eval.testing import random_docs, tiny_llama
 
 
 def test_fit_exact():
