@@ -3,13 +3,22 @@ the exported HF modeling code can carry a verbatim copy of this package.
 
 Public API: `attend` (the whole variant), `causal_attention` (SDPA fast path),
 `eager_causal_attention` / `iter_attention_probs` (explicit softmax reference, by query chunks),
-`build_position` / `POSITIONS` (the registry), `PositionVariant`, `NoPE`, `RoPE`.
+`build_position` / `POSITIONS` (the registry), `PositionVariant`, `NoPE`, `RoPE`, `ALiBi`,
+`KerpleLog`, `KerplePower`, `Sandwich`, `XPOS`, `MaskSpec` (sliding window / blockwise causal), the
+bias/mask kernels `BIAS_IMPLS` (paths.py).
 """
-from .core import attend, causal_attention, eager_causal_attention, iter_attention_probs
-from .position import NoPE, PositionVariant
+from .alibi import ALiBi
+from .core import (BIAS_IMPLS, IMPL_NAMES, attend, causal_attention, eager_causal_attention,
+                   iter_attention_probs)
+from .kerple import KerpleLog, KerplePower
+from .mask import MaskSpec
+from .position import NoPE, PositionVariant, alibi_slopes
 from .registry import POSITIONS, build_position
 from .rope import SCALINGS, RoPE, apply_rotary, rotate_half
+from .sandwich import Sandwich
+from .xpos import XPOS
 
 __all__ = ["attend", "causal_attention", "eager_causal_attention", "iter_attention_probs",
            "NoPE", "PositionVariant", "POSITIONS", "build_position", "SCALINGS", "RoPE",
-           "apply_rotary", "rotate_half"]
+           "apply_rotary", "rotate_half", "ALiBi", "KerpleLog", "KerplePower", "Sandwich", "XPOS",
+           "MaskSpec", "alibi_slopes", "BIAS_IMPLS", "IMPL_NAMES"]

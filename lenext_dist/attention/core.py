@@ -15,7 +15,8 @@ Layout (batch-first, heads before sequence, as `torch.nn.functional.scaled_dot_p
   sees keys 0..sk - sq + i (bottom-right alignment; sq == sk in training and scoring, sq < sk when
   decoding with a KV cache).
 
-`attend` adds the position variant (rotation, optional per-position scale, optional score_mod);
+`attend` adds the position variant (rotation, optional per-position scale, optional distance bias
+and window/block mask: those run on one of `BIAS_IMPLS`, see paths.py, chosen by `variant.impl`);
 `eager_causal_attention` / `iter_attention_probs` are the explicit-softmax reference, computed in
 fp32 by query chunks (for tests, for variants with a score_mod, and for attention entropy).
 """
@@ -28,9 +29,19 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from .paths import chunked_attention, choose_impl, flex_path_attention, sdpa_mask_attention
 from .position import PositionVariant
 
 ScoreMod = Callable[[Tensor, Tensor, Tensor], Tensor]
+
+# kernels for variants with a distance bias or a window/block mask (`attention.impl`); "eager"
+# is `eager_causal_attention`, "auto" resolves in `paths.choose_impl`
+BIAS_IMPLS = {
+    "chunked": chunked_attention,
+    "sdpa_mask": sdpa_mask_attention,
+    "flex": flex_path_attention,
+}
+IMPL_NAMES = ("auto", "eager", *BIAS_IMPLS)
 
 
 def _check_shapes(q: Tensor, k: Tensor, v: Tensor, m: Tensor) -> None:
@@ -136,6 +147,17 @@ def attend(q: Tensor, k: Tensor, v: Tensor, m: Tensor, variant: PositionVariant,
     pos = (torch.arange(positions, positions + sq, device=q.device)
            if isinstance(positions, int) else positions)
     q_scale = variant.query_scale(pos)
-    if eager or variant.score_mod is not None:
-        return eager_causal_attention(q, k, v, m, q_scale=q_scale, score_mod=variant.score_mod)
-    return causal_attention(q, k, v, m, q_scale=q_scale)
+    score_mod = variant.score_mod
+    if eager:
+        return eager_causal_attention(q, k, v, m, q_scale=q_scale, score_mod=score_mod)
+    if score_mod is None:
+        return causal_attention(q, k, v, m, q_scale=q_scale)
+    # a distance bias and/or a window/block mask: one of paths.BIAS_IMPLS (variant.impl)
+    _check_shapes(q, k, v, m)
+    bias = variant.distance_bias(sk, q.device) if variant.has_bias else None
+    impl = choose_impl(variant.impl, q, k, v, bias)
+    if impl == "eager":
+        return eager_causal_attention(q, k, v, m, q_scale=q_scale, score_mod=score_mod,
+                                      chunk_size=variant.chunk_size)
+    return BIAS_IMPLS[impl](q, k, v, m, q_scale=q_scale, bias=bias, mask=variant.mask,
+                            chunk_size=variant.chunk_size)

@@ -1,58 +1,193 @@
 """The position-variant interface, and NoPE.
 
-A position variant is everything about *where* tokens are that enters attention. The core
-function (`core.attend`) asks a variant for exactly these hooks, so a new variant is a new class
-plus one line in `registry.POSITIONS`, never a branch in core code:
+A position variant is everything about *where* tokens are that enters attention. It is an
+`nn.Module` so that a variant with learned parameters (KERPLE) is a submodule of the attention
+that holds it, with the same relative state-dict keys on the megatron side
+(`...core_attention.position.<param>`) and the HF side (`...self_attn.position.<param>`).
+Parameter-free variants (NoPE, RoPE, ALiBi, Sandwich, XPOS) have no parameters and no buffers,
+so they add no state-dict keys and can be shared by all layers.
 
-- `rotate(q, k, positions)`: a rotation of queries and keys (RoPE and its PI/NTK/YaRN scalings;
-  later XPOS). Identity by default. `positions` is a tensor [s] or an int start (positions
+The core function (`core.attend`) asks a variant for exactly these hooks, so a new variant is a new
+class plus one line in `registry.POSITIONS`, never a branch in core code:
+
+- `rotate(q, k, positions)`: a rotation of queries and keys (RoPE and its PI/NTK/YaRN scalings,
+  XPOS). Identity by default. `positions` is a tensor [s] or an int start (positions
   start..start+s-1, the common case, which variants may cache on without a device sync).
-- `query_scale(positions)`: an optional per-position multiplier t[s] of the logits (the seam for a
-  position-dependent log-length scale, e.g. c(i) = 1 + a ln(i/L)); folded into q, so the SDPA fast
-  path still applies. None by default.
-- `score_mod(scores, q_pos, k_pos)`: an optional additive bias / mask on raw logits (the seam for
-  ALiBi, KERPLE, Sandwich, sliding windows). A variant that sets it leaves the SDPA fast path: core
-  then runs the chunked eager path (a FlexAttention path can replace that where it runs).
-  None by default.
+- `query_scale(positions)`: an optional per-position multiplier t[s] of the logits, folded into q
+  so the SDPA fast path still applies. The base class implements the log-length schedule
+  t_i = 1 + a ln max(1, i / L) when `log_scale_a` is set (any variant), None otherwise.
+- `distance_bias(n, device)`: an optional additive bias of the logits that depends on the head and
+  the distance i - j only (ALiBi, KERPLE, Sandwich): a table [h, n] fp32 for distances 0..n-1.
+  Differentiable (KERPLE's parameters get gradients through it). None by default.
+- `mask`: a `MaskSpec` restricting causal attention further: a sliding window (`window`, any
+  variant, training or evaluation) and/or blockwise causal attention (`block`, XPOS's option).
+- `score_mod(scores, q_pos, k_pos)`: derived from the two above for the explicit-softmax reference
+  (`iter_attention_probs`, attention entropy): adds the bias and masks what the window/blocks hide.
+  None when the variant has neither (then plain causal SDPA runs).
 
-Variants are built by `from_config(attn_cfg, head_dim=..., train_length=...)`, where `attn_cfg` is
-the `AttentionConfig` of lenext_dist.config (duck-typed: this package imports nothing from config,
-so it can be copied next to an exported HF modeling file).
+Generic options every variant carries (set by `configure`, from `AttentionConfig`; all settable
+on a built variant at evaluation time): `window`, `block`, `log_scale_a`, `train_length`, `impl`
+(which kernel runs a variant with a bias or mask, see `core.BIAS_IMPLS`), `chunk_size`.
+
+Variants are built by `from_config(attn_cfg, head_dim=..., train_length=..., num_heads=...)`, where
+`attn_cfg` is the `AttentionConfig` of lenext_dist.config (duck-typed: this package imports nothing
+from config, so it can be copied next to an exported HF modeling file; missing attributes take
+their defaults).
 """
 from __future__ import annotations
 
+import copy
+import math
 from typing import Callable, Optional, Union
 
-from torch import Tensor
+import torch
+from torch import Tensor, nn
+
+from .mask import MaskSpec
 
 
-class PositionVariant:
+def cfg_get(cfg, *path: str, default=None):
+    """cfg.a.b (attributes or dict keys: a dataclass, a SimpleNamespace or the plain dicts of an
+    exported config.json all work); `default` when a level is missing or the value is None."""
+    for key in path:
+        if cfg is None:
+            return default
+        cfg = cfg.get(key) if isinstance(cfg, dict) else getattr(cfg, key, None)
+    return default if cfg is None else cfg
+
+
+class PositionVariant(nn.Module):
     """Base class: no position information at all (all hooks are identities)."""
 
     name: str = "base"
-    score_mod: Optional[Callable[[Tensor, Tensor, Tensor], Tensor]] = None
-    """(scores [b, h, sq, sk] fp32, q_pos [sq], k_pos [sk]) -> scores; None keeps the fast path."""
+    needs_num_heads: bool = False  # from_config needs num_heads (a per-head bias or parameter)
+
+    def __init__(self):
+        super().__init__()
+        self.window: Optional[int] = None
+        self.block: Optional[int] = None
+        self.log_scale_a: Optional[float] = None
+        self.train_length: Optional[int] = None
+        self.impl: str = "auto"
+        self.chunk_size: int = 256
 
     @classmethod
-    def from_config(cls, attn_cfg, *, head_dim: int, train_length: int) -> "PositionVariant":
+    def from_config(cls, attn_cfg, *, head_dim: int, train_length: int,
+                    num_heads: Optional[int] = None) -> "PositionVariant":
         return cls()
+
+    def configure(self, attn_cfg, *, train_length: int) -> "PositionVariant":
+        """Read the generic options of `attn_cfg` (duck-typed; missing ones keep the defaults)."""
+        self.train_length = train_length
+        self.window = cfg_get(attn_cfg, "window")
+        self.log_scale_a = cfg_get(attn_cfg, "log_scale_a")
+        self.impl = cfg_get(attn_cfg, "impl", default="auto")
+        self.chunk_size = int(cfg_get(attn_cfg, "chunk_size", default=256))
+        if self.window is not None and self.window < 1:
+            raise ValueError(f"window must be >= 1, got {self.window}")
+        return self
+
+    def forward(self, q: Tensor, k: Tensor, v: Tensor, m: Tensor,
+                positions: Union[Tensor, int, None] = None, *, eager: bool = False) -> Tensor:
+        """`core.attend(q, k, v, m, self, positions, eager=eager)` through `nn.Module.__call__`, so
+        that module hooks see the call (DeepSpeed ZeRO-3 gathers a learned variant's partitioned
+        parameters in its pre-forward hook). Callers holding a variant should call it this way."""
+        from .core import attend  # core imports this module
+
+        return attend(q, k, v, m, self, positions, eager=eager)
+
+    # ---- hooks ---------------------------------------------------------------------------------
 
     def rotate(self, q: Tensor, k: Tensor, positions: Union[Tensor, int]) -> tuple[Tensor, Tensor]:
         """q [b, h, s, d], k [b, g, s, d], positions [s] or int start -> rotated (q, k)."""
         return q, k
 
     def query_scale(self, positions: Tensor) -> Optional[Tensor]:
-        """Per-position logit multiplier t [s] (fp32), or None for none."""
+        """Per-position logit multiplier t [s] (fp32), or None for none.
+
+        With `log_scale_a` = a: t_i = 1 + a ln max(1, i / L), i = position + 1 (the 1-based index
+        of the token, i.e. how many tokens it sees), L = train_length; so t = 1 on the first L
+        tokens and the logits of query i are c (1 + a ln max(1, i/L)) / sqrt(d) q.k.
+        """
+        if self.log_scale_a is None:
+            return None
+        if not self.train_length:
+            raise ValueError("log_scale_a needs train_length")
+        i = positions.to(torch.float32) + 1.0
+        return 1.0 + self.log_scale_a * torch.log(torch.clamp(i / self.train_length, min=1.0))
+
+    def distance_bias(self, n: int, device: Optional[torch.device] = None) -> Optional[Tensor]:
+        """Additive logit bias [h, n] fp32 for query-key distances 0..n-1, or None."""
         return None
 
-    def extra_repr(self) -> str:  # for logs: `PositionVariant(name=...)`
-        return f"name={self.name}"
+    @property
+    def has_bias(self) -> bool:
+        return type(self).distance_bias is not PositionVariant.distance_bias
 
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}({self.extra_repr()})"
+    @property
+    def mask(self) -> MaskSpec:
+        return MaskSpec(window=self.window, block=self.block)
+
+    @property
+    def score_mod(self) -> Optional[Callable[[Tensor, Tensor, Tensor], Tensor]]:
+        """(scores [b, h, c, sk] fp32, q_pos [c], k_pos [sk]) -> scores with the bias added and
+        window/block-hidden keys at -inf; None when the variant has neither (plain causal)."""
+        if not self.has_bias and self.mask.causal_only:
+            return None
+        return self._score_mod
+
+    def _score_mod(self, scores: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+        if self.has_bias:
+            n = int(k_pos.shape[0])  # distances of causal pairs are < sk
+            table = self.distance_bias(n, scores.device)  # [h, n]
+            dist = (q_pos[:, None] - k_pos[None, :]).clamp(0, n - 1)
+            scores = scores + table[:, dist]  # [h, c, sk] broadcast over b
+        mask = self.mask
+        if not mask.causal_only:
+            scores = scores.masked_fill(~mask.visible(q_pos, k_pos), float("-inf"))
+        return scores
+
+    # ---- layers --------------------------------------------------------------------------------
+
+    def for_layer(self) -> "PositionVariant":
+        """The variant a layer should hold: `self` when parameter-free (shared by all layers), else
+        an independent copy with freshly initialized parameters (one set per layer)."""
+        if next(self.parameters(), None) is None:
+            return self
+        twin = copy.deepcopy(self)
+        twin.reset_parameters()
+        return twin
+
+    def reset_parameters(self) -> None:
+        """(Re)initialize learned parameters (variants with parameters override)."""
+
+    def extra_repr(self) -> str:
+        parts = [f"name={self.name}"]
+        for k in ("window", "block", "log_scale_a"):
+            if getattr(self, k) is not None:
+                parts.append(f"{k}={getattr(self, k)}")
+        return ", ".join(parts)
 
 
 class NoPE(PositionVariant):
     """No positional encoding: causal attention alone carries order (Kazemnejad et al. 2023)."""
 
     name = "nope"
+
+
+def alibi_slopes(num_heads: int) -> list[float]:
+    """ALiBi head slopes (Press et al. 2022, arXiv:2108.12409, and their released code).
+
+    H a power of 2: m_h = 2^(-8h/H), h = 1..H (a geometric sequence starting at 2^(-8/H)).
+    Otherwise, with P the largest power of 2 below H: the P slopes of P heads, then every other
+    slope of 2P heads (odd h of the 2P sequence) for the remaining H - P heads.
+    """
+    def power_of_2(n: int) -> list[float]:
+        return [2.0 ** (-8.0 * h / n) for h in range(1, n + 1)]
+
+    if num_heads < 1:
+        raise ValueError(f"num_heads must be >= 1, got {num_heads}")
+    if math.log2(num_heads).is_integer():
+        return power_of_2(num_heads)
+    p = 2 ** math.floor(math.log2(num_heads))
+    return power_of_2(p) + alibi_slopes(2 * p)[0::2][: num_heads - p]

@@ -5,22 +5,41 @@
 """
 from __future__ import annotations
 
+from typing import Optional
+
+from .alibi import ALiBi
+from .kerple import KerpleLog, KerplePower
 from .position import NoPE, PositionVariant
 from .rope import RoPE
+from .sandwich import Sandwich
+from .xpos import XPOS
 
 POSITIONS: dict[str, type[PositionVariant]] = {
     "nope": NoPE,
     "rope": RoPE,
-    # later: "alibi", "kerple", "sandwich", "xpos", "local" (see position.py for the hooks)
+    "alibi": ALiBi,
+    "kerple_log": KerpleLog,
+    "kerple_power": KerplePower,
+    "sandwich": Sandwich,
+    "xpos": XPOS,
 }
+"""Sliding-window attention is not a variant: `attention.window` composes with every one."""
 
 
-def build_position(attn_cfg, *, head_dim: int, train_length: int) -> PositionVariant:
-    """attn_cfg: `AttentionConfig` (duck-typed: .position, .rope, ...). train_length: the model's
-    training context L (YaRN's original_max_position_embeddings; future log-length scales)."""
+def build_position(attn_cfg, *, head_dim: int, train_length: int,
+                   num_heads: Optional[int] = None) -> PositionVariant:
+    """attn_cfg: `AttentionConfig` (duck-typed: .position, .rope, .window, ...; missing optional
+    attributes take their defaults). train_length: the model's training context L (YaRN's
+    original_max_position_embeddings, the log-length scale's L, XPOS's block). num_heads: query
+    heads (needed by per-head biases: alibi, kerple_*, sandwich).
+
+    Returns one variant; a layer holds `variant.for_layer()` (the same object when the variant has
+    no parameters, an independently initialized copy per layer otherwise)."""
     try:
         cls = POSITIONS[attn_cfg.position]
     except KeyError:
         raise ValueError(f"unknown attention.position {attn_cfg.position!r}; "
                          f"registered: {sorted(POSITIONS)}") from None
-    return cls.from_config(attn_cfg, head_dim=head_dim, train_length=train_length)
+    variant = cls.from_config(attn_cfg, head_dim=head_dim, train_length=train_length,
+                              num_heads=num_heads)
+    return variant.configure(attn_cfg, train_length=train_length)

@@ -24,7 +24,7 @@ cos/sin are computed in fp32 and cast to the input dtype before the multiply (as
 from __future__ import annotations
 
 import math
-from typing import Callable, Union
+from typing import Callable, Optional, Union
 
 import torch
 from torch import Tensor
@@ -94,6 +94,7 @@ class RoPE(PositionVariant):
 
     def __init__(self, head_dim: int, base: float = 10000.0, scaling: str = "none",
                  factor: float = 1.0, train_length: int = 2048):
+        super().__init__()
         if head_dim % 2:
             raise ValueError(f"RoPE needs an even head dim, got {head_dim}")
         if scaling not in SCALINGS:
@@ -105,7 +106,8 @@ class RoPE(PositionVariant):
         self._cache: tuple | None = None  # (key, cos [s, d], sin [s, d])
 
     @classmethod
-    def from_config(cls, attn_cfg, *, head_dim: int, train_length: int) -> "RoPE":
+    def from_config(cls, attn_cfg, *, head_dim: int, train_length: int,
+                    num_heads: Optional[int] = None) -> "RoPE":
         r = attn_cfg.rope
         return cls(head_dim, base=r.base, scaling=r.scaling, factor=r.factor,
                    train_length=train_length)
@@ -139,5 +141,5 @@ class RoPE(PositionVariant):
         return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
 
     def extra_repr(self) -> str:
-        return (f"head_dim={self.head_dim}, base={self.base}, scaling={self.scaling}, "
-                f"factor={self.factor}, train_length={self.train_length}")
+        return (f"{super().extra_repr()}, head_dim={self.head_dim}, base={self.base}, "
+                f"scaling={self.scaling}, factor={self.factor}, train_length={self.train_length}")

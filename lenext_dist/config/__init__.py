@@ -1,6 +1,6 @@
 """Typed run configuration: dataclasses (schema), strict YAML loading, the DeepSpeed JSON."""
 from .schema import (AttentionConfig, BlendItem, CheckpointConfig, ConfigError, DataConfig,
-                     HeadScaleConfig, LoggingConfig, ModelConfig, OptimConfig, ParallelConfig,
-                     RopeConfig, RunConfig, TrainConfig)
+                     HeadScaleConfig, KerpleConfig, LoggingConfig, ModelConfig, OptimConfig,
+                     ParallelConfig, RopeConfig, RunConfig, SandwichConfig, TrainConfig, XposConfig)
 from .load import load_config, save_config, split_cli_overrides, to_dict
 from .deepspeed import deepspeed_config

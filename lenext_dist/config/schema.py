@@ -105,14 +105,84 @@ class HeadScaleConfig:
 
 
 @dataclass
+class KerpleConfig:
+    """KERPLE biases (Chi et al. 2022), for attention.position `kerple_log` / `kerple_power`."""
+
+    r1_init_max: float = 2.0
+    """Initial r1 per head ~ U(0, r1_init_max) (the released KERPLE code: U(0, 2))."""
+    r2_init_max: float = 1.0
+    """Initial r2 per head ~ U(0, r2_init_max) (the released KERPLE code: U(0, 1))."""
+    eps: float = 0.01
+    """Lower bound of r1 and r2 (r = eps + softplus(raw); the code clamps at 1e-2)."""
+
+    def __post_init__(self):
+        _check(self.r1_init_max > 0 and self.r2_init_max > 0, "attention.kerple.r*_init_max",
+               "must be > 0")
+        _check(self.r2_init_max < 2, "attention.kerple.r2_init_max",
+               "must be < 2 (kerple_power's exponent lies in (0, 2))")
+        _check(self.eps > 0, "attention.kerple.eps", "must be > 0")
+
+
+@dataclass
+class SandwichConfig:
+    """Sandwich bias lambda p_i.p_j (Chi et al. 2023), for attention.position `sandwich`."""
+
+    dim: Optional[int] = None
+    """Dimension d' of the sinusoidal embeddings p; null takes the head dim."""
+    scale: float = 1.0
+    """lambda, the weight of p_i.p_j in the logits."""
+    per_head: bool = False
+    """Multiply lambda by ALiBi-like head factors 2^(-8(h-1)/H) (our option, off by default)."""
+    base: float = 10000.0
+    """Base of the sinusoid frequencies base^(-2k/d')."""
+
+    def __post_init__(self):
+        if self.dim is not None:
+            _check(self.dim >= 2 and self.dim % 2 == 0, "attention.sandwich.dim", "must be even and >= 2")
+        _check(self.scale > 0, "attention.sandwich.scale", "must be > 0")
+        _check(self.base > 1, "attention.sandwich.base", "must be > 1")
+
+
+@dataclass
+class XposConfig:
+    """XPOS (Sun et al. 2022), for attention.position `xpos` (rotation base: attention.rope.base)."""
+
+    gamma: float = 0.4
+    """Decay per rotation pair xi_k = (k/(d/2) + gamma) / (1 + gamma)."""
+    scale_base: float = 512.0
+    """q is scaled by xi^(i/scale_base), k by xi^(-j/scale_base)."""
+    blockwise: bool = False
+    """Blockwise causal attention, block = model.seq_length (own block + the previous one)."""
+
+    def __post_init__(self):
+        _check(self.gamma > 0, "attention.xpos.gamma", "must be > 0")
+        _check(self.scale_base > 0, "attention.xpos.scale_base", "must be > 0")
+
+
+@dataclass
 class AttentionConfig:
     """Attention variant (a registry entry, see lenext_dist/attention) and its softmax scale."""
 
     position: str = "nope"
-    """Position handling, a name in the attention registry: `nope`, `rope`."""
+    """Position handling, a name in the attention registry: `nope`, `rope`, `alibi`, `kerple_log`,
+    `kerple_power`, `sandwich`, `xpos`."""
     scale_c: float = 1.0
     """Uniform softmax scale lambda = c / sqrt(d) (paper: c ~1.2 for 2x, 1.5 for 4x length)."""
+    window: Optional[int] = None
+    """Sliding-window attention: each token sees the last `window` tokens (itself included), with
+    any position variant, in training or at evaluation; null = full causal."""
+    log_scale_a: Optional[float] = None
+    """Log-length scale: logits of token i (1-based) times 1 + a ln max(1, i / model.seq_length);
+    null = off."""
+    impl: Literal["auto", "chunked", "flex", "sdpa_mask", "eager"] = "auto"
+    """Kernel for variants with a bias or a window/block mask; auto = FlexAttention on CUDA and for
+    long (>= 1024) evaluation passes on CPU, else chunked SDPA (see benchmarks/bench_attention_paths.py)."""
+    chunk_size: int = 256
+    """Query rows per block of the chunked kernel (memory ~ heads x chunk x (window + chunk))."""
     rope: RopeConfig = field(default_factory=RopeConfig)
+    kerple: KerpleConfig = field(default_factory=KerpleConfig)
+    sandwich: SandwichConfig = field(default_factory=SandwichConfig)
+    xpos: XposConfig = field(default_factory=XposConfig)
     head_scale: HeadScaleConfig = field(default_factory=HeadScaleConfig)
 
     def __post_init__(self):
@@ -121,6 +191,9 @@ class AttentionConfig:
 
         _check(self.position in registry.POSITIONS, "attention.position",
                f"unknown variant {self.position!r}; registered: {sorted(registry.POSITIONS)}")
+        if self.window is not None:
+            _check(self.window >= 1, "attention.window", "must be >= 1 (or null)")
+        _check(self.chunk_size >= 1, "attention.chunk_size", "must be >= 1")
 
 
 @dataclass

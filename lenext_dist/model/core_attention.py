@@ -23,7 +23,7 @@ from megatron.core.transformer.enums import AttnMaskType
 from megatron.core.transformer.module import MegatronModule
 from megatron.core.transformer.transformer_config import TransformerConfig
 
-from lenext_dist.attention import PositionVariant, attend
+from lenext_dist.attention import PositionVariant
 
 from .megatron_env import current_device
 
@@ -43,6 +43,10 @@ class LenextCoreAttention(MegatronModule):
     # DeepSpeed bf16 engine (its optimizer master copy stays fp32).
     _keep_in_fp32_modules_strict = ["head_scale"]
 
+    @property
+    def variant(self) -> PositionVariant:  # the former attribute name
+        return self.position
+
     def __init__(self, config: TransformerConfig, layer_number: int, attn_mask_type: AttnMaskType,
                  attention_type: str, softmax_scale: Optional[float] = None,
                  cp_comm_type: Optional[str] = None, pg_collection=None, *,
@@ -57,12 +61,19 @@ class LenextCoreAttention(MegatronModule):
         if config.context_parallel_size != 1 or config.tensor_model_parallel_size != 1:
             raise ValueError("tensor/context parallel size must be 1")
         self.layer_number = layer_number
-        self.variant = variant
         h = config.num_attention_heads
         # where megatron puts its own params: the ambient default device with
         # use_cpu_initialization (cpu, or meta under `torch.device("meta")`), else the
         # accelerator's current device (megatron: torch.cuda.current_device())
         device = None if config.use_cpu_initialization else current_device()
+        # The position variant is a submodule under the fixed name `position`: a learned variant
+        # (KERPLE) gets its own parameters per layer (`for_layer`), with state-dict keys
+        # `...core_attention.position.<param>` (HF: `...self_attn.position.<param>`);
+        # parameter-free variants are one object shared by all layers and add no keys.
+        position = variant.for_layer()
+        if device is not None and position is not variant:
+            position = position.to(device)
+        self.position = position
         m = torch.full((h,), float(init_scale), dtype=torch.float32, device=device)
         if learned:
             self.head_scale = torch.nn.Parameter(m, requires_grad=trainable)
@@ -81,12 +92,13 @@ class LenextCoreAttention(MegatronModule):
         sq, b, np_, hn = query.shape
         # [s, b, n, hn] -> [b, n, s, hn]: SDPA's layout (a strided view; SDPA copies if needed)
         q, k, v = (x.permute(1, 2, 0, 3) for x in (query, key, value))
-        out = attend(q, k, v, self.head_scale, self.variant)  # [b, np, sq, hn]
+        # = attend(q, k, v, head_scale, position), called as a module so ZeRO-3 gathers its params
+        out = self.position(q, k, v, self.head_scale)  # [b, np, sq, hn]
         # [b, np, sq, hn] -> [sq, b, np * hn]
         return out.permute(2, 0, 1, 3).reshape(sq, b, np_ * hn)
 
     def extra_repr(self) -> str:
-        return f"layer={self.layer_number}, variant={self.variant!r}"
+        return f"layer={self.layer_number}"
 
 
 def core_attention_builder(**bound):

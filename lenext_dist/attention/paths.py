@@ -1,0 +1,206 @@
+"""Kernels for attention with an additive distance bias and/or a window / block mask.
+
+Same contract as `core.causal_attention` plus `bias` (table [h, n] fp32: the logit bias of
+distance 0..n-1, from `PositionVariant.distance_bias`; None for none) and `mask` (a `MaskSpec`):
+
+    q [b, h, sq, d], k/v [b, g, sk, d], m [h] fp32, q_scale [sq] | None  ->  [b, h, sq, d]
+
+logit(i, j) = m_h t_i / sqrt(d) q_i.k_j + bias[h, i - j] for visible j (causal, window, blocks).
+
+- `chunked` (CPU training default): query chunks of `chunk_size` rows; each calls SDPA on the
+  keys the chunk can see ([first_key, chunk end): W + chunk keys under a window) with an additive
+  mask block [h, c, keys] (a flipped sliding view of one bias row: the block is Toeplitz). Never
+  builds [h, L, L] at once in a forward without autograd; under autograd SDPA keeps each mask
+  block for its backward, so a full-causal biased pass holds ~h L^2/2 mask values in total (a
+  window: h L (W + chunk)). Differentiable (KERPLE parameters get gradients via the bias).
+- `sdpa_mask`: one SDPA call with the full [h, sq, sk] additive mask (materialized; for short
+  sequences and the benchmark).
+- `flex`: `torch.nn.attention.flex_attention` compiled with `torch.compile`, bias as score_mod
+  (a table lookup) and the mask as a block mask (skips fully hidden blocks). No [h, L, L] tensor.
+  torch 2.13 has no FlexAttention backward on CPU, so on CPU it only runs without autograd
+  (the evaluation default from 1024 tokens on). Falls back to `chunked` when torch.compile
+  cannot run here, or past FLEX_MAX_SHAPES distinct shapes.
+- `eager`: the explicit fp32 softmax reference (`core.eager_causal_attention`).
+
+`choose_impl` resolves `auto` (see its docstring for the measured reasons).
+"""
+from __future__ import annotations
+
+import functools
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from .mask import MaskSpec
+
+
+def _scaled(q: Tensor, m: Tensor, q_scale: Optional[Tensor]) -> Tensor:
+    mult = m.to(q.dtype).view(1, -1, 1, 1)
+    if q_scale is not None:
+        mult = mult * q_scale.to(q.dtype).view(1, 1, -1, 1)
+    return q * mult
+
+
+def _toeplitz_mask(bias: Tensor, q0: int, c: int, lo: int, hi: int, window: Optional[int],
+                   dtype: torch.dtype) -> Tensor:
+    """Additive mask [1, h, c, hi - lo] for queries q0..q0+c-1 and keys lo..hi-1 (absolute):
+    bias[h, i - j] where 0 <= i - j (< window), else -inf. The block is Toeplitz, so it is a
+    sliding view (`unfold`) of one row of c + keys - 1 values per head, flipped: one copy of the
+    block instead of index arithmetic over it (and `unfold` has a cheap backward for KERPLE)."""
+    n, nk = bias.shape[1], hi - lo
+    d_max = q0 + c - 1 - lo  # distance of (last query, first key)
+    deltas = torch.arange(d_max, d_max - (c - 1 + nk), -1, device=bias.device)  # decreasing
+    ok = (deltas >= 0) & (deltas < n)
+    if window is not None:
+        ok = ok & (deltas < window)
+    row = bias[:, deltas.clamp(0, n - 1)].masked_fill(~ok, float("-inf")).to(dtype)  # [h, c+nk-1]
+    # row.unfold(1, nk, 1)[h, r, j] = row[h, r + j] = value at distance d_max - r - j, i.e. query
+    # q0 + (c - 1 - r): flip the rows to put query q0 first
+    return row.unfold(1, nk, 1).flip(1)[None]
+
+
+def _block_mask(q_pos: Tensor, k_pos: Tensor, bias: Optional[Tensor], mask: MaskSpec,
+                dtype: torch.dtype) -> Tensor:
+    """Additive mask [1, h, c, n] (bias + -inf) or boolean [c, n] when there is no bias."""
+    if bias is not None and mask.block is None:
+        return _toeplitz_mask(bias, int(q_pos[0]), q_pos.shape[0], int(k_pos[0]),
+                              int(k_pos[-1]) + 1, mask.window, dtype)
+    vis = mask.visible(q_pos, k_pos)
+    if bias is None:
+        return vis
+    n = bias.shape[1]
+    dist = (q_pos[:, None] - k_pos[None, :]).clamp(0, n - 1)
+    add = bias[:, dist].masked_fill(~vis, float("-inf"))  # [h, c, n] fp32
+    return add.to(dtype)[None]
+
+
+def chunked_attention(q: Tensor, k: Tensor, v: Tensor, m: Tensor, *,
+                      q_scale: Optional[Tensor] = None, bias: Optional[Tensor] = None,
+                      mask: MaskSpec = MaskSpec(), chunk_size: int = 256) -> Tensor:
+    sq, sk = q.shape[2], k.shape[2]
+    off = sk - sq
+    qs = _scaled(q, m, q_scale)
+    gqa = k.shape[1] != q.shape[1]
+    outs = []
+    for start in range(0, sq, chunk_size):
+        end = min(start + chunk_size, sq)
+        lo, hi = mask.first_key(start + off), end + off
+        q_pos = torch.arange(start + off, end + off, device=q.device)
+        k_pos = torch.arange(lo, hi, device=q.device)
+        am = _block_mask(q_pos, k_pos, bias, mask, q.dtype)
+        outs.append(F.scaled_dot_product_attention(qs[:, :, start:end], k[:, :, lo:hi],
+                                                   v[:, :, lo:hi], attn_mask=am, enable_gqa=gqa))
+    return torch.cat(outs, dim=2) if len(outs) > 1 else outs[0]
+
+
+def sdpa_mask_attention(q: Tensor, k: Tensor, v: Tensor, m: Tensor, *,
+                        q_scale: Optional[Tensor] = None, bias: Optional[Tensor] = None,
+                        mask: MaskSpec = MaskSpec(), chunk_size: int = 256) -> Tensor:
+    sq, sk = q.shape[2], k.shape[2]
+    q_pos = torch.arange(sk - sq, sk, device=q.device)
+    am = _block_mask(q_pos, torch.arange(sk, device=q.device), bias, mask, q.dtype)
+    return F.scaled_dot_product_attention(_scaled(q, m, q_scale), k, v, attn_mask=am,
+                                          enable_gqa=k.shape[1] != q.shape[1])
+
+
+# ---- FlexAttention ----------------------------------------------------------------------------
+
+def flex_available() -> bool:
+    try:
+        from torch.nn.attention import flex_attention  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+@functools.lru_cache(maxsize=1)
+def _compiled_flex():
+    from torch.nn.attention.flex_attention import flex_attention
+
+    return torch.compile(flex_attention, dynamic=False)
+
+
+@functools.lru_cache(maxsize=16)
+def _flex_block_mask(mask: MaskSpec, sq: int, sk: int, device: str):
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    return create_block_mask(mask.mask_mod(sk - sq), None, None, sq, sk, device=device)
+
+
+def _bias_score_mod(table: Tensor, off: int):
+    n = table.shape[1]
+
+    def score_mod(score, b, h, q_idx, kv_idx):
+        d = torch.clamp(q_idx + off - kv_idx, 0, n - 1)
+        return score + table[h, d]
+
+    return score_mod
+
+
+FLEX_MAX_SHAPES = 8
+"""Distinct flex call signatures compiled per process (torch.compile with static shapes compiles
+once per sequence length; dynamo's own recompile limit is 8, past which it would silently run
+the unfused flex that materializes the scores). Further shapes take the chunked path."""
+_flex_shapes: set = set()
+_flex_broken: list = []  # the first compile error, if torch.compile cannot run here
+
+
+def _flex_key(q: Tensor, k: Tensor, bias: Optional[Tensor], mask: MaskSpec) -> tuple:
+    return (tuple(q.shape), tuple(k.shape), q.dtype, q.device.type, bias is not None, mask)
+
+
+def flex_path_attention(q: Tensor, k: Tensor, v: Tensor, m: Tensor, *,
+                        q_scale: Optional[Tensor] = None, bias: Optional[Tensor] = None,
+                        mask: MaskSpec = MaskSpec(), chunk_size: int = 256) -> Tensor:
+    key = _flex_key(q, k, bias, mask)
+    if _flex_broken or (key not in _flex_shapes and len(_flex_shapes) >= FLEX_MAX_SHAPES):
+        return chunked_attention(q, k, v, m, q_scale=q_scale, bias=bias, mask=mask,
+                                 chunk_size=chunk_size)
+    sq, sk = q.shape[2], k.shape[2]
+    try:
+        block_mask = _flex_block_mask(mask, sq, sk, str(q.device))
+        score_mod = None if bias is None else _bias_score_mod(bias.to(q.dtype), sk - sq)
+        out = _compiled_flex()(_scaled(q, m, q_scale), k, v, score_mod=score_mod,
+                               block_mask=block_mask, enable_gqa=k.shape[1] != q.shape[1])
+    except Exception as e:  # noqa: BLE001 - no compiler / unsupported backend: stay correct
+        if key in _flex_shapes:
+            raise
+        import warnings
+
+        warnings.warn(f"FlexAttention unavailable here ({type(e).__name__}: {e}); "
+                      "using the chunked SDPA path")
+        _flex_broken.append(e)
+        return chunked_attention(q, k, v, m, q_scale=q_scale, bias=bias, mask=mask,
+                                 chunk_size=chunk_size)
+    _flex_shapes.add(key)
+    return out
+
+
+FLEX_MIN_LENGTH = 1024
+"""`auto` on CPU uses FlexAttention only from this many keys on (its compile, ~3-5 s per length
+here, pays off only on long evaluations)."""
+
+
+def choose_impl(impl: str, q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor]) -> str:
+    """Resolve `auto`, and fall back where a kernel cannot run.
+
+    `auto`: CUDA -> `flex` (FlexAttention has a backward there; not measured on this CPU-only
+    box). CPU -> `flex` when no gradient is needed, sq == sk and sk >= FLEX_MIN_LENGTH
+    (evaluation), else `chunked` (training, short sequences, KV-cache steps).
+    Measured here (benchmarks/bench_attention_paths.py, torch 2.13, 1 thread, h=4 d=64, forward
+    without autograd; ALiBi / window 2048): flex 1.2-1.6x faster than chunked on ALiBi at
+    2K-8K with 4-5x less memory, about even on the window; both far ahead of one SDPA call with
+    the full [h, L, L] mask (1.4-6.7x slower, 3-26x the memory) and of the eager reference.
+    torch 2.13 has no FlexAttention backward on CPU, so `flex` under autograd on CPU (and for
+    KV-cache steps, sq != sk, which would recompile per step) falls back to `chunked`.
+    """
+    cpu = q.device.type == "cpu"
+    grad = torch.is_grad_enabled() and any(
+        t is not None and t.requires_grad for t in (q, k, v, bias))
+    if impl == "auto":
+        impl = "flex" if not cpu or (not grad and k.shape[2] >= FLEX_MIN_LENGTH) else "chunked"
+    if impl == "flex" and (not flex_available() or (grad and cpu) or q.shape[2] != k.shape[2]):
+        return "chunked"
+    return impl

@@ -1,0 +1,70 @@
+"""XPOS (Sun et al. 2022, "A Length-Extrapolatable Transformer", arXiv:2212.10554; the torchscale
+implementation): RoPE whose rotation pairs also decay exponentially with distance.
+
+Pair k (k = 0..d/2-1, rotate_half layout: dims k and k + d/2) rotates by p theta_k as in RoPE and
+the query at position i is scaled by xi_k^(i / scale_base), the key at position j by
+xi_k^(-j / scale_base), so the logit of the pair carries xi_k^((i - j) / scale_base) (< 1 for
+i > j: causal only):
+
+    xi_k = (k / (d/2) + gamma) / (1 + gamma),  gamma = 0.4,  scale_base = 512
+
+(torchscale: `(arange(0, d, 2) + 0.4 d) / (1.4 d)`). Blockwise causal attention (block = the
+training length L, each query sees its own block and the previous one) is the option the paper
+evaluates beyond L (`attention.xpos.blockwise`).
+
+Numerical range: the scales are exp(+-i ln(xi_0) / scale_base) with ln(1/xi_0) = ln 3.5 = 1.25, so
+fp32/bf16 (max ~3.4e38, ln = 88.7) hold positions up to ~36K with the defaults. torchscale centers
+the positions of each call (only i - j matters); we keep absolute positions so that keys cached
+with a KV cache stay consistent.
+"""
+from __future__ import annotations
+
+from typing import Optional, Union
+
+import torch
+from torch import Tensor
+
+from .position import cfg_get
+from .rope import RoPE, apply_rotary
+
+
+class XPOS(RoPE):
+    name = "xpos"
+
+    def __init__(self, head_dim: int, base: float = 10000.0, gamma: float = 0.4,
+                 scale_base: float = 512.0, blockwise: bool = False, train_length: int = 2048):
+        super().__init__(head_dim, base=base, train_length=train_length)
+        self.gamma, self.scale_base, self.blockwise = gamma, scale_base, blockwise
+        k = torch.arange(0, head_dim, 2, dtype=torch.float32)
+        self.xi = (k / head_dim + gamma) / (1 + gamma)  # [d/2] fp32, k = 2k': k'/(d/2), plain attr
+        self.block = train_length if blockwise else None
+
+    @classmethod
+    def from_config(cls, attn_cfg, *, head_dim: int, train_length: int,
+                    num_heads: Optional[int] = None) -> "XPOS":
+        def opt(key, default):
+            return cfg_get(attn_cfg, "xpos", key, default=default)
+
+        return cls(head_dim, base=float(cfg_get(attn_cfg, "rope", "base", default=10000.0)),
+                   gamma=float(opt("gamma", 0.4)), scale_base=float(opt("scale_base", 512.0)),
+                   blockwise=bool(opt("blockwise", False)), train_length=train_length)
+
+    def decay(self, positions: Union[Tensor, int], length: int, device) -> Tensor:
+        """xi^(p / scale_base) [length, d] fp32 (pairs k and k + d/2 share xi_k)."""
+        if isinstance(positions, int):
+            pos = torch.arange(positions, positions + length, device=device)
+        else:
+            pos = positions.to(device)
+        log_xi = torch.log(self.xi.to(device))
+        e = pos.to(torch.float32)[:, None] / self.scale_base * log_xi[None, :]  # [s, d/2]
+        return torch.exp(torch.cat((e, e), dim=-1))
+
+    def rotate(self, q: Tensor, k: Tensor, positions: Union[Tensor, int]) -> tuple[Tensor, Tensor]:
+        cos, sin = self.cos_sin(positions, q.shape[2], q.device, torch.float32)
+        up = self.decay(positions, q.shape[2], q.device)  # [s, d] fp32
+        return (apply_rotary(q, (cos * up).to(q.dtype), (sin * up).to(q.dtype)),
+                apply_rotary(k, (cos / up).to(k.dtype), (sin / up).to(k.dtype)))
+
+    def extra_repr(self) -> str:
+        return (f"{super().extra_repr()}, gamma={self.gamma}, scale_base={self.scale_base}, "
+                f"blockwise={self.blockwise}")
