@@ -8,8 +8,10 @@ TORCH_SPEC ?= torch==2.13.0
 NPROC     ?= 2
 PORT      ?= 29500
 PYTEST_ARGS ?=
+# DeepSpeed JIT-builds a CPU comm op once; keep it per checkout so other checkouts never rebuild it.
+export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.cache/torch_extensions
 
-.PHONY: setup demo shards pretrain test test-fast dry-run bench clean
+.PHONY: setup system-deps demo shards test test-fast dry-run bench clean
 
 setup: $(VENV)/.installed
 
@@ -49,7 +51,12 @@ dry-run: setup
 	$(BIN)/python launch/pretrain.py --config configs/exp/tinyllama-1.1b-nope.yaml --dry-run \
 	    --attention.head_scale.enabled=true
 
-test: setup
+# Debian packages of the MPI/Slurm tests (openmpi, slurm-wlm, munge, pmix, shellcheck); a no-op
+# when present, a printed apt command when not root.
+system-deps:
+	bash scripts/install_system_deps.sh
+
+test: setup system-deps
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 test-fast: setup

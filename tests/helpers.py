@@ -52,6 +52,7 @@ def env(threads: int = 1) -> dict:
     e = dict(os.environ)
     e.update(OMP_NUM_THREADS=str(threads), DS_ACCELERATOR="cpu", PYTHONUNBUFFERED="1",
              MASTER_ADDR="127.0.0.1", TOKENIZERS_PARALLELISM="false")
+    e.setdefault("TORCH_EXTENSIONS_DIR", str(REPO / ".cache" / "torch_extensions"))
     e["PATH"] = f"{BIN}:{e.get('PATH', '')}"
     return e
 

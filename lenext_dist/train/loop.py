@@ -34,7 +34,9 @@ def init_distributed(cfg: RunConfig) -> tuple[int, int]:
                       "OMPI_COMM_WORLD_LOCAL_SIZE", "SLURM_NTASKS_PER_NODE") if k in os.environ), 1)
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // local))
     if not dist.is_initialized():
-        deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=True, verbose=False)
+        # DeepSpeed's MPI discovery ignores MASTER_PORT unless it is passed as distributed_port
+        deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=True, verbose=False,
+                                   distributed_port=int(os.environ.get("MASTER_PORT", 29500)))
     if acc.device_name() != "cpu":
         acc.set_device(int(os.environ.get("LOCAL_RANK", 0)))
     return dist.get_rank(), dist.get_world_size()
@@ -94,6 +96,7 @@ def train(cfg: RunConfig) -> dict:
 
     from lenext_dist.model import build_model, flops_per_token, init_megatron
 
+    stop = StopSignal()  # first: a USR1/TERM during start-up must not kill a rank
     rank, world = init_distributed(cfg)
     accum = cfg.train.accum_steps(world)  # raises on batch sizes that do not divide
     ds_config = deepspeed_config(cfg, world)
@@ -127,7 +130,6 @@ def train(cfg: RunConfig) -> dict:
                       fpt, peak, world, cfg.logging.tensorboard, enabled=rank == 0)
     hs_cfg = cfg.attention.head_scale
     trainable_scales = hs_cfg.enabled and hs_cfg.trainable
-    stop = StopSignal()
     bar = _progress(cfg, step, rank)
     stopped = False
     loss_sum, n_loss = 0.0, 0

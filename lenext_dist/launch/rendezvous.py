@@ -1,0 +1,111 @@
+"""Rendezvous for torch.distributed from a cluster's environment.
+
+- `master_addr`: $MASTER_ADDR if set, else the first host of the Slurm allocation.
+- `master_port`: $MASTER_PORT if set, else derived from $SLURM_JOB_ID (the same number on every
+  node without any communication; 20000-29999, below Linux's ephemeral range), else 29500.
+- `rank_env`: RANK/WORLD_SIZE/LOCAL_RANK/LOCAL_WORLD_SIZE from an `srun` task (SLURM_PROCID ...)
+  or an Open MPI process (OMPI_COMM_WORLD_*), for launching one process per GPU without
+  torchrun/deepspeed and without MPI bindings.
+- `node_command`: the per-node `torchrun` / `deepspeed.launcher.launch` command of a multi-node
+  job, node rank from $SLURM_NODEID.
+"""
+from __future__ import annotations
+
+import base64
+import json
+import re
+import sys
+from typing import Mapping, Optional, Sequence
+
+from lenext_dist.launch.hostlist import hostnames
+
+DEFAULT_PORT = 29500
+PORT_BASE, PORT_SPAN = 20000, 10000
+
+
+def master_port(environ: Mapping[str, str]) -> int:
+    if environ.get("MASTER_PORT"):
+        return int(environ["MASTER_PORT"])
+    if environ.get("SLURM_JOB_ID"):
+        return PORT_BASE + int(environ["SLURM_JOB_ID"]) % PORT_SPAN
+    return DEFAULT_PORT
+
+
+def master_addr(environ: Mapping[str, str], hosts: Optional[Sequence[str]] = None) -> str:
+    if environ.get("MASTER_ADDR"):
+        return environ["MASTER_ADDR"]
+    if hosts is None and (environ.get("SLURM_JOB_NODELIST") or environ.get("SLURM_NODELIST")):
+        hosts = hostnames(environ.get("SLURM_JOB_NODELIST") or environ.get("SLURM_NODELIST"))
+    if hosts:
+        return hosts[0]
+    return "127.0.0.1"
+
+
+def tasks_per_node(spec: str) -> list[int]:
+    """Slurm's compressed count list, e.g. '4(x2),2' -> [4, 4, 2]."""
+    out: list[int] = []
+    for part in spec.split(","):
+        m = re.fullmatch(r"\s*(\d+)(?:\(x(\d+)\))?\s*", part)
+        if not m:
+            raise ValueError(f"bad tasks-per-node list {spec!r}")
+        out.extend([int(m.group(1))] * int(m.group(2) or 1))
+    return out
+
+
+def rank_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """The torch.distributed env:// variables this process lacks, or {} when a launcher (torchrun,
+    deepspeed) already set RANK or no known launcher environment is found."""
+    if "RANK" in environ:
+        return {}
+    if "SLURM_PROCID" in environ and "SLURM_STEP_NUM_TASKS" in environ:  # an srun task (not the batch shell)
+        node = int(environ.get("SLURM_NODEID", "0"))
+        per_node = environ.get("SLURM_STEP_TASKS_PER_NODE") or environ.get("SLURM_TASKS_PER_NODE") or "1"
+        counts = tasks_per_node(per_node)
+        env = {"RANK": environ["SLURM_PROCID"], "WORLD_SIZE": environ["SLURM_STEP_NUM_TASKS"],
+               "LOCAL_RANK": environ.get("SLURM_LOCALID", "0"),
+               "LOCAL_WORLD_SIZE": str(counts[node] if node < len(counts) else counts[-1]),
+               "NODE_RANK": str(node)}
+        nodelist = environ.get("SLURM_STEP_NODELIST") or environ.get("SLURM_JOB_NODELIST")
+        env["MASTER_ADDR"] = master_addr(environ, hostnames(nodelist) if nodelist else None)
+        env["MASTER_PORT"] = str(master_port(environ))
+        return env
+    if "OMPI_COMM_WORLD_RANK" in environ:
+        size, local = environ["OMPI_COMM_WORLD_SIZE"], environ.get("OMPI_COMM_WORLD_LOCAL_SIZE", "1")
+        if not environ.get("MASTER_ADDR") and size != local:
+            return {}  # several hosts and no MASTER_ADDR: leave it to DeepSpeed's MPI discovery
+        return {"RANK": environ["OMPI_COMM_WORLD_RANK"], "WORLD_SIZE": size,
+                "LOCAL_RANK": environ.get("OMPI_COMM_WORLD_LOCAL_RANK", "0"), "LOCAL_WORLD_SIZE": local,
+                "MASTER_ADDR": master_addr(environ, ["127.0.0.1"]),
+                "MASTER_PORT": str(master_port(environ))}
+    return {}
+
+
+LAUNCHERS = ("torchrun", "deepspeed")
+
+
+def node_command(launcher: str, nproc_per_node: int, script_and_args: Sequence[str],
+                 environ: Mapping[str, str], hosts: Optional[Sequence[str]] = None,
+                 python: str = sys.executable) -> list[str]:
+    """The command one node runs in a multi-node job: a launcher that starts `nproc_per_node`
+    ranks here, with node rank, node count, master address and port from the allocation."""
+    if launcher not in LAUNCHERS:
+        raise ValueError(f"launcher must be one of {LAUNCHERS}, got {launcher!r}")
+    if nproc_per_node < 1:
+        raise ValueError(f"nproc_per_node must be >= 1, got {nproc_per_node}")
+    if hosts is None:
+        hosts = hostnames(environ.get("SLURM_JOB_NODELIST") or environ.get("SLURM_NODELIST"))
+    node_rank = int(environ.get("NODE_RANK") or environ.get("SLURM_NODEID") or 0)
+    if not 0 <= node_rank < len(hosts):
+        raise ValueError(f"node rank {node_rank} outside the {len(hosts)} hosts {list(hosts)}")
+    addr, port = master_addr(environ, hosts), str(master_port(environ))
+    if launcher == "torchrun":
+        return [python, "-m", "torch.distributed.run", "--nnodes", str(len(hosts)), "--node_rank",
+                str(node_rank), "--nproc_per_node", str(nproc_per_node), "--master_addr", addr,
+                "--master_port", port, *script_and_args]
+    world = {h: list(range(nproc_per_node)) for h in hosts}
+    if len(world) != len(hosts):
+        raise ValueError(f"duplicate host names in {list(hosts)}")
+    info = base64.urlsafe_b64encode(json.dumps(world).encode()).decode()
+    return [python, "-u", "-m", "deepspeed.launcher.launch", f"--world_info={info}",
+            f"--node_rank={node_rank}", f"--master_addr={addr}", f"--master_port={port}",
+            *script_and_args]

@@ -1,0 +1,77 @@
+"""What a job script needs to know about a run before and after training.
+
+Contract with the training loop (lenext_dist/train/loop.py + checkpoint.py), no marker file
+needed: the loop always saves a checkpoint at step == train.steps, and `<checkpoint.dir>/latest`
+names the newest complete checkpoint (`step_NNNNNNN/COMPLETE`). So
+
+    done     latest step >= train.steps            -> nothing to do
+    stopped  a complete checkpoint before the end  -> resume (requeue) from it
+    fresh    no checkpoint yet
+
+`preflight` lists what would make the run fail right away (missing tokenizer, shards, init_from).
+"""
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+LATEST, COMPLETE = "latest", "COMPLETE"  # the names checkpoint.py writes
+_TAG = re.compile(r"step_(\d+)")
+
+
+@dataclass
+class RunState:
+    state: str  # done | stopped | fresh
+    step: int
+    total: int
+    checkpoint_dir: str
+
+    def line(self) -> str:
+        return f"{self.state} {self.step} {self.total} {self.checkpoint_dir}"
+
+
+def latest_step(checkpoint_dir: str | os.PathLike) -> Optional[int]:
+    """Step of the complete checkpoint `latest` names; None if there is none."""
+    f = Path(checkpoint_dir) / LATEST
+    if not f.is_file():
+        return None
+    tag = f.read_text().strip()
+    m = _TAG.fullmatch(tag)
+    if not m or not (Path(checkpoint_dir) / tag / COMPLETE).is_file():
+        return None
+    return int(m.group(1))
+
+
+def run_state(cfg) -> RunState:
+    step = latest_step(cfg.checkpoint.dir) if cfg.checkpoint.resume else None
+    total = cfg.train.steps
+    if step is None:
+        return RunState("fresh", 0, total, cfg.checkpoint.dir)
+    return RunState("done" if step >= total else "stopped", step, total, cfg.checkpoint.dir)
+
+
+def _shard_missing(prefix: str) -> list[str]:
+    return [f"{prefix}{ext}" for ext in (".bin", ".idx") if not Path(f"{prefix}{ext}").is_file()]
+
+
+def preflight(cfg) -> list[str]:
+    """Problems that would stop the run at start, as messages naming the config key."""
+    problems = []
+    if not Path(cfg.data.tokenizer).is_file():
+        problems.append(f"data.tokenizer: {cfg.data.tokenizer} not found")
+    if not cfg.data.blend:
+        problems.append("data.blend: empty (point it at shards made by data_prep/shard.py)")
+    for key, items in (("data.blend", cfg.data.blend), ("data.valid_blend", cfg.data.valid_blend)):
+        for item in items:
+            for path in _shard_missing(item.prefix):
+                problems.append(f"{key}: shard file {path} not found")
+    init = cfg.checkpoint.init_from
+    if init and latest_step(cfg.checkpoint.dir) is None:
+        p = Path(init)
+        if not ((p / COMPLETE).is_file() or latest_step(p) is not None):
+            problems.append(f"checkpoint.init_from: {init} is not a complete checkpoint "
+                            f"(no COMPLETE marker, no `latest`)")
+    return problems
