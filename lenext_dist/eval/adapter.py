@@ -91,6 +91,15 @@ def set_uniform_scale(model: nn.Module, c: float) -> None:
         a.scaling = float(c) / math.sqrt(a.head_dim)
 
 
+def set_variant(model: nn.Module, *, rope: Optional[dict] = None, **options) -> None:
+    """Eval-time attention options on an exported lenext model, e.g. a sliding window on any
+    variant (`window=128`), a RoPE extension (`rope={"scaling": "ntk", "factor": 4.0}`) or a
+    log-length scale (`log_scale_a=0.3`); uses the model's own shipped `set_position`."""
+    if layout(model) != "lenext":
+        raise ValueError("window / RoPE scaling / log-length scale options need a lenext export")
+    _modeling_module(model).set_position(model, rope=rope, **options)
+
+
 def set_head_scales(model: nn.Module, m: Tensor) -> None:
     """m [layers, heads]: lambda_{l,h} = m[l, h] / sqrt(d). Plain Llama supports one value only."""
     if layout(model) == "lenext":

@@ -38,6 +38,13 @@ def _add_common(p: argparse.ArgumentParser, data: bool = True) -> None:
     p.add_argument("--batch-size", type=int, default=1, help="windows (prompts) per forward")
     p.add_argument("--scale-c", type=float, default=None,
                    help="set a uniform scale lambda = c/sqrt(d) on every head before evaluating")
+    p.add_argument("--window", type=int, default=None,
+                   help="sliding-window (local) attention of W tokens at eval time, on any variant")
+    p.add_argument("--rope-scaling", default=None, choices=["none", "pi", "ntk", "yarn"],
+                   help="RoPE extension at eval time (RoPE models), with --rope-factor")
+    p.add_argument("--rope-factor", type=float, default=None, help="s = target / training length")
+    p.add_argument("--log-scale-a", type=float, default=None,
+                   help="position-dependent scale lambda_i = c (1 + a ln max(1, i/L)) / sqrt(d)")
     p.add_argument("--train-length", type=int, default=None,
                    help="training context L (default: from the model config)")
     p.add_argument("--no-progress", action="store_true", help="no tqdm progress bars")
@@ -145,13 +152,17 @@ def model_info(model, path: str, args) -> dict:
 def _setup(args):
     import torch
 
-    from .adapter import set_uniform_scale, train_length
+    from .adapter import set_uniform_scale, set_variant, train_length
 
     if args.threads:
         torch.set_num_threads(args.threads)
     model = load_model(args.model, args.dtype, args.device)
     if args.scale_c is not None:
         set_uniform_scale(model, args.scale_c)
+    options = {k: v for k, v in (("window", args.window), ("log_scale_a", args.log_scale_a)) if v is not None}
+    rope = {k: v for k, v in (("scaling", args.rope_scaling), ("factor", args.rope_factor)) if v is not None}
+    if options or rope:
+        set_variant(model, rope=rope or None, **options)
     L = args.train_length or train_length(model)
     out = args.out or os.path.join("results", os.path.basename(os.path.normpath(args.model)))
     os.makedirs(out, exist_ok=True)
@@ -175,7 +186,10 @@ def _docs(args, min_tokens: int):
 
 
 def _suffix(args) -> str:
-    return "" if args.scale_c is None else f"_c{args.scale_c:g}"
+    """Result-file suffix naming every eval-time change of the model (so runs never collide)."""
+    parts = [("c", args.scale_c), ("w", args.window), ("loga", args.log_scale_a),
+             (args.rope_scaling or "", args.rope_factor if args.rope_scaling else None)]
+    return "".join(f"_{k}{v:g}" for k, v in parts if v is not None)
 
 
 def write_json(obj: dict, path: str) -> str:
