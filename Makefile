@@ -11,7 +11,7 @@ PYTEST_ARGS ?=
 # DeepSpeed JIT-builds a CPU comm op once; keep it per checkout so other checkouts never rebuild it.
 export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.cache/torch_extensions
 
-.PHONY: setup system-deps demo shards test test-fast dry-run bench clean
+.PHONY: setup system-deps demo shards test test-fast dry-run bench study study-quick clean
 
 setup: $(VENV)/.installed
 
@@ -61,6 +61,14 @@ test: setup system-deps
 
 test-fast: setup
 	$(BIN)/python -m pytest -q -m "not distributed and not e2e" $(PYTEST_ARGS)
+
+# The small-scale reproduction of the paper's findings (results/study/, copied to ./STUDY.md), and
+# its quick version (results/study-quick/, what CI runs through tests/e2e/test_study_quick.py).
+study: setup
+	$(BIN)/python -m lenext_dist.study
+
+study-quick: setup
+	$(BIN)/python -m lenext_dist.study --quick
 
 bench: setup
 	$(BIN)/python benchmarks/run_all.py

@@ -149,7 +149,7 @@ def _search(a, cfg, ckpt: Path, run_dir: Path, target: int, c_fit: float) -> Non
         return
     overrides = {
         "include": [str((ckpt / "config.yaml").resolve())],
-        "name": run_dir.name, "run_dir": str(run_dir), "model": {"seq_length": Lp},
+        "name": run_dir.name, "run_dir": str(run_dir), "model": {"seq_length": Lp, "train_length": cfg.model.base_length},
         "attention": {"scale_c": init, "head_scale": {
             "enabled": True, "trainable": True, "init": init,
             "min_value": None if a.min_value.lower() == "none" else float(a.min_value)}},

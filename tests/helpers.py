@@ -100,13 +100,13 @@ def wait_for(pred, timeout: float = 300, every: float = 0.01) -> bool:
     return False
 
 
-def losses(run_dir: Path) -> dict[int, float]:
-    """step -> training loss from metrics.jsonl; a step logged twice (re-run after a kill) keeps
-    its last value, which is the one the resumed run computed."""
+def losses(run_dir: Path, key: str = "loss") -> dict[int, float]:
+    """step -> training loss (or another logged `key`) from metrics.jsonl; a step logged twice
+    (re-run after a kill) keeps its last value, which is the one the resumed run computed."""
     out = {}
     f = Path(run_dir) / "metrics.jsonl"
     for line in f.read_text().splitlines():
         rec = json.loads(line)
-        if "loss" in rec:
-            out[rec["step"]] = rec["loss"]
+        if key in rec:
+            out[rec["step"]] = rec[key]
     return out

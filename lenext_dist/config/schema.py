@@ -40,7 +40,11 @@ class ModelConfig:
     vocab_size: int = 4096
     """Embedding rows; must cover the tokenizer's vocabulary."""
     seq_length: int = 128
-    """Training context length L."""
+    """Sequence length of this run (the training context L when pretraining)."""
+    train_length: Optional[int] = None
+    """The pretrained context L that length-relative variants refer to (YaRN's original length, the
+    log-length scale, XPOS blocks, exports); null = seq_length. A HeadScale or PI/YaRN fine-tune at
+    a longer seq_length keeps the base model's L here."""
     norm_epsilon: float = 1e-5
     """RMSNorm epsilon."""
     init_method_std: float = 0.02
@@ -52,12 +56,17 @@ class ModelConfig:
         for k in ("num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size",
                   "vocab_size", "seq_length"):
             _check(getattr(self, k) > 0, f"model.{k}", "must be > 0")
+        _check(self.train_length is None or self.train_length > 0, "model.train_length", "must be > 0")
         _check(self.hidden_size % self.num_attention_heads == 0, "model.hidden_size",
                f"{self.hidden_size} is not divisible by num_attention_heads={self.num_attention_heads}")
         if self.num_query_groups is not None:
             _check(self.num_query_groups > 0 and self.num_attention_heads % self.num_query_groups == 0,
                    "model.num_query_groups",
                    f"{self.num_query_groups} must divide num_attention_heads={self.num_attention_heads}")
+
+    @property
+    def base_length(self) -> int:
+        return self.train_length or self.seq_length
 
     @property
     def head_dim(self) -> int:

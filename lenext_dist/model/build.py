@@ -76,7 +76,7 @@ def layer_spec(cfg):
 
     mc, att = cfg.model, cfg.attention
     hs = att.head_scale
-    variant = build_position(att, head_dim=mc.head_dim, train_length=mc.seq_length,
+    variant = build_position(att, head_dim=mc.head_dim, train_length=mc.base_length,
                              num_heads=mc.num_attention_heads)
     spec = get_gpt_layer_local_spec(normalization="RMSNorm")
     spec.submodules.self_attention.submodules.core_attention = core_attention_builder(

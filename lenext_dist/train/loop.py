@@ -134,6 +134,8 @@ def train(cfg: RunConfig) -> dict:
     stopped = False
     loss_sum, n_loss = 0.0, 0
 
+    # DeepSpeed clips fp32 ZeRO-0 gradients but keeps no norm: measure it before the step then
+    own_gnorm = cfg.parallel.zero_stage == 0 and cfg.train.precision == "fp32"
     batches = train_batches(train_ds, cfg, rank, world, step)
     while step < cfg.train.steps:
         t0 = time.perf_counter()
@@ -142,9 +144,13 @@ def train(cfg: RunConfig) -> dict:
         lr = optim.cosine_lr(step, cfg.optim, cfg.train.steps)
         optim.set_lr(engine.optimizer, lr)
         step_loss = 0.0
-        for mb in micro_batches:
+        log_now = (step + 1) % cfg.logging.interval == 0 or step + 1 == cfg.train.steps
+        gnorm = None
+        for i, mb in enumerate(micro_batches):
             loss = _micro_loss(engine, mb, device)
-            engine.backward(loss)
+            engine.backward(loss)  # averages the gradients over ranks on the last micro-batch
+            if log_now and own_gnorm and i == len(micro_batches) - 1:
+                gnorm = optim.grad_norm(engine.module)
             engine.step()  # DeepSpeed steps the optimizer on the accumulation boundary only
             step_loss += loss.item() / len(micro_batches)
         if trainable_scales and hs_cfg.min_value is not None:
@@ -156,8 +162,8 @@ def train(cfg: RunConfig) -> dict:
         n_loss += 1
         if bar:
             bar.update(1)
-        if step % cfg.logging.interval == 0 or step == cfg.train.steps:
-            gnorm = engine.get_global_grad_norm()
+        if log_now:
+            gnorm = engine.get_global_grad_norm() if gnorm is None else gnorm
             scales = optim.head_scale_stats(optim.head_scale_matrix(engine)) if trainable_scales else None
             metrics.log(step, {"loss": loss_sum / n_loss, "lr": lr,
                                "grad_norm": float(gnorm) if gnorm is not None else float("nan")}, scales)

@@ -62,6 +62,13 @@ def set_lr(optimizer, lr: float) -> None:
 
 
 @torch.no_grad()
+def grad_norm(model: torch.nn.Module) -> float:
+    """Global L2 norm of the (already rank-averaged) gradients of a model that is not ZeRO-sharded."""
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.float()) for g in grads])).item()
+
+
+@torch.no_grad()
 def clamp_head_scales(engine, min_value: float) -> None:
     """m_h <- max(m_h, min_value) after an optimizer step (paper: the m_h >= 1 constraint).
 

@@ -14,17 +14,20 @@ def one_rank(sample_shards, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("ref")
     cfg = write_config(tmp, sample_shards, "ref", parallel={"zero_stage": 0})
     run(pretrain_cmd(cfg, "deepspeed", 1, free_port()))
-    return losses(tmp / "ref")
+    return losses(tmp / "ref"), losses(tmp / "ref", "grad_norm")
 
 
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])
 def test_zero_stage_on_two_ranks_matches_one_rank(stage, one_rank, sample_shards, tmp_path):
     cfg = write_config(tmp_path, sample_shards, f"z{stage}", parallel={"zero_stage": stage})
     p = run(pretrain_cmd(cfg, "deepspeed", 2, free_port()))
-    got = losses(tmp_path / f"z{stage}")
-    assert sorted(got) == sorted(one_rank) == list(range(1, 7))
-    for step in one_rank:
-        assert math.isclose(got[step], one_rank[step], rel_tol=2e-5), (step, got[step], one_rank[step])
+    ref_loss, ref_gnorm = one_rank
+    got, gnorm = losses(tmp_path / f"z{stage}"), losses(tmp_path / f"z{stage}", "grad_norm")
+    assert sorted(got) == sorted(ref_loss) == list(range(1, 7))
+    for step in ref_loss:
+        assert math.isclose(got[step], ref_loss[step], rel_tol=2e-5), (step, got[step], ref_loss[step])
+        # the pre-clip global gradient norm is reported at every stage (ZeRO-0 included)
+        assert math.isclose(gnorm[step], ref_gnorm[step], rel_tol=1e-4), (step, gnorm[step], ref_gnorm[step])
     assert "world 2, ZeRO-%d" % stage in p.stdout
 
 
