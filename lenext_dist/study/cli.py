@@ -1,0 +1,112 @@
+"""`python -m lenext_dist.study [--quick] [--out DIR]`: the small-scale study of issue 8.
+
+Pretrains NoPE and RoPE (and other registered variants) of one shape at a short L on the real-text
+sample, exports them, evaluates every length-extension method at L, 2L, 4L, 8L (PPL, per-position
+loss, attention entropy, passkey, context use, extrapolation penalty, the uniform-scale fit,
+HeadScale via `lenext extend`) and writes `<out>/summary.json`, figures and `<out>/STUDY.md`,
+which checks the paper's claims one by one. Resumable: rerun the same command after a kill.
+
+  python -m lenext_dist.study --quick                # ~4 minutes on 2 cores (CI), results/study-quick/
+  python -m lenext_dist.study                        # ~1 hour, results/study/, copied to ./STUDY.md
+  python -m lenext_dist.study --report-only          # redo analysis/figures/STUDY.md from the files
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Optional, Sequence
+
+from .jobs import REPO
+
+
+def _floats(s: str) -> list[float]:
+    return [float(x) for x in s.split(",") if x]
+
+
+def _ints(s: str) -> list[int]:
+    return [int(x) for x in s.split(",") if x]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m lenext_dist.study", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="the CI-sized study (preset 'quick')")
+    ap.add_argument("--out", default=None, help="results folder (results/study[-quick])")
+    ap.add_argument("--seeds", type=_ints, default=None, help="NoPE/RoPE seeds, e.g. 1,2")
+    ap.add_argument("--variants", default=None,
+                    help="other trained position variants, e.g. alibi,kerple_log ('' for none)")
+    ap.add_argument("--uniform-c", type=_floats, default=None, help="uniform scales for NoPE")
+    ap.add_argument("--headscale-steps", type=int, default=None)
+    ap.add_argument("--budget-tokens", type=int, default=None, help="scored tokens per PPL cell")
+    ap.add_argument("--workers", type=int, default=None, help="parallel lanes (default 2)")
+    ap.add_argument("--train-ranks", type=int, default=None,
+                    help="ranks per pretraining run (deepspeed --num_gpus); default 1")
+    ap.add_argument("--port", type=int, default=29650, help="first master port")
+    ap.add_argument("--report-only", action="store_true", help="only analysis + STUDY.md")
+    ap.add_argument("--no-copy", action="store_true",
+                    help="full study: do not copy STUDY.md to the repository root")
+    ap.add_argument("overrides", nargs="*", metavar="--a.b=value",
+                    help="pretraining overrides for every run (after --), e.g. -- --train.steps=2000")
+    return ap
+
+
+def make_plan(a):
+    from .plan import preset
+
+    changes = dict(seeds=a.seeds, uniform_c=a.uniform_c, headscale_steps=a.headscale_steps,
+                   budget_tokens=a.budget_tokens, workers=a.workers, train_ranks=a.train_ranks)
+    if a.variants is not None:
+        changes["extra_variants"] = [v for v in a.variants.split(",") if v]
+    if a.overrides:
+        changes["overrides"] = list(a.overrides)
+    return preset("quick" if a.quick else "full", **changes)
+
+
+def write_outputs(study) -> Path:
+    from .analysis import Analysis
+    from .figures import all_figures
+    from .writeup import claims, render
+
+    summary = Analysis(study).summary()
+    summary["claims"] = claims(summary)
+    (study.out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
+    figs = all_figures(summary, study.out)
+    title = f"Small-scale study ({study.plan.name}): length generalization without position encoding"
+    md = study.out / "STUDY.md"
+    md.write_text(render(summary, figs, title) + "\n")
+    return md
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    a = build_parser().parse_args(argv)
+    import os
+
+    os.chdir(REPO)
+    from .pipeline import Study
+
+    plan = make_plan(a)
+    out = Path(a.out or ("results/study-quick" if a.quick else "results/study"))
+    study = Study(plan, out, port=a.port)
+    t0 = time.perf_counter()
+    timings_f = out / "timings.json"
+    attempts = json.loads(timings_f.read_text()).get("attempts", []) if timings_f.exists() else []
+    if not a.report_only:
+        (out / "plan.json").write_text(json.dumps(plan.to_dict(), indent=1))
+        study.run_all()  # every invocation is one attempt (a resumed study skips finished steps)
+        attempts.append(study.timings)
+        timings_f.write_text(json.dumps({"attempts": attempts}, indent=1))
+    study.timings = {"attempts": attempts}
+    md = write_outputs(study)
+    print(f"[study] wrote {md} ({time.perf_counter() - t0:.0f} s)")
+    if not a.quick and not a.no_copy and not a.report_only:
+        shutil.copyfile(md, REPO / "STUDY.md")
+        print(f"[study] copied to {REPO / 'STUDY.md'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,136 @@
+"""The study's figures (PNG, from the result files; each caption in STUDY.md names its JSON):
+
+  fig1_loss_entropy.png   Figure 1 analogue: per-position loss and mean attention entropy of NoPE,
+                          RoPE and NoPE with uniform scales, inflection points marked
+  table2_ppl.png          PPL against evaluation length, one line per method (seed mean, min..max bar)
+  passkey.png             passkey heatmaps of NoPE, NoPE + HeadScale and RoPE side by side
+  scale_fit.png           best uniform c per position bin and c(s) = 1 + a ln s, per NoPE seed
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from .analysis import smooth
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save(fig, path: Path) -> str:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    _plt().close(fig)
+    return str(path)
+
+
+def fig1(summary: dict, out: Path) -> str:
+    plt = _plt()
+    L = summary["L"]
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(12, 4.5))
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for i, (name, rec) in enumerate(sorted(summary["inflection"].items())):
+        col = colors[i % len(colors)]
+        if "loss" in rec:
+            j = __import__("json").loads((out / rec["loss"]["source"]).read_text())
+            y = np.array([np.nan if v is None else v for v in j["results"][0]["position_curve"]["loss"]])
+            x = (np.arange(len(y)) + 1) / L
+            a1.plot(x, smooth(y), color=col, lw=1.2, label=name)
+            s = rec["loss"]["s"]
+            if s is not None:
+                a1.axvline(s, color=col, ls="--", lw=0.8)
+                a1.plot([s], [smooth(y)[rec["loss"]["position"]]], "o", color=col)
+        if "entropy" in rec:
+            e = np.load(out / rec["entropy"]["source"])["entropy"].mean((0, 1))
+            x = (np.arange(len(e)) + 1) / L
+            a2.plot(x, e, color=col, lw=1.2, label=name)
+            s = rec["entropy"]["s"]
+            if s is not None:
+                a2.axvline(s, color=col, ls="--", lw=0.8)
+                a2.plot([s], [e[rec["entropy"]["position"]]], "o", color=col)
+    for ax, t in ((a1, "smoothed per-position loss (nats)"), (a2, "mean attention entropy (nats)")):
+        ax.axvline(1.0, color="k", ls=":", lw=1)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("s = (position + 1) / L")
+        ax.set_title(t + "; dashed: inflection")
+        ax.legend(fontsize=7)
+    return _save(fig, out / "fig1_loss_entropy.png")
+
+
+def table2(summary: dict, out: Path) -> str:
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(8, 5))
+    Ws = summary["lengths"]
+    rows = [r for r in summary["table"] if r["factor"] is None] + \
+           [{"method": m["method"], "stats": m["cols"]} for m in summary["matched"]]
+    for r in rows:
+        xs, ys, lo, hi = [], [], [], []
+        for W in Ws:
+            st = r["stats"].get(str(W))
+            if st and st.get("mean") is not None:
+                xs.append(W), ys.append(st["mean"]), lo.append(st["mean"] - st["min"]), hi.append(st["max"] - st["mean"])
+        if xs:
+            ls = "--" if "s = T/L" in r["method"] else "-"
+            ax.errorbar(xs, ys, yerr=[lo, hi], ls=ls, marker="o", ms=3, capsize=2, label=r["method"])
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("evaluation length W (tokens)")
+    ax.set_ylabel("PPL (last-stride, seed mean; bars min..max)")
+    ax.axvline(summary["L"], color="k", ls=":", lw=1)
+    ax.legend(fontsize=6, ncol=2)
+    return _save(fig, out / "table2_ppl.png")
+
+
+def passkey(summary: dict, out: Path) -> str:
+    plt = _plt()
+    items = list(summary["passkey"].items())
+    if not items:
+        return ""
+    fig, axes = plt.subplots(1, len(items), figsize=(3.2 * len(items), 2.8), squeeze=False)
+    for ax, (name, p) in zip(axes[0], items):
+        acc = np.asarray(p["accuracy"])
+        ax.imshow(acc, vmin=0, vmax=1, cmap="RdYlGn", aspect="auto")
+        ax.set_xticks(range(acc.shape[1]), [f"{d:.2f}" for d in p["depths"]], fontsize=7)
+        ax.set_yticks(range(acc.shape[0]), [str(x) for x in p["lengths"]], fontsize=7)
+        for i in range(acc.shape[0]):
+            for j in range(acc.shape[1]):
+                ax.text(j, i, f"{acc[i, j]:.1f}", ha="center", va="center", fontsize=6)
+        ax.set_title(f"{name}\nmean {p['mean']:.2f}", fontsize=8)
+        ax.set_xlabel("depth", fontsize=7)
+    axes[0][0].set_ylabel("prompt length")
+    return _save(fig, out / "passkey.png")
+
+
+def scale_fit(summary: dict, out: Path) -> str:
+    plt = _plt()
+    if not summary["fit"]:
+        return ""
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for name, f in summary["fit"].items():
+        s = np.array([b["s"] for b in f["bins"]])
+        c = np.array([b["best_c"] for b in f["bins"]])
+        pts = ax.plot(s, c, "o", ms=4, label=f"{name}: best c per bin")
+        if f.get("a") is not None:
+            xs = np.geomspace(1, max(s.max(), 1.01), 50)
+            ax.plot(xs, 1 + f["a"] * np.log(xs), color=pts[0].get_color(),
+                    label=f"1 + {f['a']:.3f} ln s (R2 {f['r2'] if f['r2'] is None else round(f['r2'], 3)})")
+    xs = np.geomspace(1, 8, 50)
+    ax.fill_between(xs, 1 + 0.30 * np.log(xs), 1 + 0.40 * np.log(xs), color="grey", alpha=0.2,
+                    label="paper: a = 0.30-0.40")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("s = (position + 1) / L")
+    ax.set_ylabel("best uniform c")
+    ax.legend(fontsize=7)
+    return _save(fig, out / "scale_fit.png")
+
+
+def all_figures(summary: dict, out: Path) -> dict:
+    return {"fig1": fig1(summary, out), "table2": table2(summary, out),
+            "passkey": passkey(summary, out), "scale_fit": scale_fit(summary, out)}

@@ -1,0 +1,172 @@
+"""What a study runs: the `StudyPlan` (quick and full presets) and its evaluation cells.
+
+A *run* is one pretraining (position variant x seed). A *cell* is one model folder evaluated one
+way: a run's export, optionally turned into an eval-time variant (RoPE+NTK/YaRN with factor s,
+sliding window, log-length scale, a uniform scale c). `cells()` lists every cell of the study;
+the HeadScale cells come from `lenext extend` (see pipeline.py).
+
+Presets (measured on 2 shared CPU cores, see STUDY.md of each run for the real timings):
+  quick  configs/study/quick.yaml, 1 seed, NoPE + RoPE, small eval budgets: ~4 minutes (CI)
+  full   configs/study/full.yaml, 2 seeds of NoPE and RoPE, + other trained variants registered
+         in lenext_dist/attention/registry.py (1 seed), larger budgets: ~1 hour
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field, replace
+from typing import Optional
+
+
+@dataclass
+class StudyPlan:
+    name: str
+    config: str
+    """Pretraining config (configs/study/*.yaml); position and seed are set per run."""
+    seeds: list[int]
+    """Seeds of the NoPE and RoPE runs (train.seed; the data order stays the config's)."""
+    extra_variants: list[str] = field(default_factory=list)
+    """Other trained position variants (registry names), one run each with the first seed;
+    a name the registry does not hold is skipped with a note."""
+    factors: list[int] = field(default_factory=lambda: [1, 2, 4, 8])
+    """Evaluation lengths as multiples of L."""
+    uniform_c: list[float] = field(default_factory=lambda: [0.8, 1.0, 1.2, 1.5])
+    rope_factors: list[int] = field(default_factory=lambda: [2, 4, 8])
+    """RoPE+NTK / RoPE+YaRN extension factors s (each evaluated at every length)."""
+    headscale_targets: list[int] = field(default_factory=lambda: [2, 4])
+    """HeadScale targets as multiples of L (`lenext extend` per NoPE seed)."""
+    headscale_seeds: int = 1
+    """How many NoPE seeds get the HeadScale search (the first ones)."""
+    headscale_steps: int = 200
+    budget_tokens: int = 20000
+    """Scored tokens per PPL cell (sliding window, last-stride protocol, stride L/2)."""
+    curve_windows: int = 200
+    """Full-protocol windows of 8L for the per-position loss curves (Figure 1)."""
+    entropy_samples: int = 16
+    sweep_c: tuple[float, float, float] = (0.8, 2.0, 0.02)
+    sweep_samples: int = 48
+    passkey_keys: int = 5
+    passkey_depths: int = 5
+    workers: int = 2
+    """Parallel lanes (training runs side by side with 1 rank x 1 thread each; eval workers)."""
+    train_ranks: int = 1
+    """Ranks per training run (deepspeed --num_gpus); 1 rank x `workers` runs side by side was
+    faster here than 2 ranks one run after another (DESIGN section 9: ~5%; also fewer launches)."""
+    data: list[str] = field(default_factory=lambda: ["data/sample/heldout/books.jsonl.zst"])
+    overrides: list[str] = field(default_factory=list)
+    """Extra `--a.b=value` overrides for every pretraining run (e.g. --train.steps=2000)."""
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+QUICK = StudyPlan(
+    name="quick", config="configs/study/quick.yaml", seeds=[1], extra_variants=[],
+    uniform_c=[0.8, 1.2, 1.5], rope_factors=[2, 4, 8], headscale_targets=[2, 4],
+    headscale_steps=30, budget_tokens=4096, curve_windows=40, entropy_samples=4,
+    sweep_c=(0.8, 2.0, 0.1), sweep_samples=8, passkey_keys=2, passkey_depths=3)
+
+FULL = StudyPlan(
+    name="full", config="configs/study/full.yaml", seeds=[1, 2],
+    extra_variants=["alibi", "kerple_log"], headscale_steps=200, budget_tokens=20000,
+    curve_windows=200, entropy_samples=16, sweep_c=(0.8, 2.0, 0.02), sweep_samples=48,
+    passkey_keys=5, passkey_depths=5)
+
+PRESETS = {"quick": QUICK, "full": FULL}
+
+
+def preset(name: str, **changes) -> StudyPlan:
+    base = PRESETS[name]
+    return replace(base, **{k: v for k, v in changes.items() if v is not None})
+
+
+@dataclass(frozen=True)
+class Run:
+    position: str
+    seed: int
+
+    @property
+    def name(self) -> str:
+        return f"{self.position}-s{self.seed}"
+
+
+def runs(plan: StudyPlan, registered: set[str]) -> tuple[list[Run], list[str]]:
+    """The pretraining runs, and notes on variants skipped because they are not registered."""
+    out = [Run(p, s) for s in plan.seeds for p in ("nope", "rope")]
+    notes = []
+    for v in plan.extra_variants:
+        if v in registered:
+            out.append(Run(v, plan.seeds[0]))
+        else:
+            notes.append(f"variant `{v}` skipped: `attention.position` does not accept it "
+                         f"(registered: {', '.join(sorted(registered))})")
+    return out, notes
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One evaluation: `method` names the row of the tables, `run` the pretraining run."""
+    name: str
+    run: str
+    method: str
+    position: str
+    config_edit: Optional[dict] = None
+    """Changes to the export's config.json (position/rope/attention_options); None: the export."""
+    scale_c: Optional[float] = None
+    curve: bool = False
+    """Also the per-position loss curve (full windows of 8L) and the attention entropy."""
+    passkey: bool = False
+    matched_factor: Optional[int] = None
+    """For per-length methods (s = T/L): the only length factor this cell belongs to in the
+    'matched' table (None: every length)."""
+    src: Optional[str] = None
+    """Model folder relative to the study folder, when not the run's export (HeadScale exports
+    of `lenext extend`); such cells are evaluated after the searches."""
+
+
+def _fmt_c(c: float) -> str:
+    return f"{c:g}"
+
+
+def cells(plan: StudyPlan, run_list: list[Run], L: int,
+          fitted: Optional[dict[str, dict]] = None) -> list[Cell]:
+    """Every eval-time cell. fitted: per NoPE run name, {"a": a} from its scale sweep (the
+    fitted-scale cells are only listed once the sweep exists)."""
+    out: list[Cell] = []
+    for r in run_list:
+        n = r.name
+        base_curve = True
+        out.append(Cell(n, n, r.position, r.position, curve=base_curve,
+                        passkey=r.position in ("nope", "rope")))
+        out.append(Cell(f"{n}-window", n, f"{r.position} + window L", r.position,
+                        config_edit={"attention_options": {"window": L}}))
+        if r.position == "rope":
+            for s in plan.rope_factors:
+                for kind in ("ntk", "yarn"):
+                    out.append(Cell(f"{n}-{kind}{s}", n, f"rope + {kind.upper() if kind == 'ntk' else 'YaRN'}",
+                                    "rope", config_edit={"rope": {"scaling": kind, "factor": float(s)}},
+                                    matched_factor=s))
+        if r.position == "nope":
+            for c in plan.uniform_c:
+                if c == 1.0:
+                    continue
+                out.append(Cell(f"{n}-c{_fmt_c(c)}", n, f"nope c={_fmt_c(c)}", "nope", scale_c=c,
+                                curve=True))
+            fit = (fitted or {}).get(n)
+            if fit and fit.get("a") is not None:
+                a = fit["a"]
+                for f in plan.factors:
+                    if f == 1:
+                        continue
+                    c = round(1.0 + a * math.log(f), 4)
+                    out.append(Cell(f"{n}-fit{f}", n, "nope c(T) fitted", "nope", scale_c=c,
+                                    matched_factor=f))
+                out.append(Cell(f"{n}-logscale", n, "nope log scale 1+a ln(i/L)", "nope",
+                                config_edit={"attention_options": {"log_scale_a": round(a, 4)}},
+                                curve=True))
+    nope = [r for r in run_list if r.position == "nope"][: plan.headscale_seeds]
+    for r in nope:
+        for f in plan.headscale_targets:
+            out.append(Cell(f"{r.name}-hs{L * f}", r.name, "nope HeadScale", "nope",
+                            passkey=True, matched_factor=f,
+                            src=f"extend/{r.name}/hf/hs-{L * f}"))
+    return out
