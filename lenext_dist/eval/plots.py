@@ -11,7 +11,7 @@ from typing import Optional
 import numpy as np
 
 
-def _plt():
+def pyplot():
     import matplotlib
 
     matplotlib.use("Agg")
@@ -20,11 +20,11 @@ def _plt():
     return plt
 
 
-def _save(fig, path: str) -> str:
+def save_figure(fig, path) -> str:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-    _plt().close(fig)
-    return path
+    pyplot().close(fig)
+    return str(path)
 
 
 def _mark_L(ax, L: Optional[int]):
@@ -34,7 +34,7 @@ def _mark_L(ax, L: Optional[int]):
 
 def plot_ppl(res: dict, path: str) -> str:
     """Left: PPL per evaluation length. Right: mean loss per window position (binned)."""
-    plt = _plt()
+    plt = pyplot()
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4))
     rows = res["results"]
     a1.plot([r["length"] for r in rows], [r["ppl"] for r in rows], "o-")
@@ -53,12 +53,12 @@ def plot_ppl(res: dict, path: str) -> str:
     a2.set_title("per-position loss (" + rows[0]["position_curve"]["scope"] + ")")
     _mark_L(a2, res.get("train_length"))
     a2.legend(fontsize=8)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_penalty(res: dict, path: str) -> str:
     """Extrapolation penalty (full context minus window-L loss) against s = context / L."""
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 4))
     for d in res["diagnostics"]:
         if "penalty_binned" not in d:
@@ -73,12 +73,12 @@ def plot_penalty(res: dict, path: str) -> str:
     ax.set_ylabel("penalty (nats)")
     ax.set_title("extrapolation penalty vs window-L baseline")
     ax.legend(fontsize=8)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_passkey(res: dict, path: str) -> str:
     """Heatmap of accuracy, lengths (rows) x depths (columns)."""
-    plt = _plt()
+    plt = pyplot()
     acc = np.asarray(res["accuracy"])
     fig, ax = plt.subplots(figsize=(1.0 + 0.6 * acc.shape[1], 1.2 + 0.45 * acc.shape[0]))
     im = ax.imshow(acc, vmin=0, vmax=1, cmap="RdYlGn", aspect="auto")
@@ -91,12 +91,12 @@ def plot_passkey(res: dict, path: str) -> str:
             ax.text(j, i, f"{acc[i, j]:.1f}", ha="center", va="center", fontsize=6)
     ax.set_title(f"passkey accuracy (mean {res['mean_accuracy']:.2f})")
     fig.colorbar(im, ax=ax, fraction=0.04)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_entropy(summary: dict, path: str) -> str:
     """One panel per layer (heads thin, layer mean bold), plus the all-heads mean, log-x axis."""
-    plt = _plt()
+    plt = pyplot()
     per_head = np.asarray(summary["per_head"])  # [layers, heads, bins]
     n_layers = per_head.shape[0]
     cols = min(4, n_layers + 1)
@@ -124,12 +124,12 @@ def plot_entropy(summary: dict, path: str) -> str:
     for k in range(n_layers + 1, rows * cols):
         axes[k // cols][k % cols].axis("off")
     fig.suptitle(f"attention entropy (nats), {summary['samples']} samples")
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_scale_sweep(res: dict, path: str) -> str:
     """Left: best c per position bin and the fit c(s) = 1 + a ln s. Right: loss by c."""
-    plt = _plt()
+    plt = pyplot()
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4))
     s = np.asarray([b["s"] for b in res["bins"]])
     c = [b["best_c"] for b in res["bins"]]
@@ -153,12 +153,12 @@ def plot_scale_sweep(res: dict, path: str) -> str:
     a2.set_ylabel("mean loss - its minimum over c")
     a2.legend(fontsize=7)
     fig.suptitle(f"uniform scale sweep at N={res['length']} (L={res['train_length']})")
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_head_scales(scales, path: str, title: str = "HeadScale: learned m_h") -> str:
     """Heatmap of the per-head scales m_h (lambda_h = m_h / sqrt(d)), layers (rows) x heads."""
-    plt = _plt()
+    plt = pyplot()
     m = np.asarray(scales, dtype=float)
     fig, ax = plt.subplots(figsize=(2.0 + 0.25 * m.shape[1], 1.2 + 0.3 * m.shape[0]))
     im = ax.imshow(m, cmap="viridis", aspect="auto")
@@ -170,4 +170,4 @@ def plot_head_scales(scales, path: str, title: str = "HeadScale: learned m_h") -
     ax.set_ylabel("layer")
     ax.set_title(f"{title} (min {m.min():.3f}, mean {m.mean():.3f}, max {m.max():.3f})", fontsize=9)
     fig.colorbar(im, ax=ax, fraction=0.04, label="m_h")
-    return _save(fig, path)
+    return save_figure(fig, path)

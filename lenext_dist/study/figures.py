@@ -12,27 +12,13 @@ from pathlib import Path
 
 import numpy as np
 
+from lenext_dist.eval.plots import pyplot, save_figure
+
 from .analysis import smooth
 
 
-def _plt():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def _save(fig, path: Path) -> str:
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    _plt().close(fig)
-    return str(path)
-
-
 def fig1(summary: dict, out: Path) -> str:
-    plt = _plt()
+    plt = pyplot()
     L = summary["L"]
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(12, 4.5))
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
@@ -61,11 +47,11 @@ def fig1(summary: dict, out: Path) -> str:
         ax.set_xlabel("s = (position + 1) / L")
         ax.set_title(t + "; dashed: inflection")
         ax.legend(fontsize=7)
-    return _save(fig, out / "fig1_loss_entropy.png")
+    return save_figure(fig, out / "fig1_loss_entropy.png")
 
 
 def table2(summary: dict, out: Path) -> str:
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(8, 5))
     Ws = summary["lengths"]
     rows = [r for r in summary["table"] if r["factor"] is None] + \
@@ -85,11 +71,11 @@ def table2(summary: dict, out: Path) -> str:
     ax.set_ylabel("PPL (last-stride, seed mean; bars min..max)")
     ax.axvline(summary["L"], color="k", ls=":", lw=1)
     ax.legend(fontsize=6, ncol=2)
-    return _save(fig, out / "table2_ppl.png")
+    return save_figure(fig, out / "table2_ppl.png")
 
 
 def passkey(summary: dict, out: Path) -> str:
-    plt = _plt()
+    plt = pyplot()
     items = list(summary["passkey"].items())
     if not items:
         return ""
@@ -105,11 +91,11 @@ def passkey(summary: dict, out: Path) -> str:
         ax.set_title(f"{name}\nmean {p['mean']:.2f}", fontsize=8)
         ax.set_xlabel("depth", fontsize=7)
     axes[0][0].set_ylabel("prompt length")
-    return _save(fig, out / "passkey.png")
+    return save_figure(fig, out / "passkey.png")
 
 
 def scale_fit(summary: dict, out: Path) -> str:
-    plt = _plt()
+    plt = pyplot()
     if not summary["fit"]:
         return ""
     fig, ax = plt.subplots(figsize=(6, 4))
@@ -128,7 +114,7 @@ def scale_fit(summary: dict, out: Path) -> str:
     ax.set_xlabel("s = (position + 1) / L")
     ax.set_ylabel("best uniform c")
     ax.legend(fontsize=7)
-    return _save(fig, out / "scale_fit.png")
+    return save_figure(fig, out / "scale_fit.png")
 
 
 def all_figures(summary: dict, out: Path) -> dict:
