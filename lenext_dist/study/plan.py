@@ -6,7 +6,8 @@ sliding window, log-length scale, a uniform scale c). `cells()` lists every cell
 the HeadScale cells come from `lenext extend` (see pipeline.py).
 
 Presets (measured on 2 shared CPU cores, see STUDY.md of each run for the real timings):
-  quick  configs/study/quick.yaml, 1 seed, NoPE + RoPE, small eval budgets: ~4 minutes (CI)
+  quick  configs/study/quick.yaml, 1 seed, NoPE + RoPE + every other registered variant,
+         small eval budgets: ~5 minutes (CI)
   full   configs/study/full.yaml, 2 seeds of NoPE and RoPE, + other trained variants registered
          in lenext_dist/attention/registry.py (1 seed), larger budgets: ~1 hour
 """
@@ -60,7 +61,8 @@ class StudyPlan:
 
 
 QUICK = StudyPlan(
-    name="quick", config="configs/study/quick.yaml", seeds=[1], extra_variants=[],
+    name="quick", config="configs/study/quick.yaml", seeds=[1],
+    extra_variants=["alibi", "kerple_log", "kerple_power", "sandwich", "xpos"],
     uniform_c=[0.8, 1.2, 1.5], rope_factors=[2, 4, 8], headscale_targets=[2, 4],
     headscale_steps=30, budget_tokens=4096, curve_windows=40, entropy_samples=4,
     sweep_c=(0.8, 2.0, 0.1), sweep_samples=8, passkey_keys=2, passkey_depths=3)

@@ -1,4 +1,4 @@
-"""The quick study end to end (`python -m lenext_dist.study --quick`, ~4 minutes on 2 cores):
+"""The quick study end to end (`python -m lenext_dist.study --quick`, ~5 minutes on 2 cores):
 files present, numbers finite and sane. Never checks a particular scientific outcome."""
 import json
 import math
@@ -34,7 +34,9 @@ def test_quick_study_runs_and_writes_a_sane_study(tmp_path):
     rows = {r["method"]: r for r in s["table"]}
     for m in ("nope", "rope", "nope c=1.2", "rope + NTK (s=2)", "rope + YaRN (s=4)",
               "nope c(T) fitted (s=2)", "nope HeadScale (s=2)", "nope HeadScale (s=4)",
-              "nope + window L"):
+              "nope + window L",
+              # every other registered variant (project issue 7): one row each in the table
+              "alibi", "kerple_log", "kerple_power", "sandwich", "xpos", "alibi + window L"):
         assert m in rows, (m, sorted(rows))
         for run in rows[m]["runs"].values():
             assert (out / run["source"]).is_file()
