@@ -8,7 +8,7 @@ TORCH_SPEC ?= torch==2.13.0
 NPROC     ?= 2
 PORT      ?= 29500
 PYTEST_ARGS ?=
-# DeepSpeed JIT-builds a CPU comm op once; keep it per checkout so other checkouts never rebuild it.
+# Where DeepSpeed JIT-builds its ops (cpu_adam for ZeRO-Offload): per checkout, never shared.
 export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.cache/torch_extensions
 
 .PHONY: setup system-deps demo shards test test-fast dry-run bench study study-quick clean

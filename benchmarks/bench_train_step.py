@@ -30,8 +30,10 @@ def build_ours(cfg):
 
     from lenext_dist.config import deepspeed_config
     from lenext_dist.model import build_model, init_megatron, init_single_process_group
+    from lenext_dist.train.loop import skip_deepspeed_shm_op
     from lenext_dist.train.optim import build_optimizer
 
+    skip_deepspeed_shm_op()
     init_single_process_group()
     init_megatron(cfg.train.seed)
     model = build_model(cfg)

@@ -20,10 +20,26 @@ from lenext_dist.train.metrics import Metrics, measure_matmul_tflops
 from lenext_dist.train.signals import StopSignal
 
 
+def skip_deepspeed_shm_op() -> None:
+    """Keep DeepSpeed from building its CPU shared-memory all-reduce.
+
+    Its CPU backend JIT-compiles that op in every new environment (a minute of g++) and each rank
+    of each run then leaves a 66 MB /dev/shm buffer behind that is never unlinked (hundreds of runs
+    filled this machine's memory). Only DeepSpeed-Inference's inference_all_reduce uses it; training
+    collectives go through torch.distributed. Marking the op incompatible is DeepSpeed's own switch
+    (deepspeed/comm/torch.py:build_shm_op). Call before deepspeed.init_distributed/initialize.
+    """
+    import deepspeed.ops
+
+    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+
+
 def init_distributed(cfg: RunConfig) -> tuple[int, int]:
     """torch.distributed through DeepSpeed (env:// from any launcher, or MPI discovery)."""
     import deepspeed
     from deepspeed.accelerator import get_accelerator
+
+    skip_deepspeed_shm_op()
 
     acc = get_accelerator()
     backend = cfg.parallel.backend or acc.communication_backend_name()
