@@ -144,13 +144,3 @@ def _recompute_layers(model) -> None:
 def head_scale_parameters(model: torch.nn.Module) -> list[tuple[str, torch.nn.Parameter]]:
     """(name, Parameter) of every learned per-head scale (empty unless head_scale.enabled)."""
     return [(n, p) for n, p in model.named_parameters() if n.endswith("core_attention.head_scale")]
-
-
-@torch.no_grad()
-def clamp_head_scales(model: torch.nn.Module, min_value: Optional[float]) -> None:
-    """In place: m_h <- max(m_h, min_value) for every head scale (the paper's m_h >= 1; call after
-    each optimizer step). min_value None: no constraint. Plain parameters only (not ZeRO-3)."""
-    if min_value is None:
-        return
-    for _, p in head_scale_parameters(model):
-        p.clamp_(min=min_value)

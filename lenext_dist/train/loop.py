@@ -170,7 +170,7 @@ def train(cfg: RunConfig) -> dict:
             engine.step()  # DeepSpeed steps the optimizer on the accumulation boundary only
             step_loss += loss.item() / len(micro_batches)
         if trainable_scales and hs_cfg.min_value is not None:
-            optim.clamp_head_scales(engine, hs_cfg.min_value)
+            optim.clamp_head_scales(engine.module, hs_cfg.min_value)
         step += 1
         consumed += cfg.train.global_batch_size
         metrics.add_step(time.perf_counter() - t0, data_s)

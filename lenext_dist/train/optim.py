@@ -69,7 +69,7 @@ def grad_norm(model: torch.nn.Module) -> float:
 
 
 @torch.no_grad()
-def clamp_head_scales(engine, min_value: float) -> None:
+def clamp_head_scales(module: torch.nn.Module, min_value: float) -> None:
     """m_h <- max(m_h, min_value) after an optimizer step (paper: the m_h >= 1 constraint).
 
     Under ZeRO the optimizer updates its own fp32 master copy and copies it into the module's
@@ -79,7 +79,7 @@ def clamp_head_scales(engine, min_value: float) -> None:
     """
     from deepspeed.utils import safe_get_full_fp32_param, safe_set_full_fp32_param
 
-    for name, p in engine.module.named_parameters():
+    for name, p in module.named_parameters():
         if not (is_head_scale(name) and p.requires_grad):
             continue
         master = safe_get_full_fp32_param(p)
