@@ -6,14 +6,17 @@ Both on the same model, text and windows in one run (last-stride protocol, windo
              batch 1, `model(input_ids, labels=...)` with every unscored label set to -100 (HF
              computes logits and log-softmax on all W positions), nll * S accumulated
   ours       evaluate_ppl: B windows per forward, the output layer and the loss only on the S
-             scored positions of each window, inference_mode
+             scored positions of each window (and, on our export's model, the last layer's
+             queries, attention output and MLP too: `hidden_from`), inference_mode
 Prints scored tokens/s of both (wall and per CPU-second, the latter immune to other load on a
 shared machine), the speed-up (target >= 3x) and checks the two perplexities agree (rel 1e-5).
-The model is a random Llama of the TinyLlama vocabulary (32000) and a small body, the regime of
-the small-scale study (DESIGN section 9): there the output layer is most of the cost.
+The model is random, of the TinyLlama vocabulary (32000) and a small body, the regime of the
+small-scale study (DESIGN section 9): there the output layer is most of the cost. `--model
+lenext` (default) is the model of our exports (`LenextForCausalLM`, NoPE), what `lenext eval`
+runs on; `--model llama` a plain transformers LlamaForCausalLM (no last-layer saving).
 
-  python benchmarks/bench_eval_ppl.py [--length 512] [--stride 64] [--windows 48]
-      [--batch-size 8] [--threads 1] [--rounds 2] [--out results/bench_eval_ppl.json]
+  python benchmarks/bench_eval_ppl.py [--model lenext|llama] [--length 512] [--stride 64]
+      [--windows 48] [--batch-size 8] [--threads 1] [--rounds 2] [--out results/bench_eval_ppl.json]
 """
 from __future__ import annotations
 
@@ -32,7 +35,7 @@ import torch  # noqa: E402
 
 from lenext_dist.eval.data import load_documents  # noqa: E402
 from lenext_dist.eval.ppl import evaluate_ppl, plan_windows  # noqa: E402
-from lenext_dist.eval.testing import SAMPLE_TOKENIZER, tiny_llama  # noqa: E402
+from lenext_dist.eval.testing import SAMPLE_TOKENIZER, tiny_lenext, tiny_llama  # noqa: E402
 
 DATA = os.path.join(REPO, "data", "sample", "heldout", "books.jsonl.zst")
 
@@ -60,6 +63,7 @@ def timed(fn):
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", choices=("lenext", "llama"), default="lenext")
     ap.add_argument("--length", type=int, default=512, help="window W")
     ap.add_argument("--stride", type=int, default=64, help="S")
     ap.add_argument("--windows", type=int, default=48, help="windows scored by each method")
@@ -74,8 +78,9 @@ def main() -> int:
     torch.set_num_threads(a.threads)
     W, S = a.length, a.stride
 
-    model = tiny_llama(vocab_size=a.vocab, hidden=a.hidden, layers=a.layers, heads=4,
-                       kv_heads=4, train_length=W)
+    build = (lambda **kw: tiny_lenext("nope", **kw)) if a.model == "lenext" else tiny_llama
+    model = build(vocab_size=a.vocab, hidden=a.hidden, layers=a.layers, heads=4, kv_heads=4,
+                  train_length=W)
     # the model's HF ForCausalLM loss needs labels within the vocabulary: the sample tokenizer
     # (4096 ids) fits in the 32000 vocabulary
     ds = load_documents([DATA], SAMPLE_TOKENIZER, max_docs=2)
@@ -94,7 +99,7 @@ def main() -> int:
     assert ours["scored_tokens"] == ref_n
     rel = abs(ours["nll"] - ref_nll) / ref_nll
     res = {
-        "model": {"vocab": a.vocab, "hidden": a.hidden, "layers": a.layers, "heads": 4,
+        "model": {"class": type(model).__name__, "vocab": a.vocab, "hidden": a.hidden, "layers": a.layers, "heads": 4,
                   "parameters": sum(p.numel() for p in model.parameters())},
         "protocol": {"name": "last-stride", "length": W, "stride": S, "windows": a.windows,
                      "scored_tokens": ref_n, "data": DATA},

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from .scoring import _accepts_logits_to_keep
+from .scoring import _accepts
 
 PREFIX = ("There is an important info hidden inside a lot of irrelevant text. Find it and "
           "memorize it. I will quiz you about the important information there.")
@@ -74,7 +74,7 @@ def greedy_generate(model: nn.Module, ids: torch.Tensor, max_new_tokens: int) ->
     (KV cache when the model returns one, else full recompute)."""
     out = []
     with torch.inference_mode():
-        kw = {"logits_to_keep": 1} if _accepts_logits_to_keep(model) else {}
+        kw = {"logits_to_keep": 1} if _accepts(model, "logits_to_keep") else {}
         res = model(input_ids=ids, use_cache=True, **kw)
         past = getattr(res, "past_key_values", None)
         nxt = res.logits[:, -1].argmax(-1, keepdim=True)

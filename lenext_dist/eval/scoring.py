@@ -7,7 +7,9 @@ Efficiency: several windows per forward (right-padded: with causal attention the
 reaches a real position), `torch.inference_mode`, and the output layer is applied only to the
 positions that are scored, in chunks of positions (a [b, 16K, 32K] fp32 logits tensor would be
 2 GiB per window): for HF causal LMs with `.model` + `.lm_head` (Llama and our export) the
-decoder's last hidden states are projected chunk by chunk; any other model falls back to
+decoder's last hidden states are projected chunk by chunk (our export's last layer, given
+`hidden_from`, computes only the positions from the first scored one on: its queries, attention
+output and MLP are skipped for the unscored prefix); any other model falls back to
 `model(input_ids).logits` (with `logits_to_keep` when its forward accepts it).
 
 Public API: `Window`, `score_windows`, `batched`.
@@ -52,9 +54,9 @@ def _hidden_path(model: nn.Module) -> bool:
         isinstance(getattr(model, "model", None), nn.Module)
 
 
-def _accepts_logits_to_keep(model: nn.Module) -> bool:
+def _accepts(module: nn.Module, argument: str) -> bool:
     try:
-        return "logits_to_keep" in inspect.signature(model.forward).parameters
+        return argument in inspect.signature(module.forward).parameters
     except (TypeError, ValueError):
         return False
 
@@ -80,10 +82,14 @@ def forward_nll(model: nn.Module, input_ids: Tensor, targets: Tensor, keep_from:
     T = input_ids.shape[1]
     tgt = targets[:, keep_from:keep_to]
     if _hidden_path(model):
-        hidden = model.model(input_ids=input_ids, use_cache=False).last_hidden_state
-        return _nll_chunks(hidden[:, keep_from:keep_to], tgt, model.lm_head,
-                           model.lm_head.out_features)
-    if _accepts_logits_to_keep(model):
+        if _accepts(model.model, "hidden_from"):  # our export: the last layer only on the kept
+            hidden = model.model(input_ids=input_ids, use_cache=False,
+                                 hidden_from=keep_from).last_hidden_state[:, :keep_to - keep_from]
+        else:
+            hidden = model.model(input_ids=input_ids, use_cache=False).last_hidden_state
+            hidden = hidden[:, keep_from:keep_to]
+        return _nll_chunks(hidden, tgt, model.lm_head, model.lm_head.out_features)
+    if _accepts(model, "logits_to_keep"):
         logits = model(input_ids=input_ids, use_cache=False, logits_to_keep=T - keep_from).logits
         logits = logits[:, :keep_to - keep_from]
     else:

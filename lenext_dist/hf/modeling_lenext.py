@@ -105,12 +105,13 @@ class LenextAttention(nn.Module):
             self._buffers["head_scale"] = hs.to(device=moved.device, dtype=torch.float32)
         return self
 
-    def _project(self, hidden_states: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    def _project(self, hidden_states: Tensor, query_from: int = 0) -> tuple[Tensor, Tensor, Tensor]:
         b, s, _ = hidden_states.shape
-        q = self.q_proj(hidden_states).view(b, s, self.num_heads, self.head_dim).transpose(1, 2)
+        q = self.q_proj(hidden_states[:, query_from:]).view(b, s - query_from, self.num_heads,
+                                                            self.head_dim).transpose(1, 2)
         k = self.k_proj(hidden_states).view(b, s, self.num_kv_heads, self.head_dim).transpose(1, 2)
         v = self.v_proj(hidden_states).view(b, s, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        return q, k, v  # [b, h, s, d], [b, g, s, d], [b, g, s, d]
+        return q, k, v  # [b, h, s - query_from, d], [b, g, s, d], [b, g, s, d]
 
     def qk(self, hidden_states: Tensor, positions: Union[Tensor, int] = 0) -> tuple[Tensor, Tensor]:
         """hidden_states [b, s, hidden] (this layer's attention input, i.e. after input_layernorm)
@@ -121,19 +122,24 @@ class LenextAttention(nn.Module):
         return self.position.rotate(q, k, positions)
 
     def forward(self, hidden_states: Tensor, positions: Union[Tensor, int],
-                past_key_values: Optional[Cache] = None) -> Tensor:
+                past_key_values: Optional[Cache] = None, query_from: int = 0) -> Tensor:
+        """hidden_states [b, s, hidden] -> [b, s - query_from, hidden]: the outputs of the queries
+        query_from..s-1 only (keys and values of all s tokens; the cache, if any, gets all)."""
         b, s, _ = hidden_states.shape
-        q, k, v = self._project(hidden_states)
-        if past_key_values is None:
+        q, k, v = self._project(hidden_states, query_from)
+        sq = s - query_from
+        if past_key_values is None and not query_from:
             out = attend(q, k, v, self.head_scale, self.position, positions)
         else:
-            # the cache holds rotated keys; attend rotates the new keys itself
-            _, k_rot = self.position.rotate(q, k, positions)
-            k_all, v_all = past_key_values.update(k_rot, v, self.layer_idx)
-            past = k_all.shape[2] - s
-            k_in = k if past == 0 else torch.cat((k_all[:, :, :past], k), dim=2)
-            out = attend(q, k_in, v_all, self.head_scale, self.position, positions)
-        return self.o_proj(out.transpose(1, 2).reshape(b, s, self.num_heads * self.head_dim))
+            # attend rotates the keys of its sq queries itself; the keys before them (cached, or
+            # without a query here) are passed rotated (RoPE/XPOS rotate k independently of q)
+            _, k_rot = self.position.rotate(k, k, positions)
+            k_all, v_all = (k_rot, v) if past_key_values is None else \
+                past_key_values.update(k_rot, v, self.layer_idx)
+            k_in = torch.cat((k_all[:, :, :k_all.shape[2] - sq], k[:, :, query_from:]), dim=2)
+            q_pos = positions[query_from:] if isinstance(positions, Tensor) else positions + query_from
+            out = attend(q, k_in, v_all, self.head_scale, self.position, q_pos)
+        return self.o_proj(out.transpose(1, 2).reshape(b, sq, self.num_heads * self.head_dim))
 
     def extra_repr(self) -> str:
         return f"layer={self.layer_idx}, position={self.position!r}"
@@ -149,9 +155,11 @@ class LenextDecoderLayer(nn.Module):
         self.input_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.post_attention_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
 
-    def forward(self, hidden_states: Tensor, positions, past_key_values=None) -> Tensor:
-        hidden_states = hidden_states + self.self_attn(self.input_layernorm(hidden_states), positions,
-                                                       past_key_values)
+    def forward(self, hidden_states: Tensor, positions, past_key_values=None,
+                query_from: int = 0) -> Tensor:
+        """[b, s, hidden] -> [b, s - query_from, hidden] (see LenextAttention.forward)."""
+        hidden_states = hidden_states[:, query_from:] + self.self_attn(
+            self.input_layernorm(hidden_states), positions, past_key_values, query_from)
         return hidden_states + self.mlp(self.post_attention_layernorm(hidden_states))
 
 
@@ -204,7 +212,11 @@ class LenextModel(LenextPreTrainedModel):
     def forward(self, input_ids: Optional[Tensor] = None, attention_mask: Optional[Tensor] = None,
                 position_ids: Optional[Tensor] = None, past_key_values: Optional[Cache] = None,
                 inputs_embeds: Optional[Tensor] = None, use_cache: Optional[bool] = None,
-                output_hidden_states: Optional[bool] = None, **kwargs) -> BaseModelOutputWithPast:
+                output_hidden_states: Optional[bool] = None, hidden_from: int = 0,
+                **kwargs) -> BaseModelOutputWithPast:
+        """hidden_from > 0: last_hidden_state [b, s - hidden_from, hidden] of the positions
+        hidden_from.. only; the last layer then runs its queries, attention output and MLP on
+        those positions alone (what scoring the tail of a window, or a prefill, needs)."""
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("specify exactly one of input_ids or inputs_embeds")
         if attention_mask is not None and attention_mask.dim() == 2 and not bool(attention_mask.all()):
@@ -220,10 +232,14 @@ class LenextModel(LenextPreTrainedModel):
         positions = _positions(position_ids, past, inputs_embeds.shape[1])
         hidden = inputs_embeds
         all_hidden = [] if output_hidden_states else None
-        for layer in self.layers:
+        if not 0 <= hidden_from < inputs_embeds.shape[1]:
+            raise ValueError(f"hidden_from={hidden_from} is not a position of the "
+                             f"{inputs_embeds.shape[1]} inputs")
+        last = len(self.layers) - 1
+        for i, layer in enumerate(self.layers):
             if all_hidden is not None:
                 all_hidden.append(hidden)
-            hidden = layer(hidden, positions, cache)
+            hidden = layer(hidden, positions, cache, hidden_from if i == last else 0)
         hidden = self.norm(hidden)
         if all_hidden is not None:
             all_hidden.append(hidden)
@@ -259,10 +275,14 @@ class LenextForCausalLM(LenextPreTrainedModel, GenerationMixin):
                 use_cache: Optional[bool] = None, logits_to_keep: Union[int, Tensor] = 0,
                 output_hidden_states: Optional[bool] = None, return_dict: Optional[bool] = None,
                 **kwargs) -> CausalLMOutputWithPast:
+        s = (input_ids if input_ids is not None else inputs_embeds).shape[1]
+        # an int logits_to_keep (generate's prefill: 1) also spares the last layer the rest
+        hidden_from = s - logits_to_keep if isinstance(logits_to_keep, int) and \
+            0 < logits_to_keep < s and not output_hidden_states else 0
         out = self.model(input_ids=input_ids, attention_mask=attention_mask,
                          position_ids=position_ids, past_key_values=past_key_values,
                          inputs_embeds=inputs_embeds, use_cache=use_cache,
-                         output_hidden_states=output_hidden_states)
+                         output_hidden_states=output_hidden_states, hidden_from=hidden_from)
         hidden = out.last_hidden_state
         if isinstance(logits_to_keep, int):
             hidden = hidden[:, -logits_to_keep:] if logits_to_keep else hidden

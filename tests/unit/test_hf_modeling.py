@@ -141,6 +141,24 @@ def test_kv_cache_generate_equals_no_cache_greedy(position):
     torch.testing.assert_close(step.logits, full[:, -3:], atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("position", _registered())
+@pytest.mark.parametrize("options", [{}, {"window": 5}])
+def test_hidden_from_equals_the_tail_of_the_full_forward(position, options):
+    # the last layer computing only the tail (scoring, prefill) must not change a number
+    mdl = model(position, kv=2, attention_options=options)
+    x = ids(2, 24)
+    with torch.no_grad():
+        full = mdl.model(input_ids=x, use_cache=False).last_hidden_state
+        tail = mdl.model(input_ids=x, use_cache=False, hidden_from=17).last_hidden_state
+        logits = mdl(input_ids=x, use_cache=False).logits
+        kept = mdl(input_ids=x, use_cache=False, logits_to_keep=3).logits
+    assert tail.shape == (2, 7, 64)
+    torch.testing.assert_close(tail, full[:, 17:], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(kept, logits[:, -3:], atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="hidden_from=24"):
+        mdl.model(input_ids=x, use_cache=False, hidden_from=24)
+
+
 def test_scales_helpers():
     a, b = model(seed=3), model(seed=3, scale_c=1.2)
     x = ids()
