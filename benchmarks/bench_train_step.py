@@ -26,19 +26,14 @@ import torch  # noqa: E402
 
 
 def build_ours(cfg):
-    import deepspeed
-
-    from lenext_dist.config import deepspeed_config
     from lenext_dist.model import build_model, init_megatron, init_single_process_group
     from lenext_dist.train.loop import skip_deepspeed_shm_op
-    from lenext_dist.train.optim import build_optimizer
+    from lenext_dist.train.optim import build_engine
 
     skip_deepspeed_shm_op()
     init_single_process_group()
     init_megatron(cfg.train.seed)
-    model = build_model(cfg)
-    engine, *_ = deepspeed.initialize(model=model, optimizer=build_optimizer(model, cfg),
-                                      config=deepspeed_config(cfg, 1))
+    engine = build_engine(build_model(cfg), cfg, 1)  # the engine of launch/pretrain.py
 
     def step(tokens):
         loss = engine(input_ids=tokens[:, :-1], position_ids=None, attention_mask=None,

@@ -256,6 +256,9 @@ class OptimConfig:
     """AdamW epsilon."""
     grad_clip: float = 1.0
     """Global gradient-norm clip; 0 disables."""
+    fused: bool = True
+    """torch AdamW's fused kernel (CPU and CUDA; ~3x faster than the per-tensor loop on CPU,
+    equal to it within float rounding); false: the per-tensor loop."""
 
     def __post_init__(self):
         _check(self.lr > 0, "optim.lr", "must be > 0")

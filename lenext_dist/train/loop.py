@@ -107,7 +107,6 @@ def evaluate(engine, dataset, cfg: RunConfig, rank: int, world: int, eval_index:
 
 def train(cfg: RunConfig) -> dict:
     """Train per cfg; returns {'step', 'stopped_by_signal'}. Call on every rank."""
-    import deepspeed
     from deepspeed.accelerator import get_accelerator
 
     from lenext_dist.model import build_model, flops_per_token, init_megatron
@@ -125,8 +124,7 @@ def train(cfg: RunConfig) -> dict:
         src = checkpoint.load_weights(model, cfg.checkpoint.init_from, keep=optim.is_head_scale)
         _print0(f"[lenext] initialized weights from {src}; head scales start at {cfg.head_scale_init}")
     optim.freeze_for_mode(model, cfg)
-    engine, *_ = deepspeed.initialize(model=model, optimizer=optim.build_optimizer(model, cfg),
-                                      config=ds_config)
+    engine = optim.build_engine(model, cfg, world)
     peak = cfg.logging.peak_tflops or measure_matmul_tflops(
         device, torch.bfloat16 if cfg.train.precision == "bf16" and device != "cpu" else torch.float32)
     fpt = flops_per_token(cfg)
