@@ -39,10 +39,12 @@ PY = sys.executable
 BENCHES = {
     "train_step": ("bench_train_step.py", ["--layers", "2", "--hidden", "256", "--heads", "4",
                                            "--groups", "2", "--ffn", "704", "--vocab", "4096",
-                                           "--seq", "256", "--batch", "2", "--rounds", "3",
-                                           "--steps", "2"]),
-    "data_prep": ("bench_data_prep.py", ["--repeat", "1", "--workers", "1", "--rounds", "1"]),
-    "eval_ppl": ("bench_eval_ppl.py", ["--windows", "16", "--rounds", "1"]),
+                                           "--seq", "256", "--batch", "2", "--rounds", "7",
+                                           "--steps", "3"]),
+    # each timed part lasts a second or more, best of 3 rounds: shorter parts were at the mercy
+    # of a single scheduler hiccup on this shared machine (ratios swung 0.85-1.3x run to run)
+    "data_prep": ("bench_data_prep.py", ["--repeat", "4", "--workers", "1", "--rounds", "3"]),
+    "eval_ppl": ("bench_eval_ppl.py", ["--windows", "32", "--rounds", "3"]),
 }
 
 
