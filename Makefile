@@ -62,7 +62,7 @@ test: setup system-deps
 test-fast: setup
 	$(BIN)/python -m pytest -q -m "not distributed and not e2e" $(PYTEST_ARGS)
 
-# The small-scale reproduction of the paper's findings (results/study/, copied to ./STUDY.md), and
+# The small-scale reproduction of the paper's findings (results/study/, published to study/), and
 # its quick version (results/study-quick/, what CI runs through tests/e2e/test_study_quick.py).
 study: setup
 	$(BIN)/python -m lenext_dist.study
