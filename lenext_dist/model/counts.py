@@ -56,7 +56,12 @@ def flops_per_token(cfg) -> float:
     T = sequence length (the attention score and value matmuls, counted over the full T x T
     square as PaLM does, i.e. without halving for the causal mask). Per-head scales are in N
     but negligible.
+
+    `train.mode: headscale` freezes every weight: the weight-gradient matmuls (2 N of the 6 N)
+    are not computed, the activation gradients still are (the head scales sit in every layer),
+    so 4 N + 12 L H Q T; counting 6 N there made the HeadScale runs report MFU above 100%.
     """
     mc = cfg.model
     n = parameter_counts(cfg)["non_embedding"]
-    return 6.0 * n + 12.0 * mc.num_layers * mc.num_attention_heads * mc.head_dim * mc.seq_length
+    weight_passes = 4.0 if cfg.train.mode == "headscale" else 6.0
+    return weight_passes * n + 12.0 * mc.num_layers * mc.num_attention_heads * mc.head_dim * mc.seq_length

@@ -206,3 +206,6 @@ def test_tinyllama_meta_dry_build():
     # PaLM App. B: 6 N + 12 L H Q T with N = non-embedding params
     expected = 6 * counts["non_embedding"] + 12 * 22 * 32 * 64 * 2048
     assert flops_per_token(cfg) == expected
+    # HeadScale: frozen weights, no weight-gradient matmuls (2N fewer)
+    cfg.train.mode = "headscale"
+    assert flops_per_token(cfg) == expected - 2 * counts["non_embedding"]
