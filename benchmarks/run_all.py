@@ -43,7 +43,7 @@ BENCHES = {
                                            "--steps", "3"]),
     # each timed part lasts a second or more, best of 3 rounds: shorter parts were at the mercy
     # of a single scheduler hiccup on this shared machine (ratios swung 0.85-1.3x run to run)
-    "data_prep": ("bench_data_prep.py", ["--repeat", "4", "--workers", "1", "--rounds", "3"]),
+    "data_prep": ("bench_data_prep.py", ["--repeat", "8", "--workers", "1", "--rounds", "3"]),
     "eval_ppl": ("bench_eval_ppl.py", ["--windows", "32", "--rounds", "3"]),
 }
 
