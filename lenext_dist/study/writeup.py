@@ -241,12 +241,19 @@ def render(summary: dict, figures: dict, title: str) -> str:
     for k, v in summary["passkey"].items():
         md.append(f"| {k} | {_f(v['mean'])} | " + ", ".join(f"{n}: {_f(a)}" for n, a in zip(v["lengths"], v["by_length"]))
                   + f" | `{v['source']}` |")
+    if summary["passkey"] and not any(v["mean"] for v in summary["passkey"].values()):
+        md += ["", "Every accuracy is 0: no model here retrieves a passkey at any tested length "
+               f"({', '.join(map(str, next(iter(summary['passkey'].values()))['lengths']))} tokens), "
+               "so this section cannot separate the methods; the skill is not learned at this scale."]
     md += ["", "## HeadScale (`lenext extend`)", ""]
     for run, hs in summary["headscale"].items():
         for T, h in hs.items():
             m = h.get("m_h") or {}
+            c0 = h.get("uniform_c")
+            lifted = (" (below 1: the m_h >= 1 constraint starts every head at 1)"
+                      if c0 is not None and c0 < 1 else "")
             md.append(f"- {run}, T = {T}: m_h min {_f(m.get('min'), 3)} mean {_f(m.get('mean'), 3)} max "
-                      f"{_f(m.get('max'), 3)}; init c(T) = {_f(h.get('uniform_c'), 3)}; scales "
+                      f"{_f(m.get('max'), 3)}; init c(T) = {_f(c0, 3)}{lifted}; scales "
                       f"`{h.get('head_scales_source', '-')}`; full report `extend/{run}/report.md`.")
     md += ["", "## Definitions", "", "```", summary["definitions"]["text"].strip(), "```", "",
            f"Context use gate: gain < {CTX_MIN_GAIN} nats means the model does not use its context. "
