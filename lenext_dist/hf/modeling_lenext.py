@@ -21,7 +21,10 @@ Eval-time knobs on a loaded model (see also `set_position`, `set_uniform_scale`,
 rope={"base": 1e4, "scaling": "yarn", "factor": 4.0}, scale_c=...)` overrides config fields
 before the model is built (scale_c only matters for weights without head_scale buffers).
 
-Limitations: no padding (an attention_mask with zeros raises), batch rows share positions.
+Padding: right padding only (each attention_mask row is ones then zeros, as lm-evaluation-harness
+pads log-likelihood batches): with causal attention a pad never reaches a real token, so the real
+positions compute exactly what they compute unpadded; left padding (zeros before a one) and padding
+with a KV cache raise. Batch rows share positions.
 """
 from __future__ import annotations
 
@@ -220,8 +223,13 @@ class LenextModel(LenextPreTrainedModel):
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("specify exactly one of input_ids or inputs_embeds")
         if attention_mask is not None and attention_mask.dim() == 2 and not bool(attention_mask.all()):
-            raise NotImplementedError("lenext: padding (zeros in attention_mask) is not supported; "
-                                      "run sequences of equal length without padding")
+            # right padding is harmless under causal attention; a zero before a one is not
+            right_padded = bool((attention_mask[:, 1:] <= attention_mask[:, :-1]).all())
+            if not right_padded or past_key_values is not None or use_cache:
+                raise NotImplementedError(
+                    "lenext: only right padding without a KV cache is supported (attention_mask rows "
+                    "of ones then zeros, use_cache=False); use padding_side='right' or batches of "
+                    "equal length")
         if inputs_embeds is None:
             inputs_embeds = self.embed_tokens(input_ids)
         use_cache = self.config.use_cache if use_cache is None else use_cache

@@ -187,10 +187,20 @@ def test_attention_inputs_feed_qk():
     assert q.shape == (1, 4, 12, 16) and k.shape == (1, 2, 12, 16)
 
 
-def test_padding_is_refused():
+def test_left_padding_is_refused_right_padding_is_exact():
     mdl = model()
-    with pytest.raises(NotImplementedError, match="padding"):
-        mdl(input_ids=ids(2, 5), attention_mask=torch.tensor([[1, 1, 1, 1, 1], [0, 1, 1, 1, 1]]))
+    with pytest.raises(NotImplementedError, match="right padding"):
+        mdl(input_ids=ids(2, 5), attention_mask=torch.tensor([[1, 1, 1, 1, 1], [0, 1, 1, 1, 1]]),
+            use_cache=False)
+    with pytest.raises(NotImplementedError, match="right padding"):  # padding + cache
+        mdl(input_ids=ids(2, 5), attention_mask=torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]]),
+            use_cache=True)
+    x = ids(2, 9)
+    mask = torch.tensor([[1] * 9, [1] * 6 + [0] * 3])
+    with torch.no_grad():
+        padded = mdl(input_ids=x, attention_mask=mask, use_cache=False).logits
+        short = mdl(input_ids=x[1:, :6], use_cache=False).logits
+    torch.testing.assert_close(padded[1, :6], short[0], atol=1e-5, rtol=1e-5)
 
 
 # ------------------------------------------------------------------ key map vs real megatron
