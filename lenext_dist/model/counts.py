@@ -25,11 +25,12 @@ def _counts_from_config(cfg) -> dict[str, int]:
 def _counts_from_model(model: torch.nn.Module) -> dict[str, int]:
     total = embedding = head_scales = 0
     for name, p in model.named_parameters():  # shared (tied) weights are listed once
-        total += p.numel()
+        n = getattr(p, "ds_numel", p.numel())  # ZeRO-3 partitions p (numel 0); ds_numel is its size
+        total += n
         if name.startswith("embedding."):
-            embedding += p.numel()
+            embedding += n
         if name.endswith("core_attention.head_scale"):
-            head_scales += p.numel()
+            head_scales += n
     return dict(total=total, embedding=embedding, non_embedding=total - embedding,
                 head_scales=head_scales)
 

@@ -199,7 +199,23 @@ def train(cfg: RunConfig) -> dict:
     if trainable_scales:
         _write_head_scales(optim.head_scale_matrix(engine), cfg.run_dir, rank)
     _print0(f"[lenext] {'stopped' if stopped else 'done'} at step {step}; checkpoints in {cfg.checkpoint.dir}")
+    shutdown_distributed()
     return {"step": step, "stopped_by_signal": stopped}
+
+
+def shutdown_distributed() -> None:
+    """Tear the process group down while the interpreter is still whole.
+
+    Exiting with a live gloo group lets its worker threads outlive Python: async work still holding
+    tensors (ZeRO-3's parameter prefetch) is destroyed during finalization and the rank aborts with
+    SIGABRT, "terminate called without an active exception" (pytorch/pytorch#190489; seen here as a
+    ZeRO-3 rank exiting -6 after its last step). Called only after a clean finish, when every rank is
+    here: after an error another rank may still sit in a collective and destroying would hang
+    (torchtitan #1342), so errors leave the group to the process exit.
+    """
+    if dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
 
 
 def _write_head_scales(matrix: torch.Tensor, run_dir: str, rank: int) -> None:
@@ -222,4 +238,4 @@ def _progress(cfg: RunConfig, step: int, rank: int):
     return tqdm(total=cfg.train.steps, initial=step, unit="step", dynamic_ncols=True)
 
 
-__all__ = ["train", "evaluate", "init_distributed", "to_dict"]
+__all__ = ["train", "evaluate", "init_distributed", "shutdown_distributed", "to_dict"]

@@ -1,6 +1,7 @@
 """launch/pretrain.py on 2 gloo ranks under the real launchers: ZeRO 0-3 against 1 rank."""
 import glob
 import math
+import re
 
 import pytest
 
@@ -14,15 +15,20 @@ def one_rank(sample_shards, tmp_path_factory):
     """The reference curve: 1 rank, same global batch (micro 2 x accum 2)."""
     tmp = tmp_path_factory.mktemp("ref")
     cfg = write_config(tmp, sample_shards, "ref", parallel={"zero_stage": 0})
-    run(pretrain_cmd(cfg, "deepspeed", 1, free_port()))
-    return losses(tmp / "ref"), losses(tmp / "ref", "grad_norm")
+    p = run(pretrain_cmd(cfg, "deepspeed", 1, free_port()))
+    return losses(tmp / "ref"), losses(tmp / "ref", "grad_norm"), _header_params(p.stdout)
+
+
+def _header_params(stdout: str) -> str:
+    """The parameter counts of the startup header ('N params (M non-embedding, K head scales)')."""
+    return re.search(r"\[lenext\] model \S+: (.*params \(.*\))", stdout).group(1)
 
 
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])
 def test_zero_stage_on_two_ranks_matches_one_rank(stage, one_rank, sample_shards, tmp_path):
     cfg = write_config(tmp_path, sample_shards, f"z{stage}", parallel={"zero_stage": stage})
     p = run(pretrain_cmd(cfg, "deepspeed", 2, free_port()))
-    ref_loss, ref_gnorm = one_rank
+    ref_loss, ref_gnorm, ref_params = one_rank
     got, gnorm = losses(tmp_path / f"z{stage}"), losses(tmp_path / f"z{stage}", "grad_norm")
     assert sorted(got) == sorted(ref_loss) == list(range(1, 7))
     for step in ref_loss:
@@ -30,6 +36,8 @@ def test_zero_stage_on_two_ranks_matches_one_rank(stage, one_rank, sample_shards
         # the pre-clip global gradient norm is reported at every stage (ZeRO-0 included)
         assert math.isclose(gnorm[step], ref_gnorm[step], rel_tol=1e-4), (step, gnorm[step], ref_gnorm[step])
     assert "world 2, ZeRO-%d" % stage in p.stdout
+    # ZeRO-3 partitions the parameters before the header counts them: it must still say their size
+    assert _header_params(p.stdout) == ref_params
 
 
 def test_loss_falls_and_torchrun_launches(sample_shards, tmp_path):
