@@ -27,6 +27,9 @@ def deepspeed_config(cfg: RunConfig, world_size: int) -> dict:
         "steps_per_print": 10**9,  # our own metrics line replaces DeepSpeed's
         "wall_clock_breakdown": False,
         "zero_allow_untested_optimizer": True,
+        # ZeRO-Offload would otherwise insist on DeepSpeed's CPU Adam (a JIT build of cpu_adam) and
+        # refuse our torch AdamW; torch's AdamW steps the offloaded fp32 partition on the CPU
+        "zero_force_ds_cpu_optimizer": False,
     }
     if t.precision == "bf16":
         ds["bf16"] = {"enabled": True}

@@ -318,12 +318,15 @@ class ParallelConfig:
     zero_stage: int = 2
     """0: plain DDP, 1: shard optimizer state, 2: + gradients, 3: + parameters."""
     offload_optimizer: bool = False
-    """ZeRO-Offload of optimizer state to CPU (builds DeepSpeed's cpu_adam once)."""
+    """ZeRO-Offload (stages 1-3): optimizer state and fp32 master weights live on the CPU and torch
+    AdamW steps them there (nothing compiles; DeepSpeed's cpu_adam is not used)."""
     backend: Optional[str] = None
     """torch.distributed backend; null picks DeepSpeed's accelerator default (nccl / gloo on CPU)."""
 
     def __post_init__(self):
         _check(self.zero_stage in (0, 1, 2, 3), "parallel.zero_stage", "must be 0, 1, 2 or 3")
+        _check(not self.offload_optimizer or self.zero_stage >= 1, "parallel.offload_optimizer",
+               "ZeRO-Offload needs parallel.zero_stage >= 1")
 
 
 @dataclass
@@ -392,8 +395,14 @@ class RunConfig:
                "train.global_batch_size",
                f"{self.train.global_batch_size} is not a multiple of micro_batch_size "
                f"{self.train.micro_batch_size}")
-        _check(self.train.precision != "fp16" or not self.attention.head_scale.trainable,
+        hs = self.attention.head_scale
+        _check(self.train.precision != "fp16" or not hs.trainable,
                "train.precision", "fp16 with trainable head scales is unsupported; use bf16 or fp32")
+        # DeepSpeed's bf16 optimizer at ZeRO-0 keeps fp32 masters outside its safe_* accessors: the
+        # m_h >= min_value clamp could not reach them and the next step would undo it
+        _check(not (self.train.precision == "bf16" and self.parallel.zero_stage == 0 and hs.trainable
+                    and hs.min_value is not None), "parallel.zero_stage",
+               "bf16 with clamped trainable head scales needs ZeRO stage >= 1 (or train.precision fp32)")
 
     @property
     def head_scale_init(self) -> float:

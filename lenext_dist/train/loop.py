@@ -82,8 +82,8 @@ def _header(cfg: RunConfig, model, world: int, accum: int, fpt: float, peak: flo
         f"{megatron.core.__version__}, python {platform.python_version()}, {torch.get_num_threads()} threads")
 
 
-def _mean_over_ranks(value: float) -> float:
-    t = torch.tensor([value], dtype=torch.float64)
+def _mean_over_ranks(value: float, device) -> float:
+    t = torch.tensor([value], dtype=torch.float64, device=device)  # NCCL reduces device tensors only
     dist.all_reduce(t)
     return t.item() / dist.get_world_size()
 
@@ -102,7 +102,7 @@ def evaluate(engine, dataset, cfg: RunConfig, rank: int, world: int, eval_index:
     losses = [_micro_loss(engine, b, device).item()
               for b in valid_batches(dataset, cfg, rank, world, eval_index)]
     engine.train()
-    return _mean_over_ranks(sum(losses) / len(losses))
+    return _mean_over_ranks(sum(losses) / len(losses), device)
 
 
 def train(cfg: RunConfig) -> dict:
@@ -172,7 +172,7 @@ def train(cfg: RunConfig) -> dict:
         step += 1
         consumed += cfg.train.global_batch_size
         metrics.add_step(time.perf_counter() - t0, data_s)
-        loss_sum += _mean_over_ranks(step_loss)
+        loss_sum += _mean_over_ranks(step_loss, device)
         n_loss += 1
         if bar:
             bar.update(1)
@@ -185,7 +185,7 @@ def train(cfg: RunConfig) -> dict:
         if valid_ds is not None and cfg.train.eval_interval and step % cfg.train.eval_interval == 0:
             metrics.log_eval(step, evaluate(engine, valid_ds, cfg, rank, world,
                                             step // cfg.train.eval_interval - 1, device))
-        if stop.agreed():
+        if stop.agreed(device):
             _print0(f"[lenext] {stop.name} received: saving a checkpoint at step {step} and exiting")
             checkpoint.save(engine, cfg, step, consumed)
             stopped = True

@@ -94,8 +94,12 @@ def clamp_head_scales(module: torch.nn.Module, min_value: float) -> None:
 
     Under ZeRO the optimizer updates its own fp32 master copy and copies it into the module's
     parameters only after the next step, so clamping the module tensor alone would be undone.
-    The clamp is elementwise, so each rank clamps the master copy (DeepSpeed's safe_* accessors
-    cover stages 1-3) and its local module tensor (the full tensor, or its ZeRO-3 partition).
+    The clamp is elementwise, so each rank clamps every copy it holds: the master (DeepSpeed's
+    safe_* accessors cover stages 1-3; bf16 under ZeRO-0 keeps masters they cannot reach, so the
+    config refuses it), the ZeRO-3 partition `ds_tensor`, and `p.data`, the tensor the forward
+    reads. Under ZeRO-3 small parameters such as these stay gathered ("persistent", below
+    stage3_param_persistence_threshold) and are re-gathered from the unclamped partition inside
+    the step, so `p.data` must be clamped as well; for a partitioned parameter it is empty.
     """
     from deepspeed.utils import safe_get_full_fp32_param, safe_set_full_fp32_param
 
@@ -105,8 +109,9 @@ def clamp_head_scales(module: torch.nn.Module, min_value: float) -> None:
         master = safe_get_full_fp32_param(p)
         if master is not None:
             safe_set_full_fp32_param(p, master.clamp(min=min_value))
-        local = p.ds_tensor if hasattr(p, "ds_tensor") else p.data
-        local.clamp_(min=min_value)
+        if hasattr(p, "ds_tensor"):
+            p.ds_tensor.clamp_(min=min_value)
+        p.data.clamp_(min=min_value)
 
 
 def head_scale_matrix(engine) -> Optional[torch.Tensor]:

@@ -23,10 +23,11 @@ class StopSignal:
     def _handle(self, signum, _frame):
         self.name = signal.Signals(signum).name
 
-    def agreed(self) -> bool:
+    def agreed(self, device="cpu") -> bool:
         """True on every rank if any rank got a signal (collective: call on all ranks). `name` is
-        then the signal's name on every rank, whichever rank received it."""
-        num = torch.tensor([signal.Signals[self.name].value if self.name else 0])
+        then the signal's name on every rank, whichever rank received it. `device`: where the
+        process group reduces (the accelerator under NCCL, which takes no CPU tensors)."""
+        num = torch.tensor([signal.Signals[self.name].value if self.name else 0], device=device)
         if dist.is_initialized():
             dist.all_reduce(num, op=dist.ReduceOp.MAX)
         if num.item():

@@ -24,9 +24,12 @@ def _header_params(stdout: str) -> str:
     return re.search(r"\[lenext\] model \S+: (.*params \(.*\))", stdout).group(1)
 
 
-@pytest.mark.parametrize("stage", [0, 1, 2, 3])
-def test_zero_stage_on_two_ranks_matches_one_rank(stage, one_rank, sample_shards, tmp_path):
-    cfg = write_config(tmp_path, sample_shards, f"z{stage}", parallel={"zero_stage": stage})
+@pytest.mark.parametrize("stage,offload", [(0, False), (1, False), (2, False), (3, False), (2, True)],
+                         ids=["z0", "z1", "z2", "z3", "z2-offload"])
+def test_zero_stage_on_two_ranks_matches_one_rank(stage, offload, one_rank, sample_shards, tmp_path):
+    """Offload: the fp32 masters and Adam state live on the CPU and torch AdamW steps them there."""
+    cfg = write_config(tmp_path, sample_shards, f"z{stage}",
+                       parallel={"zero_stage": stage, "offload_optimizer": offload})
     p = run(pretrain_cmd(cfg, "deepspeed", 2, free_port()))
     ref_loss, ref_gnorm, ref_params = one_rank
     got, gnorm = losses(tmp_path / f"z{stage}"), losses(tmp_path / f"z{stage}", "grad_norm")

@@ -77,6 +77,16 @@ def test_headscale_mode_requires_trainable_scales_and_source():
                            "attention.head_scale.trainable=true"])
 
 
+def test_settings_deepspeed_cannot_honour_name_the_key():
+    with pytest.raises(ConfigError, match=r"parallel\.offload_optimizer"):
+        load_config(None, ["parallel.zero_stage=0", "parallel.offload_optimizer=true"])
+    clamped = ["attention.head_scale.enabled=true", "attention.head_scale.trainable=true",
+               "attention.head_scale.min_value=1.0", "train.precision=bf16"]
+    with pytest.raises(ConfigError, match=r"parallel\.zero_stage"):
+        load_config(None, [*clamped, "parallel.zero_stage=0"])
+    load_config(None, [*clamped, "parallel.zero_stage=1"])  # ZeRO 1-3 masters are clamped
+
+
 def test_cli_override_forms():
     assert split_cli_overrides(["--optim.lr=3e-4", "--train.steps", "5", "name=x"]) == [
         "optim.lr=3e-4", "train.steps=5", "name=x"]
