@@ -101,8 +101,7 @@ def wait_for(pred, timeout: float = 300, every: float = 0.01) -> bool:
 
 
 def losses(run_dir: Path, key: str = "loss") -> dict[int, float]:
-    """step -> training loss (or another logged `key`) from metrics.jsonl; a step logged twice
-    (re-run after a kill) keeps its last value, which is the one the resumed run computed."""
+    """step -> training loss (or another logged `key`) from metrics.jsonl."""
     out = {}
     f = Path(run_dir) / "metrics.jsonl"
     for line in f.read_text().splitlines():

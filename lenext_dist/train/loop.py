@@ -125,8 +125,10 @@ def train(cfg: RunConfig) -> dict:
         _print0(f"[lenext] initialized weights from {src}; head scales start at {cfg.head_scale_init}")
     optim.freeze_for_mode(model, cfg)
     engine = optim.build_engine(model, cfg, world)
-    peak = cfg.logging.peak_tflops or measure_matmul_tflops(
-        device, torch.bfloat16 if cfg.train.precision == "bf16" and device != "cpu" else torch.float32)
+    # MFU against the peak of the training dtype on an accelerator (an fp16 run against the fp32
+    # peak would read ~10x too high); on CPU against the fp32 peak, as before
+    mm_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.train.precision, torch.float32)
+    peak = cfg.logging.peak_tflops or measure_matmul_tflops(device, mm_dtype if device != "cpu" else torch.float32)
     fpt = flops_per_token(cfg)
     _header(cfg, model, world, accum, fpt, peak)
 
@@ -141,7 +143,7 @@ def train(cfg: RunConfig) -> dict:
             json.dump(ds_config, f, indent=2)
 
     metrics = Metrics(cfg.run_dir, cfg.train.steps, cfg.train.global_batch_size * cfg.model.seq_length,
-                      fpt, peak, world, cfg.logging.tensorboard, enabled=rank == 0)
+                      fpt, peak, world, cfg.logging.tensorboard, enabled=rank == 0, start_step=step)
     hs_cfg = cfg.attention.head_scale
     trainable_scales = hs_cfg.enabled and hs_cfg.trainable
     bar = _progress(cfg, step, rank)

@@ -9,6 +9,7 @@ of a CPU run is quoted against what this machine can actually do.
 from __future__ import annotations
 
 import json
+import os
 import resource
 import sys
 import time
@@ -55,11 +56,31 @@ def _fmt_eta(seconds: float) -> str:
     return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
 
 
+def _drop_records_after(path: Path, step: int) -> None:
+    """Rewrite metrics.jsonl without its records past `step`, and without a line a kill cut short."""
+    if not path.exists():
+        return
+    keep = []
+    for line in path.read_text().splitlines():
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # the half-written last line of a killed run
+        if rec.get("step", 0) <= step:
+            keep.append(line + "\n")
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(keep))
+    os.replace(tmp, path)
+
+
 class Metrics:
     """Accumulates timings between log lines; writes on rank 0 only."""
 
     def __init__(self, run_dir: str, total_steps: int, tokens_per_step: int, flops_per_token: float,
-                 peak_tflops: float, world_size: int, tensorboard: bool, enabled: bool):
+                 peak_tflops: float, world_size: int, tensorboard: bool, enabled: bool,
+                 start_step: int = 0):
+        """`start_step`: the step a resumed run starts from; what an earlier run logged past it
+        (the steps between its last checkpoint and its end) is dropped, since they are run again."""
         self.enabled = enabled
         self.total_steps = total_steps
         self.tokens_per_step = tokens_per_step
@@ -70,12 +91,16 @@ class Metrics:
         if not enabled:
             return
         Path(run_dir).mkdir(parents=True, exist_ok=True)
-        self.jsonl = open(Path(run_dir) / "metrics.jsonl", "a")
+        jsonl = Path(run_dir) / "metrics.jsonl"
+        _drop_records_after(jsonl, start_step)
+        self.jsonl = open(jsonl, "a")
         if tensorboard:
             try:
                 from torch.utils.tensorboard import SummaryWriter
 
-                self.writer = SummaryWriter(str(Path(run_dir) / "tensorboard"))
+                # purge_step: TensorBoard hides the events an earlier run wrote from that step on
+                self.writer = SummaryWriter(str(Path(run_dir) / "tensorboard"),
+                                            purge_step=start_step + 1 if start_step else None)
             except ImportError:
                 print("[lenext] tensorboard not installed: TensorBoard logging off", file=sys.stderr)
 

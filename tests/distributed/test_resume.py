@@ -1,4 +1,5 @@
 """Kill -9 and resume: the loss curve continues bitwise; a kill mid-save keeps the old checkpoint."""
+import json
 import random
 import time
 from pathlib import Path
@@ -35,6 +36,9 @@ def test_kill9_at_random_step_then_resume_is_bitwise(sample_shards, tmp_path):
     assert "resumed from" in p.stdout
     got = losses(tmp_path / "kill")
     assert got == expected  # float equality: bitwise identical curve
+    # the steps the killed run logged past its checkpoint were run again, and are logged once
+    logged = [json.loads(line)["step"] for line in metrics.read_text().splitlines() if '"loss"' in line]
+    assert logged == list(range(1, STEPS + 1))
     # keep_last = 2: only the two newest complete checkpoints survive
     assert _complete(tmp_path / "kill" / "checkpoints") == ["step_0000006", "step_0000008"]
 
