@@ -136,7 +136,10 @@ def read_state(step_dir: str | os.PathLike) -> tuple[dict[str, torch.Tensor], st
 
     source 'zero_fp32': ZeRO 1-3 keep the exact fp32 master weights in the optimizer partitions,
     merged with DeepSpeed's zero_to_fp32 (the only source under ZeRO-3, whose module file holds
-    empty placeholders). source 'module': ZeRO-0 has no partitions; its module file is complete.
+    empty placeholders). Frozen parameters (all but the head scales of a HeadScale run) have no
+    partition; DeepSpeed records them for zero_to_fp32 only when it partitions gradients (stages
+    2-3), so at stage 1 they come from the module file, where they are whole and never changed.
+    source 'module': ZeRO-0 has no partitions; its module file is complete.
     """
     step_dir = Path(step_dir)
     if any(step_dir.glob("*_optim_states.pt")):
@@ -144,21 +147,29 @@ def read_state(step_dir: str | os.PathLike) -> tuple[dict[str, torch.Tensor], st
 
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
             state = get_fp32_state_dict_from_zero_checkpoint(str(step_dir.parent), tag=step_dir.name)
+        if any(step_dir.glob("mp_rank_*_model_states.pt")):  # stages 1-2 (ZeRO-3: per-rank placeholders)
+            for k, v in _module_state(step_dir).items():
+                if k not in state and isinstance(v, torch.Tensor) and v.numel():
+                    state[k] = v
         source = "zero_fp32"
     else:
-        files = sorted(step_dir.glob("mp_rank_*_model_states.pt"))
-        if not files:
-            raise CheckpointError(f"{step_dir}: no DeepSpeed model states file")
-        if len(files) > 1:
-            raise CheckpointError(f"{step_dir}: {len(files)} model-parallel ranks; only TP=PP=1 is supported")
-        state = torch.load(files[0], map_location="cpu", weights_only=False)["module"]
-        source = "module"
+        state, source = _module_state(step_dir), "module"
     state = {k: v for k, v in state.items() if isinstance(v, torch.Tensor)}
     empty = [k for k, v in state.items() if v.numel() == 0]
     if empty:
         raise CheckpointError(f"{step_dir}: {len(empty)} tensors are empty placeholders (a ZeRO-3 "
                               f"module file without optimizer partitions?), e.g. {empty[0]}")
     return state, source
+
+
+def _module_state(step_dir: Path) -> dict:
+    """The module state dict DeepSpeed saved with the step (TP = PP = 1)."""
+    files = sorted(step_dir.glob("mp_rank_*_model_states.pt"))
+    if not files:
+        raise CheckpointError(f"{step_dir}: no DeepSpeed model states file")
+    if len(files) > 1:
+        raise CheckpointError(f"{step_dir}: {len(files)} model-parallel ranks; only TP=PP=1 is supported")
+    return torch.load(files[0], map_location="cpu", weights_only=False)["module"]
 
 
 def read_weights(checkpoint: str | os.PathLike) -> dict[str, torch.Tensor]:
