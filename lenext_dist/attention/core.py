@@ -29,7 +29,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .paths import chunked_attention, choose_impl, flex_path_attention, sdpa_mask_attention
+from .paths import (chunked_attention, choose_impl, flex_path_attention, scaled_query,
+                    sdpa_mask_attention)
 from .position import PositionVariant
 
 ScoreMod = Callable[[Tensor, Tensor, Tensor], Tensor]
@@ -57,20 +58,12 @@ def _check_shapes(q: Tensor, k: Tensor, v: Tensor, m: Tensor) -> None:
         raise ValueError(f"head multiplier m must have shape [{h}], got {tuple(m.shape)}")
 
 
-def _scaled_query(q: Tensor, m: Tensor, q_scale: Optional[Tensor]) -> Tensor:
-    # q [b, h, sq, d] * m [h] (* t [sq]): lambda_{j,i} = m_j t_i / sqrt(d) after SDPA's 1/sqrt(d)
-    mult = m.to(q.dtype).view(1, -1, 1, 1)
-    if q_scale is not None:
-        mult = mult * q_scale.to(q.dtype).view(1, 1, -1, 1)
-    return q * mult
-
-
 def causal_attention(q: Tensor, k: Tensor, v: Tensor, m: Tensor,
                      q_scale: Optional[Tensor] = None) -> Tensor:
     """SDPA fast path: q [b, h, sq, d], k/v [b, g, sk, d], m [h], q_scale [sq] -> [b, h, sq, d]."""
     _check_shapes(q, k, v, m)
     sq, sk = q.shape[2], k.shape[2]
-    qs = _scaled_query(q, m, q_scale)
+    qs = scaled_query(q, m, q_scale)
     gqa = k.shape[1] != q.shape[1]  # enable_gqa == repeat_interleave of k/v, bitwise, on CPU
     if sq == sk:
         return F.scaled_dot_product_attention(qs, k, v, is_causal=True, enable_gqa=gqa)
@@ -99,7 +92,7 @@ def iter_attention_probs(q: Tensor, k: Tensor, m: Tensor, *, chunk_size: int = 1
     """
     b, h, sq, d = q.shape
     g, sk = k.shape[1], k.shape[2]
-    qs = _scaled_query(q, m, q_scale).float()
+    qs = scaled_query(q, m, q_scale).float()
     kf = k.float().repeat_interleave(h // g, dim=1)  # [b, h, sk, d]
     k_pos = torch.arange(sk, device=q.device)
     for start in range(0, sq, chunk_size):

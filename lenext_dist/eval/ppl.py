@@ -168,6 +168,17 @@ def evaluate_ppl(model: nn.Module, docs: Sequence, W: int, *, stride: int = 256,
     }
 
 
+def _penalty_stride(lengths: Sequence[int], L: int, penalty_stride: Optional[int]) -> int:
+    """The baseline windows' stride S_b (default L/4): <= L and a divisor of every W - L > 0."""
+    Sb = penalty_stride or max(1, L // 4)
+    bad = [W for W in lengths if W > L and ((W - L) % Sb or Sb > L)]
+    if bad:
+        raise ValueError(f"penalty stride {Sb} must be <= L={L} and divide W-L for every length W > L; "
+                         f"it does not for {bad}: choose --penalty-stride (e.g. a divisor of "
+                         f"{math.gcd(*[W - L for W in bad])}) or --no-penalty")
+    return Sb
+
+
 def context_diagnostics(model: nn.Module, docs: Sequence, W: int, L: int, *,
                         penalty_stride: Optional[int] = None, budget_tokens: Optional[int] = None,
                         batch_size: int = 1, progress: bool = True) -> dict:
@@ -175,9 +186,7 @@ def context_diagnostics(model: nn.Module, docs: Sequence, W: int, L: int, *,
     out: dict = {"length": W, "train_length": L}
     if W < L:
         return {**out, "note": f"length {W} < training length {L}: nothing to measure"}
-    Sb = penalty_stride or max(1, L // 4)
-    if W > L and ((W - L) % Sb or Sb > L):
-        raise ValueError(f"penalty stride {Sb} must be <= L={L} and divide W-L={W - L}")
+    Sb = _penalty_stride([W], L, penalty_stride)
     main, _ = plan_windows(docs, W, W, "full", budget_tokens)
     if not main:
         raise ValueError(f"no document has {W + 1} tokens")
@@ -231,6 +240,8 @@ def run_ppl(model: nn.Module, docset, lengths: Sequence[int], *, stride: int = 2
             penalty_stride: Optional[int] = None, train_length: Optional[int] = None,
             progress: bool = True) -> dict:
     """Every length (and, if `penalty` and L is known, the context diagnostics): one result dict."""
+    if penalty and train_length:  # before any work: a bad length would lose the finished ones
+        _penalty_stride(lengths, train_length, penalty_stride)
     results, diags = [], []
     for W in lengths:
         st = min(stride, W)

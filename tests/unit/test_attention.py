@@ -211,3 +211,15 @@ def test_rope_int_start_equals_tensor_positions_and_is_cached():
     assert torch.equal(a, b)
     rope.rotate(x, x, 3)
     assert rope._cache[1] is cos_cached  # same range: no recomputation
+
+
+def test_head_scale_multiplies_bf16_queries_in_fp32():
+    """m_h = 1.2 is 1.203125 in bf16: the scaled query is rounded once, from the fp32 product."""
+    from lenext_dist.attention.paths import scaled_query
+
+    q = torch.randn(2, 4, 16, 64, generator=torch.Generator().manual_seed(0)).bfloat16()
+    m = torch.full((4,), 1.2)
+    got = scaled_query(q, m, None)
+    assert got.dtype == torch.bfloat16
+    assert torch.equal(got, (q.float() * 1.2).bfloat16())
+    assert not torch.equal(got, q * m.bfloat16().view(1, -1, 1, 1))  # the old double rounding

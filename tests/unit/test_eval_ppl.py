@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from lenext_dist.eval.ppl import (context_diagnostics, evaluate_ppl, plan_document,
+from lenext_dist.eval.ppl import (context_diagnostics, evaluate_ppl, plan_document, run_ppl,
                                   plan_windows)
 from lenext_dist.eval.scoring import Window, score_windows
 from lenext_dist.eval.testing import random_docs, tiny_llama
@@ -133,3 +133,11 @@ def test_curve_all_and_penalty(model, docs):
     cu = d1["context_use"]
     assert cu["loss_pos_4_8"] == pytest.approx(float(full[4:8].mean()), abs=1e-4)
     assert cu["loss_pos_halfL_L"] == pytest.approx(float(full[16:32].mean()), abs=1e-4)
+
+
+def test_penalty_stride_checked_for_every_length_before_any_work(docs):
+    """W - L = 13 is no multiple of the default stride L/4 = 8: refused before the first length is
+    scored (model=None would fail on use), naming the length and what to do."""
+    docset = type("D", (), {"docs": docs, "describe": lambda self: {}})()
+    with pytest.raises(ValueError, match=r"\[45\].*--penalty-stride"):
+        run_ppl(None, docset, [32, 45], stride=8, train_length=32, progress=False)
