@@ -61,6 +61,7 @@ class PositionVariant(nn.Module):
 
     name: str = "base"
     needs_num_heads: bool = False  # from_config needs num_heads (a per-head bias or parameter)
+    rope_scalings: bool = False  # honours rope.scaling (PI/NTK/YaRN); others refuse it, not ignore it
 
     def __init__(self):
         super().__init__()

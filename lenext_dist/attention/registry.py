@@ -9,7 +9,7 @@ from typing import Optional
 
 from .alibi import ALiBi
 from .kerple import KerpleLog, KerplePower
-from .position import NoPE, PositionVariant
+from .position import NoPE, PositionVariant, cfg_get
 from .rope import RoPE
 from .sandwich import Sandwich
 from .xpos import XPOS
@@ -40,6 +40,11 @@ def build_position(attn_cfg, *, head_dim: int, train_length: int,
     except KeyError:
         raise ValueError(f"unknown attention.position {attn_cfg.position!r}; "
                          f"registered: {sorted(POSITIONS)}") from None
+    scaling = cfg_get(attn_cfg, "rope", "scaling", default="none")
+    if scaling != "none" and not cls.rope_scalings:
+        # e.g. --rope-scaling yarn on a NoPE export: the numbers would be the unscaled model's
+        raise ValueError(f"rope.scaling={scaling!r} scales a RoPE rotation; position "
+                         f"{attn_cfg.position!r} has none to scale (use rope.scaling 'none')")
     variant = cls.from_config(attn_cfg, head_dim=head_dim, train_length=train_length,
                               num_heads=num_heads)
     return variant.configure(attn_cfg, train_length=train_length)

@@ -91,6 +91,7 @@ class RoPE(PositionVariant):
     """RoPE on q and k inside core attention (megatron's own RotaryEmbedding stays off)."""
 
     name = "rope"
+    rope_scalings = True
 
     def __init__(self, head_dim: int, base: float = 10000.0, scaling: str = "none",
                  factor: float = 1.0, train_length: int = 2048):

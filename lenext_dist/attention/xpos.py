@@ -30,6 +30,7 @@ from .rope import RoPE, apply_rotary
 
 class XPOS(RoPE):
     name = "xpos"
+    rope_scalings = False  # rotates with the plain RoPE frequencies; PI/NTK/YaRN are not defined here
 
     def __init__(self, head_dim: int, base: float = 10000.0, gamma: float = 0.4,
                  scale_base: float = 512.0, blockwise: bool = False, train_length: int = 2048):

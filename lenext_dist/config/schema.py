@@ -200,6 +200,9 @@ class AttentionConfig:
 
         _check(self.position in registry.POSITIONS, "attention.position",
                f"unknown variant {self.position!r}; registered: {sorted(registry.POSITIONS)}")
+        _check(self.rope.scaling == "none" or registry.POSITIONS[self.position].rope_scalings,
+               "attention.rope.scaling", f"{self.rope.scaling!r} scales a RoPE rotation; position "
+               f"{self.position!r} has none")
         if self.window is not None:
             _check(self.window >= 1, "attention.window", "must be >= 1 (or null)")
         _check(self.chunk_size >= 1, "attention.chunk_size", "must be >= 1")

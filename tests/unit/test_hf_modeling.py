@@ -111,7 +111,7 @@ def test_nope_never_rotates_and_forcing_rope_changes_the_function():
         set_position(mdl, rope={"scaling": "yarn", "factor": 4.0})
         assert mdl.config.rope == {**ROPE, "scaling": "yarn", "factor": 4.0}
         yarn = mdl(input_ids=x, use_cache=False).logits
-        set_position(mdl, "nope")
+        set_position(mdl, "nope", rope=ROPE)  # a NoPE model refuses a RoPE scaling
         again = mdl(input_ids=x, use_cache=False).logits
     assert not torch.allclose(nope, rope, atol=1e-3)
     assert not torch.allclose(rope, yarn, atol=1e-3)

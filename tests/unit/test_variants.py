@@ -14,7 +14,7 @@ from lenext_dist.attention import (POSITIONS, ALiBi, KerpleLog, KerplePower, Mas
                                    Sandwich, XPOS, alibi_slopes, attend, build_position,
                                    iter_attention_probs)
 from lenext_dist.attention.paths import choose_impl
-from lenext_dist.config import (AttentionConfig, ConfigError, KerpleConfig, SandwichConfig,
+from lenext_dist.config import (AttentionConfig, ConfigError, KerpleConfig, SandwichConfig, load_config,
                                 XposConfig)
 
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
@@ -454,3 +454,13 @@ def test_megatron_model_forward_backward(megatron_1rank, position, window):
     nope.load_state_dict(model.state_dict(), strict=False)
     with torch.no_grad():
         assert not torch.allclose(nope(ids[:, :-1], pos, None), model(ids[:, :-1], pos, None))
+
+
+@pytest.mark.parametrize("position", sorted(set(POSITIONS) - {"rope"}))
+def test_rope_scaling_on_a_variant_without_rope_is_refused(position):
+    """--rope-scaling yarn on a NoPE export must not evaluate the unscaled model under a YaRN name."""
+    attn = NS(position=position, rope={"base": 10000.0, "scaling": "yarn", "factor": 2.0})
+    with pytest.raises(ValueError, match="rope.scaling='yarn'"):
+        build_position(attn, head_dim=64, train_length=32, num_heads=4)
+    with pytest.raises(ConfigError, match=r"attention\.rope\.scaling"):
+        load_config(None, [f"attention.position={position}", "attention.rope.scaling=yarn"])
