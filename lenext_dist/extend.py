@@ -87,7 +87,7 @@ def run(a) -> str:
     out.mkdir(parents=True, exist_ok=True)
     ckpt = resolve(base / "checkpoints")
     cfg = run_config(ckpt)
-    L = cfg.model.seq_length
+    L = cfg.model.base_length  # the pretrained L (an extension fine-tune runs longer than it)
     common = ["--data", *a.data, "--no-progress"] + (["--threads", str(a.threads)] if a.threads else [])
 
     hf_base = out / "hf" / "base"

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import re
 import shutil
 from pathlib import Path
@@ -207,12 +208,15 @@ def export(checkpoint: Union[str, Path], out: Union[str, Path], *, tag: Optional
     tensors = {k: (v if k.endswith("head_scale") else v.to(torch_dtype)).contiguous()
                for k, v in hf_state.items()}
 
-    out = Path(out)
-    if out.exists() and any(out.iterdir()):
-        if not overwrite:
-            raise ExportError(f"{out} exists and is not empty (pass --overwrite)")
+    final = Path(out)
+    if final.exists() and any(final.iterdir()) and not overwrite:
+        raise ExportError(f"{final} exists and is not empty (pass --overwrite)")
+    # Written beside the target and renamed at the end: a killed export never looks finished
+    # (config.json comes before the weights), to `lenext extend`'s resume or anyone else.
+    out = final.with_name(f".{final.name}.partial")
+    if out.exists():
         shutil.rmtree(out)
-    out.mkdir(parents=True, exist_ok=True)
+    out.mkdir(parents=True)
 
     tok_info = None
     tok_path = cfg.data.tokenizer if tokenizer is None else tokenizer
@@ -247,7 +251,10 @@ def export(checkpoint: Union[str, Path], out: Union[str, Path], *, tag: Optional
         shutil.copyfile(HF_DIR / f, out / f)
     write_attention_copy(out)
     shutil.copyfile(step_dir / "config.yaml", out / "lenext_run_config.yaml")
-    return {**source, "out": str(out), "position": cfg.attention.position, "scale_c": c,
+    if final.exists():
+        shutil.rmtree(final)
+    os.replace(out, final)
+    return {**source, "out": str(final), "position": cfg.attention.position, "scale_c": c,
             "head_scale_source": hs_source, "head_scales": scales.tolist()}
 
 
