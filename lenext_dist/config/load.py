@@ -125,6 +125,10 @@ def _build(cls, data: dict, prefix: str = ""):
             hint = f" (did you mean {prefix}{close[0]}?)" if close else f" (known: {', '.join(names)})"
             raise ConfigError(f"{prefix}{k}: unknown key{hint}")
         kwargs[k] = _coerce(v, hints[k], prefix + k)
+    missing = [f.name for f in dataclasses.fields(cls) if f.name not in kwargs
+               and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+    if missing:  # else the dataclass raises a TypeError that names neither the section nor the file
+        raise ConfigError(f"{prefix}{missing[0]}: required key missing")
     try:
         return cls(**kwargs)
     except ConfigError as e:

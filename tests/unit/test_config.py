@@ -44,6 +44,12 @@ def test_unknown_key_in_included_file_names_that_file(tmp_path):
         load_config(p)
 
 
+def test_missing_required_key_names_key_and_file(tmp_path):
+    p = write(tmp_path, "exp.yaml", {"data": {"blend": [{"weight": 0.5}]}})
+    with pytest.raises(ConfigError, match=rf"{p}: data\.blend\[0\]\.prefix: required key missing"):
+        load_config(p)
+
+
 @pytest.mark.parametrize("override,key", [
     ("train.steps=ten", "train.steps"),
     ("train.steps=1.5", "train.steps"),
