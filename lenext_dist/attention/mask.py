@@ -38,6 +38,16 @@ class MaskSpec:
             lo = max(lo, (q_start // self.block - 1) * self.block)
         return lo
 
+    def visible_counts(self, n: int) -> Tensor:
+        """How many keys each query 0..n-1 of a sequence of n sees: [n] int64 (i + 1 causal)."""
+        i = torch.arange(n)
+        lo = torch.zeros_like(i)
+        if self.window is not None:
+            lo = torch.maximum(lo, i - self.window + 1)
+        if self.block is not None:
+            lo = torch.maximum(lo, (torch.div(i, self.block, rounding_mode="floor") - 1) * self.block)
+        return i + 1 - lo
+
     def visible(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
         """Boolean [c, n], True = visible, for absolute positions q_pos [c], k_pos [n]."""
         q, k = q_pos[:, None], k_pos[None, :]

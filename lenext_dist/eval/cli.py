@@ -268,7 +268,8 @@ def cmd_entropy(args) -> list[str]:
            "protocol": {"windows": "non-overlapping windows of `length` tokens, interleaved "
                         "across documents", "samples": raw["samples"],
                         "entropy": "H_i = -sum_j a_ij ln a_ij (nats), fp32, query chunks",
-                        "upper_bound": "ln(i+1) for 0-based query i"},
+                        "upper_bound": "ln(keys visible to query i): ln(i+1) for 0-based "
+                        "query i, ln min(i+1, W) under a sliding window W"},
            "windows": raw["windows"], "data": docs.describe(), **summ}
     stem = os.path.join(out, f"entropy{_suffix(args)}_{args.length}")
     np.savez_compressed(stem + ".npz", entropy=raw["entropy"], upper_bound=raw["upper_bound"])

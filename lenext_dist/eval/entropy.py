@@ -1,6 +1,7 @@
 """Attention entropy per position (DESIGN section 4): H_i = -sum_j a_ij log a_ij for every head of
-every layer, averaged over samples, with the upper bound log(i+1) (uniform attention over the i+1
-visible keys of 0-based query i; "log i" 1-based).
+every layer, averaged over samples, with the upper bound log(n_i), uniform attention over the n_i keys
+query i sees: n_i = i+1 for 0-based query i under causal attention ("log i" 1-based), min(i+1, W)
+under a sliding window W (and fewer under XPOS's blockwise mask).
 
 Computed by query chunks with `attention.iter_attention_probs` (fp32): only
 [b, h, chunk, L] probabilities exist at a time, never [h, L, L] (one head at 16K is 1 GiB);
@@ -64,7 +65,8 @@ def evaluate_entropy(model: nn.Module, docs: Sequence, length: int, *, samples: 
     """Mean entropy [layers, heads, length] over `samples` windows of `length` tokens
     (non-overlapping windows interleaved across documents).
 
-    Returns numpy arrays: `entropy` [layers, heads, length], `upper_bound` [length] = log(i+1),
+    Returns numpy arrays: `entropy` [layers, heads, length], `upper_bound` [length] = log(n_i)
+    (n_i keys visible to query i, i+1 without a window or block mask),
     plus `samples` (windows used) and `windows` (doc name, start)."""
     windows, skipped = plan_windows(docs, length, length, "full", None)
     windows = windows[:samples]
@@ -99,14 +101,16 @@ def evaluate_entropy(model: nn.Module, docs: Sequence, length: int, *, samples: 
     if bar is not None:
         bar.close()
     ent = (total / len(windows)).float().numpy()
-    return {"entropy": ent, "upper_bound": np.log(np.arange(1, length + 1)),
+    mask = getattr(getattr(layers[0], "position", None), "mask", None) if kind == "lenext" else None
+    visible = mask.visible_counts(length).numpy() if mask is not None else np.arange(1, length + 1)
+    return {"entropy": ent, "upper_bound": np.log(visible),
             "samples": len(windows), "windows": [(docs[w.doc].name, w.start) for w in windows],
             "documents_skipped": skipped}
 
 
 def summarize_entropy(res: dict, train_length: Optional[int], bins: int = 64) -> dict:
     """JSON-sized view: per-head and averaged curves on log-spaced position bins, and the
-    normalized entropy H / log(i+1) at L and at the end."""
+    normalized entropy H / log(n_i) (n_i visible keys) at L and at the end."""
     ent = res["entropy"]  # [layers, heads, n]
     n = ent.shape[-1]
     edges = np.unique(np.geomspace(1, n, bins + 1).round().astype(int))

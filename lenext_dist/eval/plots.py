@@ -116,7 +116,7 @@ def plot_entropy(summary: dict, path: str) -> str:
         ax.set_title(f"layer {li}", fontsize=9)
     ax = axes[n_layers // cols][n_layers % cols]
     ax.plot(x, summary["mean"], "b", lw=1.5, label="mean over heads")
-    ax.plot(x, ub, "k--", lw=0.8, label="log i")
+    ax.plot(x, ub, "k--", lw=0.8, label="ln(visible keys)")
     _mark_L(ax, L)
     ax.set_xscale("log")
     ax.set_title("all layers", fontsize=9)

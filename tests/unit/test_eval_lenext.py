@@ -67,6 +67,14 @@ def test_ppl_and_entropy_on_lenext():
     assert new.tolist() == seq[:, 30:].tolist()
 
 
+def test_entropy_bound_under_a_window_is_ln_of_the_visible_keys():
+    model = tiny_lenext("nope", vocab_size=512, train_length=32, attention_options={"window": 8})
+    e = evaluate_entropy(model, random_docs([150], vocab_size=512), 40, samples=1, progress=False)
+    assert np.allclose(e["upper_bound"], np.log(np.minimum(np.arange(1, 41), 8)))
+    assert np.all(e["entropy"] <= e["upper_bound"] + 1e-5)
+    assert e["entropy"][..., 20:].mean() > 0.5 * np.log(8)  # random weights: near uniform
+
+
 def test_cli_on_export_folder(tmp_path):
     mdir = save_tiny_lenext(str(tmp_path / "lx"), position="nope", train_length=32)
     out = tmp_path / "res"

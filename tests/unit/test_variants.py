@@ -280,6 +280,13 @@ def test_probs_for_entropy_see_bias_and_window():
     assert torch.all(probs[..., 5, :3] == 0)  # outside the window: exactly 0
 
 
+@pytest.mark.parametrize("window,block", [(None, None), (3, None), (None, 4), (5, 4)])
+def test_visible_counts_are_the_row_sums_of_the_mask(window, block):
+    spec = MaskSpec(window=window, block=block)
+    pos = torch.arange(17)
+    assert spec.visible_counts(17).tolist() == spec.visible(pos, pos).sum(-1).tolist()
+
+
 # ---- learned parameters (KERPLE) ----------------------------------------------------------------
 
 @pytest.mark.parametrize("cls", [KerpleLog, KerplePower])
