@@ -5,7 +5,12 @@ Layout of checkpoint.dir:
     latest           the tag of the newest complete checkpoint (written last, by os.replace)
 
 A crash (even kill -9) while step_N is being written leaves `latest` naming the previous tag, so
-resume never sees a partial checkpoint; the partial folder is overwritten when step N comes again.
+resume never sees a partial checkpoint; the partial folder is overwritten when step N comes again
+(its COMPLETE marker, if an earlier run left one, is removed before any rank writes into it).
+Retention only looks at steps up to the one just saved: a run started over (`resume: false`) in a
+folder with later steps of an earlier run never prunes its own newest checkpoints for them.
+On resume, `check_resume` refuses a checkpoint of a different model or attention (a NoPE run must
+not continue as RoPE) and warns when the data order will differ.
 """
 from __future__ import annotations
 
@@ -57,21 +62,25 @@ def save(engine, cfg: RunConfig, step: int, consumed_samples: int, extra: Option
     tag = tag_for(step)
     client = {"step": step, "consumed_samples": consumed_samples, "rng": rng_state(),
               **(extra or {})}
+    if dist.get_rank() == 0:  # an earlier run's step N: not complete while this one overwrites it
+        (root / tag / COMPLETE).unlink(missing_ok=True)
+    dist.barrier()
     engine.save_checkpoint(str(root), tag=tag, client_state=client, save_latest=False)
     dist.barrier()  # every rank's shard is on disk before `latest` may point at it
     if dist.get_rank() == 0:
         save_config(cfg, root / tag / "config.yaml")
         _atomic_write(root / tag / COMPLETE, f"{step}\n")
         _atomic_write(root / LATEST, tag + "\n")
-        _prune(root, cfg.checkpoint.keep_last)
+        _prune(root, cfg.checkpoint.keep_last, tag)
     dist.barrier()
     return tag
 
 
-def _prune(root: Path, keep: int) -> None:
+def _prune(root: Path, keep: int, newest: str) -> None:
+    """Keep the `keep` latest complete steps up to `newest` (the tag just saved, named by `latest`)."""
     if keep <= 0:
         return
-    tags = sorted(p for p in root.glob("step_*") if (p / COMPLETE).exists())
+    tags = sorted(p for p in root.glob("step_*") if (p / COMPLETE).exists() and p.name <= newest)
     for old in tags[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
 
@@ -109,6 +118,44 @@ def resolve(checkpoint: str | os.PathLike, tag: Optional[str] = None) -> Path:
     if not (step / COMPLETE).is_file():
         raise CheckpointError(f"{step}: no COMPLETE marker (a partial save?); choose another step")
     return step
+
+
+# Sections that define the network: resuming with any of them changed trains another model on
+# this one's weights (a NoPE run continued as RoPE loads without a shape error). The data order
+# (blend, seed, global batch, sequence length, and train.steps, which sizes the blend) may change
+# on purpose, so it is only reported.
+_MODEL_KEYS = ("model", "attention", "train.mode")
+_DATA_KEYS = ("data.blend", "data.seed", "train.global_batch_size", "train.steps", "model.seq_length")
+_FREE_KEYS = ("model.name", "model.init_method_std", "attention.impl", "attention.chunk_size")
+"""Same network either way: a label, the initialization, the kernel choice."""
+
+
+def _flat(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        out.update(_flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
+    return out
+
+
+def check_resume(cfg: RunConfig, step_dir: str | os.PathLike) -> list[str]:
+    """Compare this run's config with the checkpoint's: raise CheckpointError naming the keys
+    when the model or attention differ; return notes on changed data-order keys."""
+    from lenext_dist.config import to_dict
+
+    now, then = _flat(to_dict(cfg)), _flat(to_dict(run_config(step_dir)))
+    changed = sorted(k for k in now.keys() | then.keys() if now.get(k) != then.get(k))
+
+    def under(k, roots):
+        return any(k == r or k.startswith(r + ".") for r in roots)
+
+    bad = [k for k in changed if under(k, _MODEL_KEYS) and not under(k, _DATA_KEYS + _FREE_KEYS)]
+    if bad:
+        diff = "; ".join(f"{k}: {then.get(k)!r} -> {now.get(k)!r}" for k in bad[:6])
+        raise CheckpointError(
+            f"{step_dir} was trained with another model or attention ({diff}); restore these "
+            f"keys to resume it, or start a new run (a new checkpoint.dir, or checkpoint.resume=false "
+            f"with checkpoint.init_from to start from its weights)")
+    return [f"{k}: {then.get(k)!r} -> {now.get(k)!r}" for k in changed if under(k, _DATA_KEYS)]
 
 
 def load(engine, root: str, tag: str) -> dict:

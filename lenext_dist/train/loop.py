@@ -120,6 +120,9 @@ def train(cfg: RunConfig) -> dict:
     init_megatron(cfg.train.seed)
     model = build_model(cfg)
     tag = checkpoint.latest_tag(cfg.checkpoint.dir) if cfg.checkpoint.resume else None
+    if tag:
+        for note in checkpoint.check_resume(cfg, os.path.join(cfg.checkpoint.dir, tag)):
+            _print0(f"[lenext] warning: resuming with a changed data order: {note}")
     if tag is None and cfg.checkpoint.init_from:
         src = checkpoint.load_weights(model, cfg.checkpoint.init_from, keep=optim.is_head_scale)
         _print0(f"[lenext] initialized weights from {src}; head scales start at {cfg.head_scale_init}")

@@ -1,0 +1,65 @@
+"""Checkpoint bookkeeping around DeepSpeed's save: markers, retention, resume compatibility.
+(DeepSpeed's own save/load under every ZeRO stage, kill -9 and resume: tests/distributed.)"""
+import pytest
+import torch.distributed as dist
+
+from lenext_dist.config import load_config, save_config
+from lenext_dist.train import checkpoint
+from lenext_dist.train.checkpoint import COMPLETE, CheckpointError, _prune, tag_for
+
+
+def complete_steps(root, steps):
+    for s in steps:
+        (root / tag_for(s)).mkdir(parents=True)
+        (root / tag_for(s) / COMPLETE).write_text(f"{s}\n")
+
+
+def test_retention_never_prunes_the_new_runs_checkpoint_for_an_earlier_runs_later_steps(tmp_path):
+    complete_steps(tmp_path, [800, 900])  # an earlier run, kept by keep_last 2
+    complete_steps(tmp_path, [100])  # this run (resume: false) just saved step 100
+    _prune(tmp_path, 2, tag_for(100))
+    assert sorted(p.name for p in tmp_path.iterdir()) == [tag_for(s) for s in (100, 800, 900)]
+    complete_steps(tmp_path, [200, 300])
+    _prune(tmp_path, 2, tag_for(300))
+    assert sorted(p.name for p in tmp_path.iterdir()) == [tag_for(s) for s in (200, 300, 800, 900)]
+
+
+@pytest.fixture
+def one_rank(tmp_path):
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+class CrashingEngine:
+    """Dies inside DeepSpeed's save after writing part of the step (as kill -9 would)."""
+
+    def save_checkpoint(self, root, tag, client_state, save_latest):
+        (checkpoint.Path(root) / tag / "mp_rank_00_model_states.pt").write_bytes(b"partial")
+        raise KeyboardInterrupt
+
+
+def test_a_crash_while_overwriting_an_earlier_runs_step_leaves_it_incomplete(tmp_path, one_rank):
+    cfg = load_config(None, [f"checkpoint.dir={tmp_path}"])
+    complete_steps(tmp_path, [100])  # an earlier run's step 100 (latest points elsewhere)
+    with pytest.raises(KeyboardInterrupt):
+        checkpoint.save(CrashingEngine(), cfg, 100, 400)
+    with pytest.raises(CheckpointError, match="no COMPLETE marker"):
+        checkpoint.resolve(tmp_path / tag_for(100))
+
+
+def test_resume_refuses_another_model_and_reports_another_data_order(tmp_path):
+    step = tmp_path / tag_for(10)
+    step.mkdir()
+    save_config(load_config(None, []), step / "config.yaml")
+    assert checkpoint.check_resume(load_config(None, ["attention.impl=eager", "optim.lr=0.1"]), step) == []
+    headscale = ["train.mode=headscale", "checkpoint.init_from=x", "attention.head_scale.enabled=true",
+                 "attention.head_scale.trainable=true"]
+    for key, overrides in (("attention.position", ["attention.position=rope"]),
+                           ("model.num_layers", ["model.num_layers=3"]),
+                           ("train.mode", headscale),
+                           ("attention.head_scale.enabled", headscale[2:3])):
+        with pytest.raises(CheckpointError, match=key.replace(".", r"\.")):
+            checkpoint.check_resume(load_config(None, overrides), step)
+    notes = checkpoint.check_resume(load_config(None, ["data.seed=7", "train.steps=99"]), step)
+    assert notes == ["data.seed: 1234 -> 7", "train.steps: 200 -> 99"]
