@@ -13,12 +13,17 @@ training length L, each query sees its own block and the previous one) is the op
 evaluates beyond L (`attention.xpos.blockwise`).
 
 Numerical range: the scales are exp(+-i ln(xi_0) / scale_base) with ln(1/xi_0) = ln 3.5 = 1.25, so
-fp32/bf16 (max ~3.4e38, ln = 88.7) hold positions up to ~36K with the defaults. torchscale centers
+fp32/bf16 (max ~3.4e38, ln = 88.7) hold positions up to ~36K with the defaults, fp16 (max 65504,
+ln = 11.1) only up to ~4.5K, less the key's own size: past `max_position` (room for key entries
+up to ~45: ~35K and ~2.8K) `rotate` raises rather than return inf keys and NaN logits (checked
+when positions are given as a start, as in every full forward, not for a position tensor, which
+would need a device sync). torchscale centers
 the positions of each call (only i - j matters); we keep absolute positions so that keys cached
 with a KV cache stay consistent.
 """
 from __future__ import annotations
 
+import math
 from typing import Optional, Union
 
 import torch
@@ -60,7 +65,19 @@ class XPOS(RoPE):
         e = pos.to(torch.float32)[:, None] / self.scale_base * log_xi[None, :]  # [s, d/2]
         return torch.exp(torch.cat((e, e), dim=-1))
 
+    def max_position(self, dtype: torch.dtype, headroom: float = 64.0) -> int:
+        """Largest position p whose key scale xi_0^(-p / scale_base) times `headroom` is finite in
+        `dtype`: rotated keys with entries up to headroom / sqrt(2) (a rotation mixes two) stay finite
+        (fp16: ~2.8K with the defaults; bf16/fp32: ~35K)."""
+        room = math.log(torch.finfo(dtype).max / headroom)
+        return int(room * self.scale_base / -math.log(float(self.xi.min())))
+
     def rotate(self, q: Tensor, k: Tensor, positions: Union[Tensor, int]) -> tuple[Tensor, Tensor]:
+        if isinstance(positions, int) and positions + q.shape[2] - 1 > self.max_position(q.dtype):
+            raise ValueError(
+                f"XPOS: position {positions + q.shape[2] - 1} overflows {q.dtype} (scaled keys stay finite "
+                f"up to {self.max_position(q.dtype)} with scale_base {self.scale_base:g}); run in "
+                f"bf16/fp32 or raise attention.xpos.scale_base")
         cos, sin = self.cos_sin(positions, q.shape[2], q.device, torch.float32)
         up = self.decay(positions, q.shape[2], q.device)  # [s, d] fp32
         return (apply_rotary(q, (cos * up).to(q.dtype), (sin * up).to(q.dtype)),

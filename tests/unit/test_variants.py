@@ -168,6 +168,19 @@ def test_xpos_blockwise_matches_direct_formula():
         torch.testing.assert_close(attend(q, k, v, m, var), ref, atol=3e-6, rtol=1e-5)
 
 
+def test_xpos_refuses_positions_whose_key_scales_overflow():
+    var = XPOS(D, scale_base=512.0)
+    n = var.max_position(torch.float16)  # ln(65504 / 64) * 512 / ln(1 / xi_0)
+    assert n == int(math.log(65504.0 / 64) * 512 / -math.log(0.4 / 1.4)) > 2048
+    q = torch.full((1, 1, 4, D), 45.0, dtype=torch.float16)
+    _, k = var.rotate(q, q, n - 3)  # last position n: finite
+    assert torch.isfinite(k).all()
+    with pytest.raises(ValueError, match="overflows torch.float16"):
+        var.rotate(q, q, n - 2)
+    _, k = var.rotate(q.float(), q.float(), n - 2)  # fp32 holds ~35K positions
+    assert torch.isfinite(k).all()
+
+
 def test_xpos_scale_follows_the_paper():
     var = XPOS(D, gamma=0.4, scale_base=512.0)
     k = torch.arange(D // 2, dtype=torch.float32)
