@@ -8,7 +8,7 @@ For a base run (its folder holds config.yaml and checkpoints/) and target length
   3. per T: HeadScale search at L' = ceil(T x overshoot) (paper: 18K for 16K), m_h initialized
      at the fitted c(T/L), everything else frozen, launched like pretraining   out/hs-T
   4. export each search                                                 out/hf/hs-T
-  5. evaluate base (c = 1), best uniform c(T) and HeadScale: PPL at 1x..8x L, passkey, entropy
+  5. evaluate the base (as pretrained), best uniform c(T) and HeadScale: PPL at 1x..8x L, passkey, entropy
   6. one report with the tables, plots and the paper's claims checked   out/report.md
 Every step is skipped when its output exists (rerun after a kill to continue; the search itself
 resumes from its latest checkpoint), so the whole workflow is resumable.
@@ -100,7 +100,7 @@ def run(a) -> str:
     best_c = {T: round(best_c_for_length(str(sweep), T), 4) for T in a.targets}
     print(f"[extend] fitted uniform scales c(T): {best_c}", flush=True)
 
-    models = {"base": (hf_base, 1.0)}
+    models = {"base": (hf_base, None)}  # as pretrained (its own attention.scale_c, not forced to 1)
     for T in a.targets:
         models[f"uniform-{T}"] = (hf_base, best_c[T])
         hs_dir = out / f"hs-{T}"
@@ -192,7 +192,7 @@ def compare(out: Path, targets: list[int], L: int, best_c: dict) -> str:
     for T in targets:
         uni = _ppl_by_length(out / "eval" / f"uniform-{T}")
         hs = _ppl_by_length(out / "eval" / f"headscale-{T}")
-        for name, row in (("base (c = 1)", base), (f"uniform c = {best_c[T]}", uni), ("HeadScale", hs)):
+        for name, row in (("base", base), (f"uniform c = {best_c[T]}", uni), ("HeadScale", hs)):
             lines.append(f"| {T} | {name} | " + " | ".join(f"{row.get(n, float('nan')):.2f}" for n in sorted(base)) + " |")
         if T in hs and T in uni:
             better = hs[T] < uni[T]
