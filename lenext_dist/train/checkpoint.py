@@ -63,7 +63,7 @@ def save(engine, cfg: RunConfig, step: int, consumed_samples: int, extra: Option
     client = {"step": step, "consumed_samples": consumed_samples, "rng": rng_state(),
               **(extra or {})}
     if dist.get_rank() == 0:  # an earlier run's step N: not complete while this one overwrites it
-        (root / tag / COMPLETE).unlink(missing_ok=True)
+        _retire(root, tag)
     dist.barrier()
     engine.save_checkpoint(str(root), tag=tag, client_state=client, save_latest=False)
     dist.barrier()  # every rank's shard is on disk before `latest` may point at it
@@ -74,6 +74,24 @@ def save(engine, cfg: RunConfig, step: int, consumed_samples: int, extra: Option
         _prune(root, cfg.checkpoint.keep_last, tag)
     dist.barrier()
     return tag
+
+
+def _retire(root: Path, tag: str) -> None:
+    """Unmark `tag` before it is overwritten; if `latest` names it, move `latest` to the newest other
+    complete step first (or remove it), so a kill during the save never leaves `latest` on a partial."""
+    if latest_tag_name(root) == tag:
+        others = sorted(p.name for p in root.glob("step_*") if p.name != tag and (p / COMPLETE).exists())
+        if others:
+            _atomic_write(root / LATEST, others[-1] + "\n")
+        else:
+            (root / LATEST).unlink()
+    (root / tag / COMPLETE).unlink(missing_ok=True)
+
+
+def latest_tag_name(root: Path) -> Optional[str]:
+    """The tag `latest` names, complete or not (None without a `latest` file)."""
+    f = root / LATEST
+    return f.read_text().strip() if f.is_file() else None
 
 
 def _prune(root: Path, keep: int, newest: str) -> None:
@@ -92,9 +110,9 @@ class CheckpointError(RuntimeError):
 def latest_tag(root: str | os.PathLike) -> Optional[str]:
     """Tag named by `latest` if that checkpoint is complete, else None."""
     f = Path(root) / LATEST
-    if not f.is_file():
+    tag = latest_tag_name(Path(root))
+    if tag is None:
         return None
-    tag = f.read_text().strip()
     if not (Path(root) / tag / COMPLETE).is_file():
         raise CheckpointError(f"{f} names {tag}, which is not a complete checkpoint; "
                               f"point it at a complete step_* folder or remove it")
@@ -126,8 +144,10 @@ def resolve(checkpoint: str | os.PathLike, tag: Optional[str] = None) -> Path:
 # on purpose, so it is only reported.
 _MODEL_KEYS = ("model", "attention", "train.mode")
 _DATA_KEYS = ("data.blend", "data.seed", "train.global_batch_size", "train.steps", "model.seq_length")
-_FREE_KEYS = ("model.name", "model.init_method_std", "attention.impl", "attention.chunk_size")
-"""Same network either way: a label, the initialization, the kernel choice."""
+_FREE_KEYS = ("model.name", "model.init_method_std", "model.train_length", "attention.impl",
+              "attention.chunk_size")
+"""Same network either way: a label, the initialization, the kernel choice (train_length only
+through model.base_length, compared instead)."""
 
 
 def _flat(d: dict, prefix: str = "") -> dict:
@@ -142,7 +162,11 @@ def check_resume(cfg: RunConfig, step_dir: str | os.PathLike) -> list[str]:
     when the model or attention differ; return notes on changed data-order keys."""
     from lenext_dist.config import to_dict
 
-    now, then = _flat(to_dict(cfg)), _flat(to_dict(run_config(step_dir)))
+    old = run_config(step_dir)
+    now, then = _flat(to_dict(cfg)), _flat(to_dict(old))
+    # the pretrained L (train_length, or seq_length when unset) sets XPOS blocks, YaRN's original
+    # length and the log scale's L: a model key even when it only moved with seq_length
+    now["model.base_length"], then["model.base_length"] = cfg.model.base_length, old.model.base_length
     changed = sorted(k for k in now.keys() | then.keys() if now.get(k) != then.get(k))
 
     def under(k, roots):
@@ -153,7 +177,7 @@ def check_resume(cfg: RunConfig, step_dir: str | os.PathLike) -> list[str]:
         diff = "; ".join(f"{k}: {then.get(k)!r} -> {now.get(k)!r}" for k in bad[:6])
         raise CheckpointError(
             f"{step_dir} was trained with another model or attention ({diff}); restore these "
-            f"keys to resume it, or start a new run (a new checkpoint.dir, or checkpoint.resume=false "
+            f"keys (model.base_length: set model.train_length to the old value) to resume it, or start a new run (a new checkpoint.dir, or checkpoint.resume=false "
             f"with checkpoint.init_from to start from its weights)")
     return [f"{k}: {then.get(k)!r} -> {now.get(k)!r}" for k in changed if under(k, _DATA_KEYS)]
 

@@ -48,6 +48,22 @@ def test_a_crash_while_overwriting_an_earlier_runs_step_leaves_it_incomplete(tmp
         checkpoint.resolve(tmp_path / tag_for(100))
 
 
+def test_a_crash_while_overwriting_the_step_latest_names_moves_latest_back(tmp_path, one_rank):
+    # resume: false, both runs saving only step 100: `latest` names the step being overwritten
+    cfg = load_config(None, [f"checkpoint.dir={tmp_path}"])
+    complete_steps(tmp_path, [50, 100])
+    (tmp_path / "latest").write_text(tag_for(100) + "\n")
+    with pytest.raises(KeyboardInterrupt):
+        checkpoint.save(CrashingEngine(), cfg, 100, 400)
+    assert checkpoint.latest_tag(tmp_path) == tag_for(50)
+    (tmp_path / tag_for(50) / COMPLETE).unlink()  # no other complete step: no `latest` at all
+    (tmp_path / "latest").write_text(tag_for(100) + "\n")
+    (tmp_path / tag_for(100) / COMPLETE).write_text("100\n")
+    with pytest.raises(KeyboardInterrupt):
+        checkpoint.save(CrashingEngine(), cfg, 100, 400)
+    assert checkpoint.latest_tag(tmp_path) is None
+
+
 def test_resume_refuses_another_model_and_reports_another_data_order(tmp_path):
     step = tmp_path / tag_for(10)
     step.mkdir()
@@ -57,9 +73,14 @@ def test_resume_refuses_another_model_and_reports_another_data_order(tmp_path):
                  "attention.head_scale.trainable=true"]
     for key, overrides in (("attention.position", ["attention.position=rope"]),
                            ("model.num_layers", ["model.num_layers=3"]),
+                           ("model.base_length", ["model.seq_length=256"]),
                            ("train.mode", headscale),
                            ("attention.head_scale.enabled", headscale[2:3])):
         with pytest.raises(CheckpointError, match=key.replace(".", r"\.")):
             checkpoint.check_resume(load_config(None, overrides), step)
     notes = checkpoint.check_resume(load_config(None, ["data.seed=7", "train.steps=99"]), step)
     assert notes == ["data.seed: 1234 -> 7", "train.steps: 200 -> 99"]
+    L = load_config(None, []).model.seq_length  # a longer continuation that keeps the pretrained L
+    notes = checkpoint.check_resume(load_config(None, [f"model.seq_length={2 * L}",
+                                                       f"model.train_length={L}"]), step)
+    assert notes == [f"model.seq_length: {L} -> {2 * L}"]
