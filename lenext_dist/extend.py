@@ -116,13 +116,14 @@ def run(a) -> str:
     for name, (model, c) in models.items():
         dst = out / "eval" / name
         scale = ["--scale-c", str(c)] if c is not None else []
-        if not list(dst.glob("ppl_*.json")):
+        sfx = _suffix(c)  # exact result names: a folder from another scale is not "done"
+        if not _done(dst / f"ppl_last-stride{sfx}.json"):
             _eval("ppl", "--model", str(model), "--out", str(dst), "--lengths", lengths, "--stride", stride,
                   "--budget-tokens", str(a.budget_tokens), *scale, *common)
-        if a.passkey_keys and pk_lengths and not list(dst.glob("passkey*.json")):
+        if a.passkey_keys and pk_lengths and not _done(dst / f"passkey{sfx}.json"):
             _eval("passkey", "--model", str(model), "--out", str(dst), "--lengths", pk_lengths,
                   "--depths", a.passkey_depths, "--keys", str(a.passkey_keys), "--no-progress", *scale)
-        if a.entropy_samples and not list(dst.glob("entropy*.json")):
+        if a.entropy_samples and not _done(dst / f"entropy{sfx}_{max(a.targets)}.json"):
             _eval("entropy", "--model", str(model), "--out", str(dst), "--length", str(max(a.targets)),
                   "--samples", str(a.entropy_samples), *scale, *common)
 
@@ -171,12 +172,14 @@ def _search(a, cfg, ckpt: Path, run_dir: Path, target: int, c_fit: float) -> Non
     subprocess.run(cmd, check=True)
 
 
-def _ppl_by_length(folder: Path) -> dict[int, float]:
-    out = {}
-    for f in sorted(folder.glob("ppl_*.json")):
-        for r in json.loads(f.read_text())["results"]:
-            out[r["length"]] = r["ppl"]
-    return out
+def _suffix(c: Optional[float]) -> str:
+    """The result-file suffix `lenext eval` gives a --scale-c run (lenext_dist.eval.cli._suffix)."""
+    return f"_c{c:g}" if c is not None else ""
+
+
+def _ppl_by_length(folder: Path, c: Optional[float] = None) -> dict[int, float]:
+    f = folder / f"ppl_last-stride{_suffix(c)}.json"
+    return {r["length"]: r["ppl"] for r in json.loads(f.read_text())["results"]} if f.is_file() else {}
 
 
 def compare(out: Path, targets: list[int], L: int, best_c: dict) -> str:
@@ -190,7 +193,7 @@ def compare(out: Path, targets: list[int], L: int, best_c: dict) -> str:
              "|---|---|" + "---|" * len(base)]
     verdicts = []
     for T in targets:
-        uni = _ppl_by_length(out / "eval" / f"uniform-{T}")
+        uni = _ppl_by_length(out / "eval" / f"uniform-{T}", best_c[T])
         hs = _ppl_by_length(out / "eval" / f"headscale-{T}")
         for name, row in (("base", base), (f"uniform c = {best_c[T]}", uni), ("HeadScale", hs)):
             lines.append(f"| {T} | {name} | " + " | ".join(f"{row.get(n, float('nan')):.2f}" for n in sorted(base)) + " |")

@@ -99,8 +99,9 @@ class Metrics:
                 from torch.utils.tensorboard import SummaryWriter
 
                 # purge_step: TensorBoard hides the events an earlier run wrote from that step on
+                # (a fresh start, 0, hides them all, as metrics.jsonl drops them all)
                 self.writer = SummaryWriter(str(Path(run_dir) / "tensorboard"),
-                                            purge_step=start_step + 1 if start_step else None)
+                                            purge_step=start_step + 1)
             except ImportError:
                 print("[lenext] tensorboard not installed: TensorBoard logging off", file=sys.stderr)
 
