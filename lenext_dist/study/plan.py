@@ -9,7 +9,8 @@ Presets (measured on 2 shared CPU cores, see STUDY.md of each run for the real t
   quick  configs/study/quick.yaml, 1 seed, NoPE + RoPE + every other registered variant,
          small eval budgets: ~5 minutes (CI)
   full   configs/study/full.yaml, 2 seeds of NoPE and RoPE, + other trained variants registered
-         in lenext_dist/attention/registry.py (1 seed), larger budgets: ~1 hour
+         in lenext_dist/attention/registry.py (1 seed), larger budgets: ~80 minutes (study/timings.json:
+         50 min pretraining 6 runs two at a time, 31 min evaluation)
 """
 from __future__ import annotations
 
@@ -43,7 +44,9 @@ class StudyPlan:
     curve_windows: int = 100
     """Full-protocol windows of 8L for the per-position loss curves (Figure 1)."""
     entropy_samples: int = 16
-    sweep_c: tuple[float, float, float] = (0.8, 2.0, 0.03)
+    sweep_c: tuple[float, float, float] = (0.8, 2.0, 0.05)
+    """(min, max, step) of the uniform-scale sweep; the grid holds c = 1 (the fit's anchor) and the
+    uniform_c cells."""
     sweep_samples: int = 32
     passkey_keys: int = 5
     passkey_depths: int = 5
@@ -67,7 +70,7 @@ QUICK = StudyPlan(
     headscale_steps=30, budget_tokens=4096, curve_windows=40, entropy_samples=4,
     sweep_c=(0.8, 2.0, 0.1), sweep_samples=8, passkey_keys=2, passkey_depths=3)
 
-FULL = StudyPlan(  # the defaults above; measured ~1 hour here (study/timings.json)
+FULL = StudyPlan(  # the defaults above; 81 min here (study/timings.json, with sweep step 0.03)
     name="full", config="configs/study/full.yaml", seeds=[1, 2],
     extra_variants=["alibi", "kerple_log"])
 
