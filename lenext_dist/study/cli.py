@@ -7,7 +7,7 @@ HeadScale via `lenext extend`) and writes `<out>/summary.json`, figures and `<ou
 which checks the paper's claims one by one. Resumable: rerun the same command after a kill.
 
   python -m lenext_dist.study --quick                # ~4 minutes on 2 cores (CI), results/study-quick/
-  python -m lenext_dist.study                        # ~1 hour, results/study/, published to study/
+  python -m lenext_dist.study                        # ~80 min, results/study/, published to study/
   python -m lenext_dist.study --report-only          # redo analysis/figures/STUDY.md from the files
 """
 from __future__ import annotations

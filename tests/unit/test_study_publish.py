@@ -44,3 +44,15 @@ def test_publish_refuses_paths_outside_the_results(tmp_path):
     (out / "STUDY.md").write_text("see `../secret.json`")
     with pytest.raises(ValueError, match="outside"):
         publish(out, tmp_path / "study")
+
+
+def test_the_checked_in_study_holds_every_file_its_study_md_cites():
+    from pathlib import Path
+
+    from lenext_dist.study.publish import ALWAYS
+
+    study = Path(__file__).resolve().parents[2] / "study"
+    if not (study / "STUDY.md").is_file():
+        pytest.skip("no published study in this checkout")
+    cited = cited_files((study / "STUDY.md").read_text())
+    assert cited and [f for f in [*ALWAYS, *cited] if not (study / f).is_file()] == []
