@@ -231,7 +231,8 @@ def cmd_ppl(args) -> list[str]:
     for d in res["diagnostics"]:
         cu = d.get("context_use", {})
         pen = d.get("penalty_mean")
-        print(f"W={d['length']:>6}  context use gain {cu.get('gain')}"
+        print(f"W={d['length']:>6}  context use gain {cu.get('gain')} (unpaired "
+              f"{cu.get('gain_unpaired')})"
               + (f"  penalty mean {pen:.4f}" if pen is not None else ""))
     return files
 

@@ -21,9 +21,13 @@ Extrapolation penalty (W > L, the training length): per position p >= L of full-
 loss with the full context minus the loss of the same target under a window of L tokens (positions
 p < L have the same context in both, so their penalty is 0 by definition). The baseline scores
 each target as the last-stride protocol at length L with stride S_b does (context L-S_b+1..L, so
-it stays in distribution). Context use: mean loss over positions [L/2, L) against [4, 8) of the
-full-protocol windows (a model whose loss stops falling after a few tokens has nothing to lose
-past L).
+it stays in distribution). Context use (a model whose loss stops falling after a few tokens has
+nothing to lose past L), paired: every target at window positions [L/2, L) of the full-protocol
+windows is scored again with only 5..8 tokens of context (windows of 8 tokens scoring their last
+4), and the gain is the mean loss of those short-context predictions minus the mean loss of the
+same targets with their L/2+1..L tokens. The unpaired gain (mean loss at positions [4, 8) minus
+[L/2, L), i.e. other tokens: the first words of each window's text) is kept for comparison; it
+depends on which windows are sampled (document starts are easier or harder than middles).
 
 Public API: `PROTOCOLS`, `plan_document`, `plan_windows`, `evaluate_ppl`, `context_diagnostics`,
 `run_ppl`.
@@ -179,6 +183,40 @@ def _penalty_stride(lengths: Sequence[int], L: int, penalty_stride: Optional[int
     return Sb
 
 
+SHORT_CONTEXT = 4  # the paired measure's short windows: 8 tokens, scoring positions [4, 8)
+
+
+def _short_context_windows(main: Sequence[Window], L: int) -> list[Window]:
+    """Windows of 8 tokens that score the targets of positions [L/2, L) of every main window, 4 at
+    a time, each with 5..8 tokens of context: position SHORT_CONTEXT + j of the window starting at
+    w.start + p0 - SHORT_CONTEXT predicts the same token as position p0 + j of w."""
+    k = SHORT_CONTEXT
+    if L // 2 < k:
+        return []
+    return [Window(w.doc, w.start + p0 - k, k + min(k, L - p0), k, k + min(k, L - p0))
+            for w in main for p0 in range(L // 2, L, k)]
+
+
+def _context_use(model, docs, main, full, short, curve, L, batch_size, bar) -> dict:
+    lo, hi = curve[4:min(8, len(curve))], curve[L // 2:L]
+    out = {"loss_pos_4_8": _mean_or_none(lo), "loss_pos_halfL_L": _mean_or_none(hi),
+           "gain_unpaired": (float(lo.mean() - hi.mean()) if lo.size and hi.size else None),
+           "gain": None, "targets": 0,
+           "note": "gain: mean loss of the targets at positions [L/2, L) with 5..8 tokens of "
+                   "context minus with their full L/2+1..L (same tokens); ~0 = context unused. "
+                   "gain_unpaired: loss at positions [4, 8) minus [L/2, L) (other tokens)"}
+    if not short:
+        return out
+    # many tiny windows: batch them widely (8 tokens each, the memory is negligible)
+    nll = score_windows(model, docs, short, batch_size=max(batch_size, 64), progress=bar)
+    # the short windows run over each main window's positions [L/2, L) in order
+    a = np.concatenate([x.astype(np.float64) for x in nll])
+    b = np.concatenate([x[L // 2:L].astype(np.float64) for x in full])
+    out.update({"gain": float(a.mean() - b.mean()), "targets": int(a.size),
+                "loss_short_context": float(a.mean()), "loss_full_context": float(b.mean())})
+    return out
+
+
 def context_diagnostics(model: nn.Module, docs: Sequence, W: int, L: int, *,
                         penalty_stride: Optional[int] = None, budget_tokens: Optional[int] = None,
                         batch_size: int = 1, progress: bool = True) -> dict:
@@ -192,21 +230,18 @@ def context_diagnostics(model: nn.Module, docs: Sequence, W: int, L: int, *,
         raise ValueError(f"no document has {W + 1} tokens")
     base = [Window(w.doc, w.start + j * Sb, L, L - Sb, L)
             for w in main for j in range(1, (W - L) // Sb + 1)]
-    bar = _progress(len(main) + len(base), f"penalty W={W} L={L}", progress)
+    short = _short_context_windows(main, L)
+    bar = _progress(len(main) + len(short) + len(base), f"penalty W={W} L={L}", progress)
     full = score_windows(model, docs, main, batch_size=batch_size, progress=bar)
     s, c = _curve(main, full, W, True)
     curve = s / np.maximum(c, 1)
-    lo, hi = curve[4:min(8, W)], curve[L // 2:L]
-    out["context_use"] = {
-        "loss_pos_4_8": _mean_or_none(lo), "loss_pos_halfL_L": _mean_or_none(hi),
-        "gain": (float(lo.mean() - hi.mean()) if lo.size and hi.size else None),
-        "note": "mean loss at window positions [4, 8) minus [L/2, L); ~0 = context unused"}
+    out["context_use"] = _context_use(model, docs, main, full, short, curve, L, batch_size, bar)
     out["windows"] = len(main)
-    if W == L:
-        return out
-    b_nll = score_windows(model, docs, base, batch_size=batch_size, progress=bar)
+    b_nll = score_windows(model, docs, base, batch_size=batch_size, progress=bar) if base else []
     if bar is not None:
         bar.close()
+    if W == L:
+        return out
     pen_sum, pen_cnt = np.zeros(W), np.zeros(W, np.int64)
     k = (W - L) // Sb
     for i, w in enumerate(main):

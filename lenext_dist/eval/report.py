@@ -84,15 +84,19 @@ def render(runs: list[dict], out_path: str, title: str = "lenext evaluation repo
                 cu = d.get("context_use", {})
                 by_s = {(x["s_from"], x["s_to"]): x["penalty"] for x in d.get("penalty_by_s", [])}
                 pen = "; ".join(f"({a:g},{b:g}]: {p:+.3f}" for (a, b), p in by_s.items())
-                rows.append([_label(r, j), str(d["length"]), _fmt(cu.get("loss_pos_4_8")),
-                             _fmt(cu.get("loss_pos_halfL_L")), _fmt(cu.get("gain")),
+                rows.append([_label(r, j), str(d["length"]), _fmt(cu.get("loss_short_context")),
+                             _fmt(cu.get("loss_full_context")), _fmt(cu.get("gain")),
+                             _fmt(cu.get("gain_unpaired")),
                              _fmt(d.get("penalty_mean")), pen or "-"])
         if rows:
             md += ["## Context use and extrapolation penalty", "",
-                   "Context use: mean loss at positions [4,8) vs [L/2,L) (gain ~0: the model "
-                   "does not use its context). Penalty: loss with full context minus the loss "
+                   "Context use: mean loss of the targets at positions [L/2,L) with 5..8 tokens "
+                   "of context vs with their full context (gain ~0: the model does not use its "
+                   "context); unpaired: loss at positions [4,8) minus [L/2,L) (other tokens). "
+                   "Penalty: loss with full context minus the loss "
                    "of the same token under a window of L, by s = context/L (nats).", ""]
-            md += _table(["run", "W", "loss [4,8)", "loss [L/2,L)", "gain", "penalty mean",
+            md += _table(["run", "W", "loss, 5-8 tokens", "loss, full", "gain", "unpaired",
+                          "penalty mean",
                           "penalty by s"], rows)
 
     pk = [(r, j) for r in runs for f, j in r["results"] if j["kind"] == "passkey"]

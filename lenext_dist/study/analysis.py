@@ -161,8 +161,9 @@ class Analysis:
             d = {x["length"]: x for x in j.get("diagnostics", [])}
             at_L = d.get(self.L, {}).get("context_use", {})
             out[c.run] = {"position": c.position, "gain": at_L.get("gain"),
-                          "loss_pos_4_8": at_L.get("loss_pos_4_8"),
-                          "loss_pos_halfL_L": at_L.get("loss_pos_halfL_L"),
+                          "loss_short_context": at_L.get("loss_short_context"),
+                          "loss_full_context": at_L.get("loss_full_context"),
+                          "gain_unpaired": at_L.get("gain_unpaired"),
                           "penalty_mean": {str(W): x.get("penalty_mean") for W, x in d.items() if W > self.L},
                           "penalty_by_s": d.get(self.N, {}).get("penalty_by_s", []),
                           "source": self.rel(f)}

@@ -133,6 +133,42 @@ def test_curve_all_and_penalty(model, docs):
     cu = d1["context_use"]
     assert cu["loss_pos_4_8"] == pytest.approx(float(full[4:8].mean()), abs=1e-4)
     assert cu["loss_pos_halfL_L"] == pytest.approx(float(full[16:32].mean()), abs=1e-4)
+    # paired: the targets of positions 16..31 again, from windows t[p0-4 : p0+4] (p0 = 16, 20, ..)
+    short = [token_nll(model, t[p0 - 4:p0 + 5])[4:8] for p0 in range(16, 32, 4)]
+    assert cu["targets"] == 16
+    assert cu["loss_short_context"] == pytest.approx(float(np.mean(short)), abs=1e-4)
+    assert cu["gain"] == pytest.approx(float(np.mean(short) - full[16:32].mean()), abs=1e-4)
+    assert cu["gain_unpaired"] == pytest.approx(float(full[4:8].mean() - full[16:32].mean()),
+                                                abs=1e-4)
+
+
+class _Bigram(torch.nn.Module):
+    """Logits from the current token only: a model that uses no context at all."""
+
+    def __init__(self, vocab_size):
+        super().__init__()
+        self.emb = torch.nn.Embedding(vocab_size, vocab_size)
+
+    def forward(self, input_ids):
+        return type("Out", (), {"logits": self.emb(input_ids)})()
+
+
+def test_paired_context_use_is_zero_without_context_use_where_unpaired_is_not():
+    """Documents whose first tokens are drawn from another distribution than their middles: the
+    unpaired gain (positions [4, 8) vs [L/2, L): other tokens) reports context use by a model that
+    has none; the paired gain (the same targets with 5..8 vs 17..32 tokens) is 0."""
+    from lenext_dist.eval.data import EvalDoc
+
+    torch.manual_seed(0)
+    model = _Bigram(64).eval()
+    rng = np.random.default_rng(0)
+    docs = [EvalDoc(f"d{i}", "<test>", np.concatenate([rng.integers(3, 8, 12),
+                                                       rng.integers(8, 64, 28)]).astype(np.int64))
+            for i in range(4)]
+    cu = context_diagnostics(model, docs, 32, 32, progress=False)["context_use"]
+    assert cu["targets"] == 4 * 16
+    assert cu["gain"] == pytest.approx(0.0, abs=1e-6)
+    assert abs(cu["gain_unpaired"]) > 0.1
 
 
 def test_penalty_stride_checked_for_every_length_before_any_work(docs):
