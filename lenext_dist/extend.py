@@ -79,6 +79,7 @@ def _done(path: Path) -> bool:
 
 def run(a) -> str:
     from lenext_dist.convert import export
+    from lenext_dist.eval.cli import result_suffix
     from lenext_dist.eval.scale_sweep import best_c_for_length
     from lenext_dist.train.checkpoint import resolve, run_config
 
@@ -116,7 +117,7 @@ def run(a) -> str:
     for name, (model, c) in models.items():
         dst = out / "eval" / name
         scale = ["--scale-c", str(c)] if c is not None else []
-        sfx = _suffix(c)  # exact result names: a folder from another scale is not "done"
+        sfx = result_suffix(scale_c=c)  # exact names: a folder from another scale is not "done"
         if not _done(dst / f"ppl_last-stride{sfx}.json"):
             _eval("ppl", "--model", str(model), "--out", str(dst), "--lengths", lengths, "--stride", stride,
                   "--budget-tokens", str(a.budget_tokens), *scale, *common)
@@ -172,13 +173,10 @@ def _search(a, cfg, ckpt: Path, run_dir: Path, target: int, c_fit: float) -> Non
     subprocess.run(cmd, check=True)
 
 
-def _suffix(c: Optional[float]) -> str:
-    """The result-file suffix `lenext eval` gives a --scale-c run (lenext_dist.eval.cli._suffix)."""
-    return f"_c{c:g}" if c is not None else ""
-
-
 def _ppl_by_length(folder: Path, c: Optional[float] = None) -> dict[int, float]:
-    f = folder / f"ppl_last-stride{_suffix(c)}.json"
+    from lenext_dist.eval.cli import result_suffix
+
+    f = folder / f"ppl_last-stride{result_suffix(scale_c=c)}.json"
     return {r["length"]: r["ppl"] for r in json.loads(f.read_text())["results"]} if f.is_file() else {}
 
 

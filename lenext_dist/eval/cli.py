@@ -185,11 +185,18 @@ def _docs(args, min_tokens: int):
                           min_tokens=min_tokens, max_docs=args.max_docs)
 
 
-def _suffix(args) -> str:
-    """Result-file suffix naming every eval-time change of the model (so runs never collide)."""
-    parts = [("c", args.scale_c), ("w", args.window), ("loga", args.log_scale_a),
-             (args.rope_scaling or "", args.rope_factor if args.rope_scaling else None)]
+def result_suffix(scale_c=None, window=None, log_scale_a=None, rope_scaling=None,
+                  rope_factor=None) -> str:
+    """Result-file suffix naming every eval-time change of the model (so runs never collide);
+    `lenext extend` and the study find finished results by it."""
+    parts = [("c", scale_c), ("w", window), ("loga", log_scale_a),
+             (rope_scaling or "", rope_factor if rope_scaling else None)]
     return "".join(f"_{k}{v:g}" for k, v in parts if v is not None)
+
+
+def _suffix(args) -> str:
+    return result_suffix(args.scale_c, args.window, args.log_scale_a, args.rope_scaling,
+                         args.rope_factor)
 
 
 def write_json(obj: dict, path: str) -> str:

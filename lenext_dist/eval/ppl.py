@@ -197,7 +197,7 @@ def _short_context_windows(main: Sequence[Window], L: int) -> list[Window]:
             for w in main for p0 in range(L // 2, L, k)]
 
 
-def _context_use(model, docs, main, full, short, curve, L, batch_size, bar) -> dict:
+def _context_use(model, docs, full, short, curve, L, batch_size, bar) -> dict:
     lo, hi = curve[4:min(8, len(curve))], curve[L // 2:L]
     out = {"loss_pos_4_8": _mean_or_none(lo), "loss_pos_halfL_L": _mean_or_none(hi),
            "gain_unpaired": (float(lo.mean() - hi.mean()) if lo.size and hi.size else None),
@@ -235,7 +235,7 @@ def context_diagnostics(model: nn.Module, docs: Sequence, W: int, L: int, *,
     full = score_windows(model, docs, main, batch_size=batch_size, progress=bar)
     s, c = _curve(main, full, W, True)
     curve = s / np.maximum(c, 1)
-    out["context_use"] = _context_use(model, docs, main, full, short, curve, L, batch_size, bar)
+    out["context_use"] = _context_use(model, docs, full, short, curve, L, batch_size, bar)
     out["windows"] = len(main)
     b_nll = score_windows(model, docs, base, batch_size=batch_size, progress=bar) if base else []
     if bar is not None:

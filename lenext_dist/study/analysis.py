@@ -94,7 +94,9 @@ def _spread(vals: list[float]) -> dict:
 
 
 def _sfx(c: Optional[float]) -> str:
-    return "" if c is None else f"_c{c:g}"
+    from lenext_dist.eval.cli import result_suffix
+
+    return result_suffix(scale_c=c)
 
 
 class Analysis:

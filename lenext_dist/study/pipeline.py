@@ -173,10 +173,12 @@ class Study:
         return [n for n in self.lengths if n >= 128] or [max(self.lengths)]
 
     def cell_task(self, cell: Cell) -> Optional[Task]:
+        from lenext_dist.eval.cli import result_suffix
+
         p, L = self.plan, self.L
         model, dst = self.variant_folder(cell), self.eval_dir(cell.name)
         scale = ["--scale-c", str(cell.scale_c)] if cell.scale_c is not None else []
-        sfx = "" if cell.scale_c is None else f"_c{cell.scale_c:g}"
+        sfx = result_suffix(scale_c=cell.scale_c)
         m = ["--model", str(model), "--out", str(dst)]
         calls = []
         if not (dst / f"ppl_last-stride{sfx}.json").exists():

@@ -177,8 +177,9 @@ def check_resume(cfg: RunConfig, step_dir: str | os.PathLike) -> list[str]:
         diff = "; ".join(f"{k}: {then.get(k)!r} -> {now.get(k)!r}" for k in bad[:6])
         raise CheckpointError(
             f"{step_dir} was trained with another model or attention ({diff}); restore these "
-            f"keys (model.base_length: set model.train_length to the old value) to resume it, or start a new run (a new checkpoint.dir, or checkpoint.resume=false "
-            f"with checkpoint.init_from to start from its weights)")
+            f"keys (model.base_length: set model.train_length to the old value) to resume it, "
+            f"or start a new run (a new checkpoint.dir, or checkpoint.resume=false with "
+            f"checkpoint.init_from to start from its weights)")
     return [f"{k}: {then.get(k)!r} -> {now.get(k)!r}" for k in changed if under(k, _DATA_KEYS)]
 
 
