@@ -158,7 +158,10 @@ def attend(q: Tensor, k: Tensor, v: Tensor, m: Tensor, variant: PositionVariant,
             raise ValueError("document masking runs full sequences only (no KV cache, no "
                              "explicit positions: they count from each document's start)")
         documents.check(q)
-        positions = documents.positions  # [b, s]
+        if documents.single:  # one document per row: the causal function, on its fast paths
+            documents = None
+        else:
+            positions = documents.positions  # [b, s]
     if positions is None:
         positions = sk - sq
     if sq == sk:

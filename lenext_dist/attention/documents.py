@@ -49,12 +49,21 @@ class Documents:
         self.starts = torch.where(new, idx, torch.zeros_like(idx)).cummax(dim=1).values  # [b, s]
         self.positions = idx - self.starts  # [b, s]: position inside the document
         self._flex: dict = {}  # block masks per (mask, block size), built once per batch
+        self._single: Optional[bool] = None
 
     @classmethod
     def from_tokens(cls, tokens: Tensor, *, eos_id: Optional[int] = None,
                     bos_id: Optional[int] = None) -> "Documents":
         """tokens [b, s] -> documents split after each `eos_id` and before each `bos_id`."""
         return cls(document_ids(tokens, eos_id=eos_id, bos_id=bos_id))
+
+    @property
+    def single(self) -> bool:
+        """Every row is one document: plain causal attention computes the same function (the
+        SDPA fast path stays). One device sync per batch, cached."""
+        if self._single is None:
+            self._single = bool((self.ids[:, -1] == self.ids[:, 0]).all())
+        return self._single
 
     @property
     def shape(self) -> tuple[int, int]:

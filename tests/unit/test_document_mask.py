@@ -249,3 +249,15 @@ def test_megatron_training_step_with_document_ids(megatron_1rank):
     with pytest.raises(ValueError, match="document ids"):
         meg(x, torch.arange(40).expand(2, 40), attention_mask=torch.ones(2, 1, 40, 40,
                                                                         dtype=torch.bool))
+
+
+def test_rows_of_one_document_keep_the_causal_fast_path():
+    """No document boundary in the batch: the plain causal function, bitwise (same kernels)."""
+    s = 20
+    q, k, v = rand_qkv(s, seed=6)
+    m = torch.ones(H)
+    docs = Documents(torch.zeros(B, s, dtype=torch.long))
+    assert docs.single and not Documents(IDS).single
+    for name in ("nope", "rope", "alibi"):
+        var = make(name)
+        assert torch.equal(attend(q, k, v, m, var, documents=docs), attend(q, k, v, m, var))
