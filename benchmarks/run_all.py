@@ -8,6 +8,9 @@ each ratio printed side by side with the machine description, all saved as one J
                encode (ratio, target >= 0.9; wall and per CPU-second)
   eval_ppl     benchmarks/bench_eval_ppl.py: batched sliding-window PPL vs one window per forward
                (speed-up, target >= 3x; the PPLs must agree to 1e-5)
+  document_mask benchmarks/bench_document_mask.py: training tokens/s and peak memory with document
+               masking of packed sequences (data.document_mask) vs plain causal attention, same
+               tokens, NoPE and ALiBi (ratio masked / causal; the cost stated in README.md)
   entropy_mem  new here: peak memory of the chunked attention-entropy computation
                (`lenext eval entropy`'s `evaluate_entropy`) for one window of 16K positions on a
                small random lenext model, against the size of the dense [h, L, L] fp32
@@ -45,6 +48,8 @@ BENCHES = {
     # of a single scheduler hiccup on this shared machine (ratios swung 0.85-1.3x run to run)
     "data_prep": ("bench_data_prep.py", ["--repeat", "8", "--workers", "1", "--rounds", "3"]),
     "eval_ppl": ("bench_eval_ppl.py", ["--windows", "32", "--rounds", "3"]),
+    "document_mask": ("bench_document_mask.py", ["--seq", "1024", "--doc-mean", "128",
+                                                 "--rounds", "3", "--steps", "2"]),
 }
 
 
@@ -135,6 +140,13 @@ def ratios(res: dict) -> list[tuple[str, str, str]]:
     if r:
         rows.append(("eval_ppl", f"speed-up {r['speedup_wall']:.2f}x wall, {r['speedup_cpu']:.2f}x CPU; "
                      f"PPL agree {r['identical_within_1e-5']}", ">= 3x"))
+    r = res.get("document_mask", {}).get("result")
+    if r:
+        for pos, x in r["results"].items():
+            rows.append(("document_mask", f"{pos}: masked/causal tokens/s "
+                         f"{x['throughput_ratio_masked_over_causal']:.3f}, peak memory "
+                         f"{x['memory_ratio_masked_over_causal']:.2f}x "
+                         f"({x['documents_per_row']:.1f} docs/row)", "cost, no target"))
     r = res.get("entropy_mem", {}).get("result")
     if r:
         rows.append(("entropy_mem", f"dense [h,L,L] {r['dense_probs_bytes'] / 2**30:.2f} GiB vs measured peak "

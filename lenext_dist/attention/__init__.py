@@ -5,11 +5,13 @@ Public API: `attend` (the whole variant), `causal_attention` (SDPA fast path),
 `eager_causal_attention` / `iter_attention_probs` (explicit softmax reference, by query chunks),
 `build_position` / `POSITIONS` (the registry), `PositionVariant`, `NoPE`, `RoPE`, `ALiBi`,
 `KerpleLog`, `KerplePower`, `Sandwich`, `XPOS`, `MaskSpec` (sliding window / blockwise causal), the
-bias/mask kernels `BIAS_IMPLS` (paths.py).
+bias/mask kernels `BIAS_IMPLS` (paths.py), `Documents` / `document_ids` (document masking of
+packed sequences, documents.py).
 """
 from .alibi import ALiBi
 from .core import (BIAS_IMPLS, IMPL_NAMES, attend, causal_attention, eager_causal_attention,
                    iter_attention_probs)
+from .documents import Documents, document_ids
 from .kerple import KerpleLog, KerplePower
 from .mask import MaskSpec
 from .position import NoPE, PositionVariant, alibi_slopes
@@ -21,4 +23,4 @@ from .xpos import XPOS
 __all__ = ["attend", "causal_attention", "eager_causal_attention", "iter_attention_probs",
            "NoPE", "PositionVariant", "POSITIONS", "build_position", "SCALINGS", "RoPE",
            "apply_rotary", "rotate_half", "ALiBi", "KerpleLog", "KerplePower", "Sandwich", "XPOS",
-           "MaskSpec", "alibi_slopes", "BIAS_IMPLS", "IMPL_NAMES"]
+           "MaskSpec", "alibi_slopes", "BIAS_IMPLS", "IMPL_NAMES", "Documents", "document_ids"]

@@ -19,6 +19,10 @@ Layout (batch-first, heads before sequence, as `torch.nn.functional.scaled_dot_p
 and window/block mask: those run on one of `BIAS_IMPLS`, see paths.py, chosen by `variant.impl`);
 `eager_causal_attention` / `iter_attention_probs` are the explicit-softmax reference, computed in
 fp32 by query chunks (for tests, for variants with a score_mod, and for attention entropy).
+
+Packed documents (`documents`, see documents.py): keys of other documents are hidden and positions
+count from each document's start; every path above honours it (the SDPA fast path then gives way
+to a masked kernel: chunked on CPU under autograd, FlexAttention where it runs).
 """
 from __future__ import annotations
 
@@ -29,6 +33,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from .documents import Documents
+from .mask import MaskSpec
 from .paths import (chunked_attention, choose_impl, flex_path_attention, scaled_query,
                     sdpa_mask_attention)
 from .position import PositionVariant
@@ -82,6 +88,7 @@ def _causal_mask(sq: int, sk: int, device, q_start: int = 0, q_end: Optional[int
 
 def iter_attention_probs(q: Tensor, k: Tensor, m: Tensor, *, chunk_size: int = 1024,
                          q_scale: Optional[Tensor] = None, score_mod: Optional[ScoreMod] = None,
+                         documents: Optional[Documents] = None, mask=None,
                          ) -> Iterator[tuple[int, Tensor]]:
     """Explicit softmax by query chunks, in fp32.
 
@@ -89,6 +96,8 @@ def iter_attention_probs(q: Tensor, k: Tensor, m: Tensor, *, chunk_size: int = 1
     start..start+c-1. Peak extra memory is b*h*chunk_size*sk fp32 (choose chunk_size for 16K).
     `score_mod(scores, q_pos, k_pos)` gets raw fp32 logits [b, h, c, sk] (already scaled) and
     absolute positions q_pos [c], k_pos [sk]; masked entries are set to -inf after it.
+    With `documents` (sq == sk), score_mod gets positions inside documents q_pos [b, c],
+    k_pos [b, sk] and keys of other documents are hidden (`mask`: the variant's MaskSpec).
     """
     b, h, sq, d = q.shape
     g, sk = k.shape[1], k.shape[2]
@@ -98,6 +107,15 @@ def iter_attention_probs(q: Tensor, k: Tensor, m: Tensor, *, chunk_size: int = 1
     for start in range(0, sq, chunk_size):
         end = min(start + chunk_size, sq)
         scores = torch.matmul(qs[:, :, start:end], kf.transpose(-1, -2)) / math.sqrt(d)
+        if documents is not None:
+            pos = documents.positions
+            if score_mod is not None:
+                scores = score_mod(scores, pos[:, start:end], pos)
+            visible = documents.visible(k_pos[start:end], k_pos,
+                                        MaskSpec() if mask is None else mask)[:, None]  # [b, 1, c, sk]
+            scores = scores.masked_fill(~visible, float("-inf"))
+            yield start, torch.softmax(scores, dim=-1)
+            continue
         if score_mod is not None:
             scores = score_mod(scores, k_pos[start:end] + (sk - sq), k_pos)
         visible = _causal_mask(sq, sk, q.device, start, end)
@@ -107,19 +125,22 @@ def iter_attention_probs(q: Tensor, k: Tensor, m: Tensor, *, chunk_size: int = 1
 
 def eager_causal_attention(q: Tensor, k: Tensor, v: Tensor, m: Tensor, *,
                            q_scale: Optional[Tensor] = None, score_mod: Optional[ScoreMod] = None,
-                           chunk_size: int = 1024) -> Tensor:
+                           chunk_size: int = 1024, documents: Optional[Documents] = None,
+                           mask=None) -> Tensor:
     """Reference path: same contract as `causal_attention` (+ score_mod), computed in fp32 by query
     chunks, returned in q.dtype. Differentiable (used as the slow path of score_mod variants)."""
     _check_shapes(q, k, v, m)
     h, g = q.shape[1], k.shape[1]
     vf = v.float().repeat_interleave(h // g, dim=1)  # [b, h, sk, d]
     outs = [torch.matmul(p, vf) for _, p in iter_attention_probs(
-        q, k, m, chunk_size=chunk_size, q_scale=q_scale, score_mod=score_mod)]
+        q, k, m, chunk_size=chunk_size, q_scale=q_scale, score_mod=score_mod,
+        documents=documents, mask=mask)]
     return torch.cat(outs, dim=2).to(q.dtype)
 
 
 def attend(q: Tensor, k: Tensor, v: Tensor, m: Tensor, variant: PositionVariant,
-           positions: Union[Tensor, int, None] = None, *, eager: bool = False) -> Tensor:
+           positions: Union[Tensor, int, None] = None, *, eager: bool = False,
+           documents: Optional[Documents] = None) -> Tensor:
     """The whole attention function of a variant: rotate, scale, causal softmax, weight values.
 
     q [b, h, sq, d], k/v [b, g, sk, d] (not yet rotated), m [h] fp32 -> [b, h, sq, d] in q.dtype.
@@ -128,8 +149,19 @@ def attend(q: Tensor, k: Tensor, v: Tensor, m: Tensor, variant: PositionVariant,
     With a KV cache (sq < sk), the cached part k[:, :, :sk - sq] must be rotated already:
     `rotate` is applied to the new tokens only, so callers rotate before caching.
     `eager=True` forces the explicit-softmax reference path (tests).
+    documents: packed documents of the batch (ids [b, s]; no KV cache): each document attends
+    within itself, with positions counted from its start (`positions` must then be None).
     """
     sq, sk = q.shape[2], k.shape[2]
+    if documents is not None:
+        if sq != sk or positions is not None:
+            raise ValueError("document masking runs full sequences only (no KV cache, no "
+                             "explicit positions: they count from each document's start)")
+        documents.check(q)
+        if documents.single:  # one document per row: the causal function, on its fast paths
+            documents = None
+        else:
+            positions = documents.positions  # [b, s]
     if positions is None:
         positions = sk - sq
     if sq == sk:
@@ -142,8 +174,9 @@ def attend(q: Tensor, k: Tensor, v: Tensor, m: Tensor, variant: PositionVariant,
     q_scale = variant.query_scale(pos)
     score_mod = variant.score_mod
     if eager:
-        return eager_causal_attention(q, k, v, m, q_scale=q_scale, score_mod=score_mod)
-    if score_mod is None:
+        return eager_causal_attention(q, k, v, m, q_scale=q_scale, score_mod=score_mod,
+                                      documents=documents, mask=variant.mask)
+    if score_mod is None and documents is None:
         return causal_attention(q, k, v, m, q_scale=q_scale)
     # a distance bias and/or a window/block mask: one of paths.BIAS_IMPLS (variant.impl)
     _check_shapes(q, k, v, m)
@@ -151,6 +184,7 @@ def attend(q: Tensor, k: Tensor, v: Tensor, m: Tensor, variant: PositionVariant,
     impl = choose_impl(variant.impl, q, k, v, bias)
     if impl == "eager":
         return eager_causal_attention(q, k, v, m, q_scale=q_scale, score_mod=score_mod,
-                                      chunk_size=variant.chunk_size)
+                                      chunk_size=variant.chunk_size, documents=documents,
+                                      mask=variant.mask)
     return BIAS_IMPLS[impl](q, k, v, m, q_scale=q_scale, bias=bias, mask=variant.mask,
-                            chunk_size=variant.chunk_size)
+                            chunk_size=variant.chunk_size, documents=documents)

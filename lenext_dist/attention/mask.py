@@ -49,8 +49,9 @@ class MaskSpec:
         return i + 1 - lo
 
     def visible(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
-        """Boolean [c, n], True = visible, for absolute positions q_pos [c], k_pos [n]."""
-        q, k = q_pos[:, None], k_pos[None, :]
+        """Boolean [..., c, n], True = visible, for positions q_pos [..., c], k_pos [..., n]
+        (absolute positions, or positions inside documents with a leading batch dim)."""
+        q, k = q_pos[..., :, None], k_pos[..., None, :]
         vis = k <= q
         if self.window is not None:
             vis = vis & (q - k < self.window)

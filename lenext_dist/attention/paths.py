@@ -22,6 +22,12 @@ logit(i, j) = m_h t_i / sqrt(d) q_i.k_j + bias[h, i - j] for visible j (causal, 
   cannot run here, or past FLEX_MAX_SHAPES distinct shapes.
 - `eager`: the explicit fp32 softmax reference (`core.eager_causal_attention`).
 
+Document masking (`documents`, a `documents.Documents` of the batch; sq == sk): every kernel also
+hides keys of other documents. `chunked` starts each chunk's keys at the lowest document start
+of its first query (over the batch) and masks with a [b, 1|h, c, keys] block; `flex` uses a block
+mask built from per-block document ranges (documents.py); `sdpa_mask` builds [b, 1|h, L, L] (as
+it builds [h, L, L] without documents: short sequences and the benchmark only).
+
 `choose_impl` resolves `auto` (see its docstring for the measured reasons).
 """
 from __future__ import annotations
@@ -39,10 +45,11 @@ from .mask import MaskSpec
 def scaled_query(q: Tensor, m: Tensor, q_scale: Optional[Tensor]) -> Tensor:
     """q [b, h, sq, d] * m [h] (* t [sq]): lambda_{j,i} = m_j t_i / sqrt(d) after the kernel's
     1/sqrt(d). The product is taken in fp32 and rounded once: m in bf16 would be quantized
-    (c = 1.2 -> 1.203125, a 0.01 sweep grid in steps of 2^-7); in fp32 runs it is bitwise q * m."""
+    (c = 1.2 -> 1.203125, a 0.01 sweep grid in steps of 2^-7); in fp32 runs it is bitwise q * m.
+    q_scale [b, sq] (per-document positions) scales each row on its own."""
     mult = m.float().view(1, -1, 1, 1)
     if q_scale is not None:
-        mult = mult * q_scale.float().view(1, 1, -1, 1)
+        mult = mult * q_scale.float().unsqueeze(-2).unsqueeze(-1)  # [1|b, 1, sq, 1]
     return (q.float() * mult).to(q.dtype)
 
 
@@ -65,8 +72,16 @@ def _toeplitz_mask(bias: Tensor, q0: int, c: int, lo: int, hi: int, window: Opti
 
 
 def _block_mask(q_pos: Tensor, k_pos: Tensor, bias: Optional[Tensor], mask: MaskSpec,
-                dtype: torch.dtype) -> Tensor:
-    """Additive mask [1, h, c, n] (bias + -inf) or boolean [c, n] when there is no bias."""
+                dtype: torch.dtype, documents=None) -> Tensor:
+    """Additive mask [1, h, c, n] (bias + -inf) or boolean [c, n] when there is no bias; with
+    `documents` (q_pos, k_pos are then indices in the row): [b, h, c, n] or boolean [b, 1, c, n]."""
+    if documents is not None:
+        vis = documents.visible(q_pos, k_pos, mask)[:, None]  # [b, 1, c, n]
+        if bias is None:
+            return vis
+        # inside a document the distance is i - j in indices too; other pairs are hidden
+        add = _block_mask(q_pos, k_pos, bias, MaskSpec(), dtype)  # [1, h, c, n] causal + bias
+        return add.masked_fill(~vis, float("-inf"))
     if bias is not None and mask.block is None:
         return _toeplitz_mask(bias, int(q_pos[0]), q_pos.shape[0], int(k_pos[0]),
                               int(k_pos[-1]) + 1, mask.window, dtype)
@@ -81,7 +96,7 @@ def _block_mask(q_pos: Tensor, k_pos: Tensor, bias: Optional[Tensor], mask: Mask
 
 def chunked_attention(q: Tensor, k: Tensor, v: Tensor, m: Tensor, *,
                       q_scale: Optional[Tensor] = None, bias: Optional[Tensor] = None,
-                      mask: MaskSpec = MaskSpec(), chunk_size: int = 256) -> Tensor:
+                      mask: MaskSpec = MaskSpec(), chunk_size: int = 256, documents=None) -> Tensor:
     sq, sk = q.shape[2], k.shape[2]
     off = sk - sq
     qs = scaled_query(q, m, q_scale)
@@ -89,10 +104,11 @@ def chunked_attention(q: Tensor, k: Tensor, v: Tensor, m: Tensor, *,
     outs = []
     for start in range(0, sq, chunk_size):
         end = min(start + chunk_size, sq)
-        lo, hi = mask.first_key(start + off), end + off
+        lo = mask.first_key(start + off) if documents is None else documents.first_key(start, mask)
+        hi = end + off
         q_pos = torch.arange(start + off, end + off, device=q.device)
         k_pos = torch.arange(lo, hi, device=q.device)
-        am = _block_mask(q_pos, k_pos, bias, mask, q.dtype)
+        am = _block_mask(q_pos, k_pos, bias, mask, q.dtype, documents)
         outs.append(F.scaled_dot_product_attention(qs[:, :, start:end], k[:, :, lo:hi],
                                                    v[:, :, lo:hi], attn_mask=am, enable_gqa=gqa))
     return torch.cat(outs, dim=2) if len(outs) > 1 else outs[0]
@@ -100,10 +116,11 @@ def chunked_attention(q: Tensor, k: Tensor, v: Tensor, m: Tensor, *,
 
 def sdpa_mask_attention(q: Tensor, k: Tensor, v: Tensor, m: Tensor, *,
                         q_scale: Optional[Tensor] = None, bias: Optional[Tensor] = None,
-                        mask: MaskSpec = MaskSpec(), chunk_size: int = 256) -> Tensor:
+                        mask: MaskSpec = MaskSpec(), chunk_size: int = 256,
+                        documents=None) -> Tensor:
     sq, sk = q.shape[2], k.shape[2]
     q_pos = torch.arange(sk - sq, sk, device=q.device)
-    am = _block_mask(q_pos, torch.arange(sk, device=q.device), bias, mask, q.dtype)
+    am = _block_mask(q_pos, torch.arange(sk, device=q.device), bias, mask, q.dtype, documents)
     return F.scaled_dot_product_attention(scaled_query(q, m, q_scale), k, v, attn_mask=am,
                                           enable_gqa=k.shape[1] != q.shape[1])
 
@@ -150,20 +167,23 @@ _flex_shapes: set = set()
 _flex_broken: list = []  # the first compile error, if torch.compile cannot run here
 
 
-def _flex_key(q: Tensor, k: Tensor, bias: Optional[Tensor], mask: MaskSpec) -> tuple:
-    return (tuple(q.shape), tuple(k.shape), q.dtype, q.device.type, bias is not None, mask)
+def _flex_key(q: Tensor, k: Tensor, bias: Optional[Tensor], mask: MaskSpec, documents) -> tuple:
+    return (tuple(q.shape), tuple(k.shape), q.dtype, q.device.type, bias is not None, mask,
+            documents is not None)
 
 
 def flex_path_attention(q: Tensor, k: Tensor, v: Tensor, m: Tensor, *,
                         q_scale: Optional[Tensor] = None, bias: Optional[Tensor] = None,
-                        mask: MaskSpec = MaskSpec(), chunk_size: int = 256) -> Tensor:
-    key = _flex_key(q, k, bias, mask)
+                        mask: MaskSpec = MaskSpec(), chunk_size: int = 256,
+                        documents=None) -> Tensor:
+    key = _flex_key(q, k, bias, mask, documents)
     if _flex_broken or (key not in _flex_shapes and len(_flex_shapes) >= FLEX_MAX_SHAPES):
         return chunked_attention(q, k, v, m, q_scale=q_scale, bias=bias, mask=mask,
-                                 chunk_size=chunk_size)
+                                 chunk_size=chunk_size, documents=documents)
     sq, sk = q.shape[2], k.shape[2]
     try:
-        block_mask = _flex_block_mask(mask, sq, sk, str(q.device))
+        block_mask = (_flex_block_mask(mask, sq, sk, str(q.device)) if documents is None
+                      else documents.flex_block_mask(mask))
         score_mod = None if bias is None else _bias_score_mod(bias.to(q.dtype), sk - sq)
         out = _compiled_flex()(scaled_query(q, m, q_scale), k, v, score_mod=score_mod,
                                block_mask=block_mask, enable_gqa=k.shape[1] != q.shape[1])
@@ -176,7 +196,7 @@ def flex_path_attention(q: Tensor, k: Tensor, v: Tensor, m: Tensor, *,
                       "using the chunked SDPA path")
         _flex_broken.append(e)
         return chunked_attention(q, k, v, m, q_scale=q_scale, bias=bias, mask=mask,
-                                 chunk_size=chunk_size)
+                                 chunk_size=chunk_size, documents=documents)
     _flex_shapes.add(key)
     return out
 

@@ -89,18 +89,21 @@ class PositionVariant(nn.Module):
         return self
 
     def forward(self, q: Tensor, k: Tensor, v: Tensor, m: Tensor,
-                positions: Union[Tensor, int, None] = None, *, eager: bool = False) -> Tensor:
-        """`core.attend(q, k, v, m, self, positions, eager=eager)` through `nn.Module.__call__`, so
+                positions: Union[Tensor, int, None] = None, *, eager: bool = False,
+                documents=None) -> Tensor:
+        """`core.attend(q, k, v, m, self, positions, eager=, documents=)` through
+        `nn.Module.__call__`, so
         that module hooks see the call (DeepSpeed ZeRO-3 gathers a learned variant's partitioned
         parameters in its pre-forward hook). Callers holding a variant should call it this way."""
         from .core import attend  # core imports this module
 
-        return attend(q, k, v, m, self, positions, eager=eager)
+        return attend(q, k, v, m, self, positions, eager=eager, documents=documents)
 
     # ---- hooks ---------------------------------------------------------------------------------
 
     def rotate(self, q: Tensor, k: Tensor, positions: Union[Tensor, int]) -> tuple[Tensor, Tensor]:
-        """q [b, h, s, d], k [b, g, s, d], positions [s] or int start -> rotated (q, k)."""
+        """q [b, h, s, d], k [b, g, s, d], positions [s], [b, s] (positions inside packed
+        documents, one row each) or int start -> rotated (q, k)."""
         return q, k
 
     def query_scale(self, positions: Tensor) -> Optional[Tensor]:
@@ -139,13 +142,14 @@ class PositionVariant(nn.Module):
 
     def _score_mod(self, scores: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor:
         if self.has_bias:
-            n = int(k_pos.shape[0])  # distances of causal pairs are < sk
+            n = int(k_pos.shape[-1])  # distances of causal pairs are < sk
             table = self.distance_bias(n, scores.device)  # [h, n]
-            dist = (q_pos[:, None] - k_pos[None, :]).clamp(0, n - 1)
-            scores = scores + table[:, dist]  # [h, c, sk] broadcast over b
+            # q_pos [c] / k_pos [sk], or [b, c] / [b, sk] (positions inside packed documents)
+            dist = (q_pos[..., :, None] - k_pos[..., None, :]).clamp(0, n - 1)
+            scores = scores + table[:, dist].movedim(0, -3)  # [h, c, sk] or [b, h, c, sk]
         mask = self.mask
         if not mask.causal_only:
-            scores = scores.masked_fill(~mask.visible(q_pos, k_pos), float("-inf"))
+            scores = scores.masked_fill(~mask.visible(q_pos, k_pos).unsqueeze(-3), float("-inf"))
         return scores
 
     # ---- layers --------------------------------------------------------------------------------

@@ -116,7 +116,8 @@ class RoPE(PositionVariant):
     def cos_sin(self, positions: Union[Tensor, int], length: int, device: torch.device,
                 dtype: torch.dtype) -> tuple[Tensor, Tensor]:
         """(cos, sin), each [length, d] in `dtype` on `device`, for `positions`: a tensor [length]
-        (any values, fractional allowed) or an int start (positions start..start+length-1).
+        (any values, fractional allowed) or an int start (positions start..start+length-1);
+        positions [b, length] (inside packed documents) give [b, 1, length, d]. 
 
         The int form is cached for the last (start, length, device, dtype): every layer of a
         forward pass asks for the same range, so the [s, d/2] fp32 outer product is paid once per
@@ -129,8 +130,10 @@ class RoPE(PositionVariant):
             pos = torch.arange(positions, positions + length, device=device)
         else:
             key, pos = None, positions.to(device)
-        angles = pos.to(torch.float32)[:, None] * self.inv_freq.to(device)[None, :]  # [s, d/2]
-        emb = torch.cat((angles, angles), dim=-1)  # [s, d] fp32
+        angles = pos.to(torch.float32)[..., None] * self.inv_freq.to(device)  # [(b,) s, d/2]
+        emb = torch.cat((angles, angles), dim=-1)  # [(b,) s, d] fp32
+        if emb.dim() == 3:
+            emb = emb.unsqueeze(1)  # [b, 1, s, d]: broadcast over heads
         cos = (emb.cos() * self.mscale).to(dtype)
         sin = (emb.sin() * self.mscale).to(dtype)
         if key is not None:

@@ -56,14 +56,16 @@ class XPOS(RoPE):
                    blockwise=bool(opt("blockwise", False)), train_length=train_length)
 
     def decay(self, positions: Union[Tensor, int], length: int, device) -> Tensor:
-        """xi^(p / scale_base) [length, d] fp32 (pairs k and k + d/2 share xi_k)."""
+        """xi^(p / scale_base) [length, d] fp32 (pairs k and k + d/2 share xi_k); [b, 1, length, d]
+        for positions [b, length]."""
         if isinstance(positions, int):
             pos = torch.arange(positions, positions + length, device=device)
         else:
             pos = positions.to(device)
         log_xi = torch.log(self.xi.to(device))
-        e = pos.to(torch.float32)[:, None] / self.scale_base * log_xi[None, :]  # [s, d/2]
-        return torch.exp(torch.cat((e, e), dim=-1))
+        e = pos.to(torch.float32)[..., None] / self.scale_base * log_xi  # [(b,) s, d/2]
+        up = torch.exp(torch.cat((e, e), dim=-1))
+        return up.unsqueeze(1) if up.dim() == 3 else up
 
     def max_position(self, dtype: torch.dtype, headroom: float = 64.0) -> int:
         """Largest position p whose key scale xi_0^(-p / scale_base) times `headroom` is finite in

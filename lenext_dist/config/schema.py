@@ -233,6 +233,13 @@ class DataConfig:
     """Data order seed (shuffle of documents and samples); HeadScale uses a fresh one."""
     cache_dir: Optional[str] = None
     """Where megatron caches its sample indices; null puts them under <run_dir>/data_cache."""
+    bos: bool = False
+    """Put the tokenizer's BOS before every document when samples are built (shards stay as they
+    are: no re-tokenization; shards made without BOS stay valid). Recorded in the export, and
+    every evaluation then starts documents / prompts with BOS by default."""
+    document_mask: bool = False
+    """Document masking of packed sequences: attention stays within each document of a training
+    sequence (split after EOS, and at BOS), positions count from each document's start."""
 
     def __post_init__(self):
         for item in self.blend + self.valid_blend:

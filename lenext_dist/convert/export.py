@@ -105,7 +105,7 @@ def write_attention_copy(out: Path, src: Path = ATTENTION_DIR) -> list[str]:
     return written
 
 
-def _tokenizer_files(out: Path, tokenizer: Path) -> dict:
+def _tokenizer_files(out: Path, tokenizer: Path, bos: bool = False) -> dict:
     import sentencepiece as spm
 
     sp = spm.SentencePieceProcessor(model_file=str(tokenizer))
@@ -116,7 +116,8 @@ def _tokenizer_files(out: Path, tokenizer: Path) -> dict:
     tok_cfg = {
         "tokenizer_class": "LenextTokenizer",
         "auto_map": {"AutoTokenizer": ["tokenization_lenext.LenextTokenizer", None]},
-        "add_bos_token": False,  # as data_prep: sp.encode(text) + [eos], no BOS
+        # as training read the shards: sp.encode(text) + [eos], with BOS before it if data.bos
+        "add_bos_token": bool(bos),
         "add_eos_token": False,
         "model_max_length": 1_000_000_000,
         "clean_up_tokenization_spaces": False,
@@ -150,6 +151,7 @@ def build_hf_config(cfg, *, scale_c: float, head_scale_source: str, tok: Optiona
         position=a.position, rope=dataclasses.asdict(a.rope), scale_c=float(scale_c),
         train_length=m.base_length, head_scale_source=head_scale_source,
         attention_options=options,
+        bos_at_document_start=bool(cfg.data.bos), document_mask=bool(cfg.data.document_mask),
         lenext_format=LENEXT_FORMAT, lenext_source=source, dtype=dtype,
     )
 
@@ -225,7 +227,7 @@ def export(checkpoint: Union[str, Path], out: Union[str, Path], *, tag: Optional
         if not tok_path.is_file():
             raise ExportError(f"tokenizer {tok_path} not found (the run's data.tokenizer is relative "
                               "to where it was launched; pass --tokenizer PATH)")
-        tok_info = _tokenizer_files(out, tok_path)
+        tok_info = _tokenizer_files(out, tok_path, bos=cfg.data.bos)
         if tok_info["size"] > m.vocab_size:
             raise ExportError(f"tokenizer has {tok_info['size']} pieces > model vocab {m.vocab_size}")
 

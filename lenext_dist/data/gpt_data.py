@@ -6,6 +6,16 @@ Batch layout: optimizer step t owns the global samples [t*G, (t+1)*G), G = globa
 it, micro-batch m of data-parallel rank r reads [t*G + (m*W + r)*B, ... + B) (B = micro batch, W =
 world size). Any world size with the same G therefore sees the same samples in each step, which is
 what makes loss curves comparable across rank counts and resumable at another rank count.
+
+BOS (`data.bos`): added when samples are built, not in the shards. `BosDocuments` shows megatron
+each shard document as [BOS] + tokens (its sequence lengths + 1), so GPTDataset packs, shuffles and
+cuts documents exactly as it would have had the shards been written with BOS; shards need no
+re-tokenization and stay valid both ways. The BOS id joins the tokenizer's identifiers, so
+megatron's cached sample indices of a run without BOS are never reused with it.
+
+Document masking (`data.document_mask`): each micro-batch also carries `document_ids` [b, s]
+(split after EOS and at BOS, lenext_dist.attention.document_ids), handed to the model as its
+attention mask.
 """
 from __future__ import annotations
 
@@ -29,20 +39,70 @@ class ShardTokenizer:
 
     eod: int
     vocab_size: int
+    bos: Optional[int] = None  # put before every document when set (data.bos)
 
     @property
     def unique_identifiers(self) -> dict:
         """Part of megatron's dataset description, hashed into the sample-index cache names."""
-        return {"class": type(self).__name__, "eod": self.eod, "vocab_size": self.vocab_size}
+        ids = {"class": type(self).__name__, "eod": self.eod, "vocab_size": self.vocab_size}
+        if self.bos is not None:  # absent without BOS: earlier runs' cache names stay the same
+            ids["bos"] = self.bos
+        return ids
 
     @classmethod
-    def from_sentencepiece(cls, path: str) -> "ShardTokenizer":
+    def from_sentencepiece(cls, path: str, bos: bool = False) -> "ShardTokenizer":
         import sentencepiece as spm
 
         if not Path(path).is_file():
             raise ConfigError(f"data.tokenizer: {path}: no such SentencePiece model")
         sp = spm.SentencePieceProcessor(model_file=str(path))
-        return cls(eod=sp.eos_id(), vocab_size=sp.get_piece_size())
+        if bos and sp.bos_id() < 0:
+            raise ConfigError(f"data.bos: {path} has no BOS piece (bos_id -1); set data.bos "
+                              "false or train the tokenizer with a BOS (train_tokenizer.py does)")
+        return cls(eod=sp.eos_id(), vocab_size=sp.get_piece_size(),
+                   bos=sp.bos_id() if bos else None)
+
+
+class BosDocuments:
+    """A megatron IndexedDataset whose every document reads as [bos] + its tokens.
+
+    What GPTDataset uses of a low-level dataset: `sequence_lengths` (int32, one more per
+    document), `get(idx, offset, length)` (token offset 0 is the BOS), `path_prefix`, len().
+    """
+
+    def __init__(self, inner, bos: int):
+        import numpy as np
+
+        self.inner, self.bos = inner, int(bos)
+        self.sequence_lengths = (inner.sequence_lengths + 1).astype(np.int32)
+        self.path_prefix = inner.path_prefix
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+    def get(self, idx: int, offset: int = 0, length: Optional[int] = None):
+        import numpy as np
+
+        if length is None:
+            length = int(self.sequence_lengths[idx]) - offset
+        if offset > 0:
+            return self.inner.get(idx, offset - 1, length)
+        rest = self.inner.get(idx, 0, length - 1) if length > 1 else np.zeros(0, np.int64)
+        return np.concatenate((np.asarray([self.bos], dtype=rest.dtype), rest))[:length]
+
+
+def _gpt_dataset_class():
+    """megatron's GPTDataset, with `BosDocuments` under it when the tokenizer carries a BOS."""
+    from megatron.core.datasets.gpt_dataset import GPTDataset
+
+    class BosGPTDataset(GPTDataset):
+        @staticmethod
+        def build_low_level_dataset(dataset_path, config):
+            inner = GPTDataset.build_low_level_dataset(dataset_path, config)
+            bos = config.tokenizer.bos
+            return inner if bos is None else BosDocuments(inner, bos)
+
+    return BosGPTDataset
 
 
 def _check_prefixes(items: list[BlendItem], key: str) -> None:
@@ -71,7 +131,7 @@ def build_datasets(cfg: RunConfig, world_size: int):
         raise ConfigError("data.blend: no training shards configured")
     _check_prefixes(d.blend, "data.blend")
     _check_prefixes(d.valid_blend, "data.valid_blend")
-    tok = ShardTokenizer.from_sentencepiece(d.tokenizer)
+    tok = ShardTokenizer.from_sentencepiece(d.tokenizer, bos=d.bos)
     if tok.vocab_size > cfg.model.vocab_size:
         raise ConfigError(f"model.vocab_size: {cfg.model.vocab_size} < tokenizer vocabulary "
                           f"{tok.vocab_size} ({d.tokenizer})")
@@ -90,7 +150,9 @@ def build_datasets(cfg: RunConfig, world_size: int):
         mid_level_dataset_surplus=0.05,
     )
     sizes = [t.steps * t.global_batch_size, valid_samples, None]
-    train, valid, _ = BlendedMegatronDatasetBuilder(GPTDataset, sizes, lambda: True, gcfg).build()
+    # without BOS: megatron's own class (its name is part of the sample-index cache names)
+    cls = _gpt_dataset_class() if d.bos else GPTDataset
+    train, valid, _ = BlendedMegatronDatasetBuilder(cls, sizes, lambda: True, gcfg).build()
     return train, (valid if d.valid_blend and valid_samples else None)
 
 
@@ -101,10 +163,19 @@ def sample_indices(step: int, micro: int, rank: int, world: int, micro_batch: in
     return range(start, start + micro_batch)
 
 
-def collate(dataset, indices) -> dict[str, torch.Tensor]:
+def collate(dataset, indices, document_mask: bool = False) -> dict[str, torch.Tensor]:
+    """Stack samples into a micro-batch; `document_mask` adds `document_ids` [b, s] (from the
+    dataset tokenizer's EOS, and BOS when data.bos put one before every document)."""
     samples = [dataset[i] for i in indices]
-    return {k: torch.stack([s[k] for s in samples]) for k in ("tokens", "labels", "loss_mask",
-                                                               "position_ids")}
+    batch = {k: torch.stack([s[k] for s in samples]) for k in ("tokens", "labels", "loss_mask",
+                                                                "position_ids")}
+    if document_mask:
+        from lenext_dist.attention import document_ids
+
+        tok = dataset.config.tokenizer
+        batch["document_ids"] = document_ids(batch["tokens"], eos_id=tok.eod,
+                                             bos_id=getattr(tok, "bos", None))
+    return batch
 
 
 def train_batches(dataset, cfg: RunConfig, rank: int, world: int, start_step: int
@@ -114,7 +185,8 @@ def train_batches(dataset, cfg: RunConfig, rank: int, world: int, start_step: in
     accum = t.accum_steps(world)
     for step in range(start_step, t.steps):
         yield [collate(dataset, sample_indices(step, m, rank, world, t.micro_batch_size,
-                                               t.global_batch_size)) for m in range(accum)]
+                                               t.global_batch_size), cfg.data.document_mask)
+               for m in range(accum)]
 
 
 def valid_batches(dataset, cfg: RunConfig, rank: int, world: int, eval_index: int
@@ -124,4 +196,4 @@ def valid_batches(dataset, cfg: RunConfig, rank: int, world: int, eval_index: in
     per_eval = t.eval_iters * t.micro_batch_size * world
     for i in range(t.eval_iters):
         start = eval_index * per_eval + (i * world + rank) * t.micro_batch_size
-        yield collate(dataset, range(start, start + t.micro_batch_size))
+        yield collate(dataset, range(start, start + t.micro_batch_size), cfg.data.document_mask)

@@ -14,7 +14,7 @@ Two layouts are supported:
   overwriting `self_attn.scaling` (HF passes it to every attention backend).
 
 Public API: `attention_layers`, `layout`, `capture_qk`, `head_scales`, `set_uniform_scale`,
-`restore_scales`, `train_length`.
+`restore_scales`, `train_length`, `trained_with_bos`.
 """
 from __future__ import annotations
 
@@ -146,6 +146,24 @@ def train_length(model: nn.Module) -> Optional[int]:
             return int(rs["original_max_position_embeddings"])
     v = getattr(cfg, "max_position_embeddings", None)
     return int(v) if v else None
+
+
+def trained_with_bos(model: nn.Module, model_dir: Optional[str] = None) -> bool:
+    """Whether training put BOS before every document: the config's `bos_at_document_start`
+    (lenext exports, from data.bos); else `add_bos_token` of `model_dir`/tokenizer_config.json;
+    else False (shards made before data.bos existed had none)."""
+    v = getattr(getattr(model, "config", None), "bos_at_document_start", None)
+    if v is not None:
+        return bool(v)
+    if model_dir:
+        import json
+        import os
+
+        path = os.path.join(model_dir, "tokenizer_config.json")
+        if os.path.isfile(path):
+            with open(path) as f:
+                return bool(json.load(f).get("add_bos_token", False))
+    return False
 
 
 def _llama_qk(attn: nn.Module, hidden: Tensor, kwargs: dict) -> tuple[Tensor, Tensor]:

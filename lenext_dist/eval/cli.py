@@ -48,6 +48,9 @@ def _add_common(p: argparse.ArgumentParser, data: bool = True) -> None:
     p.add_argument("--train-length", type=int, default=None,
                    help="training context L (default: from the model config)")
     p.add_argument("--no-progress", action="store_true", help="no tqdm progress bars")
+    p.add_argument("--bos", action=argparse.BooleanOptionalAction, default=None,
+                   help="start every document (ppl, entropy, scale-sweep) or prompt (passkey) "
+                   "with BOS; default: as the model was trained (config bos_at_document_start)")
     if data:
         p.add_argument("--data", nargs="+", required=True,
                        help=".jsonl / .jsonl.zst / .txt files, globs or folders")
@@ -81,7 +84,6 @@ def build_parser(parser: Optional[argparse.ArgumentParser] = None) -> argparse.A
     p.add_argument("--keys", type=int, default=10, help="random 5-digit keys per cell")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-new-tokens", type=int, default=8)
-    p.add_argument("--bos", action="store_true", help="start prompts with BOS")
 
     p = sub.add_parser("entropy", help="per-position attention entropy per head and layer")
     _add_common(p)
@@ -152,7 +154,7 @@ def model_info(model, path: str, args) -> dict:
 def _setup(args):
     import torch
 
-    from .adapter import set_uniform_scale, set_variant, train_length
+    from .adapter import set_uniform_scale, set_variant, train_length, trained_with_bos
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -164,6 +166,8 @@ def _setup(args):
     if options or rope:
         set_variant(model, rope=rope or None, **options)
     L = args.train_length or train_length(model)
+    if args.bos is None:  # the model's training decides (recorded in args, so in the JSON)
+        args.bos = trained_with_bos(model, args.model)
     out = args.out or os.path.join("results", os.path.basename(os.path.normpath(args.model)))
     os.makedirs(out, exist_ok=True)
     meta = {"command": " ".join(sys.argv),
@@ -182,7 +186,7 @@ def _docs(args, min_tokens: int):
     from .data import load_documents
 
     return load_documents(args.data, _tokenizer(args), text_key=args.text_key,
-                          min_tokens=min_tokens, max_docs=args.max_docs)
+                          min_tokens=min_tokens, max_docs=args.max_docs, bos=args.bos)
 
 
 def result_suffix(scale_c=None, window=None, log_scale_a=None, rope_scaling=None,

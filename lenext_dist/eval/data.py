@@ -4,7 +4,9 @@ Inputs (`--data`, globs allowed): `.jsonl` / `.jsonl.zst` (one JSON object per l
 `text_key`, optional `meta.title` used as the document name) and `.txt` (one file = one
 document). Documents are tokenized with SentencePiece itself (`sp.encode(text)`, no BOS, no EOS:
 a held-out document is one contiguous token stream, and windows are cut from inside it), the same
-tokenizer the model was trained with (`tokenizer.model` in the model directory).
+tokenizer the model was trained with (`tokenizer.model` in the model directory). `bos=True`
+(a model trained with data.bos) puts BOS before each document, as training saw it: the first
+window of a document then starts with BOS (never a target), later windows do not.
 
 Public API: `EvalDoc`, `expand_inputs`, `load_documents`, `load_tokenizer`, `round_robin`.
 """
@@ -44,9 +46,10 @@ class DocSet:
     docs: list[EvalDoc]
     tokenizer: str
     files: list[dict] = field(default_factory=list)  # {path, sha256, documents, tokens}
+    bos: bool = False  # each document starts with BOS (counted in its tokens)
 
     def describe(self) -> dict:
-        return {"tokenizer": self.tokenizer, "files": self.files,
+        return {"tokenizer": self.tokenizer, "files": self.files, "bos": self.bos,
                 "documents": [{"name": d.name, "tokens": len(d)} for d in self.docs],
                 "total_tokens": int(sum(len(d) for d in self.docs))}
 
@@ -132,13 +135,17 @@ def _sha256(path: str) -> str:
 
 
 def load_documents(patterns: Sequence[str], tokenizer: str, *, text_key: str = "text",
-                   min_tokens: int = 0, max_docs: Optional[int] = None) -> DocSet:
+                   min_tokens: int = 0, max_docs: Optional[int] = None,
+                   bos: bool = False) -> DocSet:
     """Tokenize every document of `patterns` with the SentencePiece model `tokenizer`.
 
     Documents with fewer than `min_tokens` tokens are dropped (protocols skip them anyway);
     `max_docs` keeps the first N documents in sorted-file order.
     """
     sp = load_tokenizer(tokenizer)
+    if bos and sp.bos_id() < 0:
+        raise ValueError(f"{tokenizer}: no BOS piece, cannot start documents with BOS (--no-bos)")
+    head = [sp.bos_id()] if bos else []
     docs: list[EvalDoc] = []
     files = []
     for path in expand_inputs(patterns):
@@ -146,7 +153,7 @@ def load_documents(patterns: Sequence[str], tokenizer: str, *, text_key: str = "
         for name, text in _iter_texts(path, text_key):
             if max_docs is not None and len(docs) >= max_docs:
                 break
-            ids = np.asarray(sp.encode(text), dtype=np.int64)
+            ids = np.asarray(head + sp.encode(text), dtype=np.int64)
             n_docs += 1
             n_tok += len(ids)
             if len(ids) >= max(min_tokens, 1):
@@ -155,7 +162,7 @@ def load_documents(patterns: Sequence[str], tokenizer: str, *, text_key: str = "
     if not docs:
         raise ValueError(f"no document with at least {min_tokens} tokens in {list(patterns)}")
     tok_path = os.path.join(tokenizer, "tokenizer.model") if os.path.isdir(tokenizer) else tokenizer
-    return DocSet(docs, os.path.abspath(tok_path), files)
+    return DocSet(docs, os.path.abspath(tok_path), files, bos=bos)
 
 
 def round_robin(per_doc: Sequence[Sequence]) -> list:

@@ -17,6 +17,11 @@ when one is missing or unknown (`check_lenext_config`):
 - `attention_options`: every other field of the run's `attention` config section (sliding
   `window`, log-length scale, per-variant sections such as `kerple`, ...), handed to the
   variant's `from_config` as attributes (missing ones take the variant's defaults). Optional.
+- `bos_at_document_start`: the training data had BOS (`bos_token_id`) before every document
+  (data.bos); evaluations start documents and prompts with BOS by default when it is true.
+  Optional (absent in exports made before it existed: false).
+- `document_mask`: training kept attention inside each packed document (data.document_mask);
+  `LenextForCausalLM.forward(document_ids=...)` does the same on packed inputs. Optional.
 
 `rope_parameters` is deliberately set to a rope type transformers does not know
 (`LENEXT_ROPE_GUARD`), so that forcing the folder into a stock Llama class
@@ -63,6 +68,8 @@ class LenextConfig(PretrainedConfig):
     train_length: int | None = None
     head_scale_source: str | None = None
     attention_options: dict | None = None
+    bos_at_document_start: bool | None = None
+    document_mask: bool | None = None
     lenext_format: int | None = None
     lenext_source: dict | None = None
 

@@ -25,6 +25,11 @@ Padding: right padding only (each attention_mask row is ones then zeros, as lm-e
 pads log-likelihood batches): with causal attention a pad never reaches a real token, so the real
 positions compute exactly what they compute unpadded; left padding (zeros before a one) and padding
 with a KV cache raise. Batch rows share positions.
+
+Packed documents: `forward(..., document_ids=ids)` with ids [b, s] (e.g.
+`model.document_ids(input_ids)`: split after EOS and at BOS) keeps attention inside each document,
+positions counted from its start, as training with data.document_mask did (no KV cache).
+`config.document_mask` / `config.bos_at_document_start` record how the model was trained.
 """
 from __future__ import annotations
 
@@ -40,7 +45,7 @@ from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutpu
 from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm
 
 from .configuration_lenext import LenextConfig, check_lenext_config
-from .lenext_attention import POSITIONS, attend, build_position
+from .lenext_attention import POSITIONS, Documents, attend, build_position, document_ids
 
 
 def _namespace(d):
@@ -125,13 +130,19 @@ class LenextAttention(nn.Module):
         return self.position.rotate(q, k, positions)
 
     def forward(self, hidden_states: Tensor, positions: Union[Tensor, int],
-                past_key_values: Optional[Cache] = None, query_from: int = 0) -> Tensor:
+                past_key_values: Optional[Cache] = None, query_from: int = 0,
+                documents: Optional[Documents] = None) -> Tensor:
         """hidden_states [b, s, hidden] -> [b, s - query_from, hidden]: the outputs of the queries
-        query_from..s-1 only (keys and values of all s tokens; the cache, if any, gets all)."""
+        query_from..s-1 only (keys and values of all s tokens; the cache, if any, gets all).
+        documents: packed documents (positions then come from them; no cache, query_from 0)."""
         b, s, _ = hidden_states.shape
         q, k, v = self._project(hidden_states, query_from)
         sq = s - query_from
-        if past_key_values is None and not query_from:
+        if documents is not None:
+            if past_key_values is not None or query_from:
+                raise NotImplementedError("lenext: document_ids need a full forward without cache")
+            out = attend(q, k, v, self.head_scale, self.position, documents=documents)
+        elif past_key_values is None and not query_from:
             out = attend(q, k, v, self.head_scale, self.position, positions)
         else:
             # attend rotates the keys of its sq queries itself; the keys before them (cached, or
@@ -159,10 +170,10 @@ class LenextDecoderLayer(nn.Module):
         self.post_attention_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
 
     def forward(self, hidden_states: Tensor, positions, past_key_values=None,
-                query_from: int = 0) -> Tensor:
+                query_from: int = 0, documents=None) -> Tensor:
         """[b, s, hidden] -> [b, s - query_from, hidden] (see LenextAttention.forward)."""
         hidden_states = hidden_states[:, query_from:] + self.self_attn(
-            self.input_layernorm(hidden_states), positions, past_key_values, query_from)
+            self.input_layernorm(hidden_states), positions, past_key_values, query_from, documents)
         return hidden_states + self.mlp(self.post_attention_layernorm(hidden_states))
 
 
@@ -216,10 +227,11 @@ class LenextModel(LenextPreTrainedModel):
                 position_ids: Optional[Tensor] = None, past_key_values: Optional[Cache] = None,
                 inputs_embeds: Optional[Tensor] = None, use_cache: Optional[bool] = None,
                 output_hidden_states: Optional[bool] = None, hidden_from: int = 0,
-                **kwargs) -> BaseModelOutputWithPast:
+                document_ids: Optional[Tensor] = None, **kwargs) -> BaseModelOutputWithPast:
         """hidden_from > 0: last_hidden_state [b, s - hidden_from, hidden] of the positions
         hidden_from.. only; the last layer then runs its queries, attention output and MLP on
-        those positions alone (what scoring the tail of a window, or a prefill, needs)."""
+        those positions alone (what scoring the tail of a window, or a prefill, needs).
+        document_ids [b, s]: packed documents (see the module docstring)."""
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("specify exactly one of input_ids or inputs_embeds")
         if attention_mask is not None and attention_mask.dim() == 2 and not bool(attention_mask.all()):
@@ -238,6 +250,12 @@ class LenextModel(LenextPreTrainedModel):
         cache = past_key_values if use_cache or past_key_values is not None else None
         past = cache.get_seq_length() if cache is not None else 0
         positions = _positions(position_ids, past, inputs_embeds.shape[1])
+        documents = None
+        if document_ids is not None:
+            if cache is not None or hidden_from or position_ids is not None:
+                raise NotImplementedError("lenext: document_ids need use_cache=False and no "
+                                          "position_ids (positions count from each document)")
+            documents = Documents(document_ids.to(inputs_embeds.device))
         hidden = inputs_embeds
         all_hidden = [] if output_hidden_states else None
         if not 0 <= hidden_from < inputs_embeds.shape[1]:
@@ -247,7 +265,7 @@ class LenextModel(LenextPreTrainedModel):
         for i, layer in enumerate(self.layers):
             if all_hidden is not None:
                 all_hidden.append(hidden)
-            hidden = layer(hidden, positions, cache, hidden_from if i == last else 0)
+            hidden = layer(hidden, positions, cache, hidden_from if i == last else 0, documents)
         hidden = self.norm(hidden)
         if all_hidden is not None:
             all_hidden.append(hidden)
@@ -274,6 +292,15 @@ class LenextForCausalLM(LenextPreTrainedModel, GenerationMixin):
     def get_output_embeddings(self):
         return self.lm_head
 
+    def document_ids(self, input_ids: Tensor) -> Tensor:
+        """[b, s] document ids of packed input_ids: a new document after each EOS and at each BOS
+        (config.eos_token_id / bos_token_id), as training with data.document_mask split them."""
+        eos = self.config.eos_token_id
+        eos = eos[0] if isinstance(eos, list) else eos
+        bos = self.config.bos_token_id if getattr(self.config, "bos_at_document_start", None) \
+            else None  # BOS starts documents only where training put one before each
+        return document_ids(input_ids, eos_id=eos, bos_id=bos)
+
     def set_output_embeddings(self, value):
         self.lm_head = value
 
@@ -282,15 +309,16 @@ class LenextForCausalLM(LenextPreTrainedModel, GenerationMixin):
                 inputs_embeds: Optional[Tensor] = None, labels: Optional[Tensor] = None,
                 use_cache: Optional[bool] = None, logits_to_keep: Union[int, Tensor] = 0,
                 output_hidden_states: Optional[bool] = None, return_dict: Optional[bool] = None,
-                **kwargs) -> CausalLMOutputWithPast:
+                document_ids: Optional[Tensor] = None, **kwargs) -> CausalLMOutputWithPast:
         s = (input_ids if input_ids is not None else inputs_embeds).shape[1]
         # an int logits_to_keep (generate's prefill: 1) also spares the last layer the rest
         hidden_from = s - logits_to_keep if isinstance(logits_to_keep, int) and \
-            0 < logits_to_keep < s and not output_hidden_states else 0
+            0 < logits_to_keep < s and not output_hidden_states and document_ids is None else 0
         out = self.model(input_ids=input_ids, attention_mask=attention_mask,
                          position_ids=position_ids, past_key_values=past_key_values,
                          inputs_embeds=inputs_embeds, use_cache=use_cache,
-                         output_hidden_states=output_hidden_states, hidden_from=hidden_from)
+                         output_hidden_states=output_hidden_states, hidden_from=hidden_from,
+                         document_ids=document_ids)
         hidden = out.last_hidden_state
         if isinstance(logits_to_keep, int):
             hidden = hidden[:, -logits_to_keep:] if logits_to_keep else hidden

@@ -9,8 +9,9 @@ no biases, GQA via num_query_groups, untied embeddings unless model.tie_embeddin
 Forward contract (megatron GPTModel):
     model(input_ids [b, s] long, position_ids [b, s] long, attention_mask=None, labels=[b, s] long)
         -> per-token loss [b, s] fp32            (without labels: logits [b, s, vocab])
-position_ids are ignored (positions 0..s-1 inside core attention); attention_mask is ignored
-(causal inside core attention).
+position_ids are ignored (positions 0..s-1 inside core attention, or from each document's
+start); attention_mask is None (causal inside core attention) or document ids [b, s] long
+(data.document_mask: attention inside each packed document, see model/core_attention.py).
 """
 from __future__ import annotations
 

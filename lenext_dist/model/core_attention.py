@@ -23,7 +23,7 @@ from megatron.core.transformer.enums import AttnMaskType
 from megatron.core.transformer.module import MegatronModule
 from megatron.core.transformer.transformer_config import TransformerConfig
 
-from lenext_dist.attention import PositionVariant
+from lenext_dist.attention import Documents, PositionVariant
 
 from .megatron_env import current_device
 
@@ -85,20 +85,44 @@ class LenextCoreAttention(MegatronModule):
                 attention_bias: Optional[Tensor] = None, packed_seq_params=None) -> Tensor:
         """query [sq, b, np, hn], key/value [sk, b, ng, hn] -> [sq, b, np * hn].
 
-        attention_mask is ignored: causality is built in (no padding, no packed sequences).
+        attention_mask: None (causal attention over the whole sequence), or document ids [b, s]
+        (an integer tensor, data.document_mask): causal attention inside each packed document,
+        positions from each document's start (lenext_dist.attention.documents). megatron hands
+        the model's attention_mask through to here untouched. A dense [b, 1, s, s] mask is refused.
         """
         if packed_seq_params is not None or attention_bias is not None:
-            raise NotImplementedError("packed sequences / attention_bias are not supported")
+            raise NotImplementedError("packed_seq_params / attention_bias are not supported "
+                                      "(document masking takes document ids as attention_mask)")
+        documents = _documents(attention_mask)
         sq, b, np_, hn = query.shape
         # [s, b, n, hn] -> [b, n, s, hn]: SDPA's layout (a strided view; SDPA copies if needed)
         q, k, v = (x.permute(1, 2, 0, 3) for x in (query, key, value))
         # = attend(q, k, v, head_scale, position), called as a module so ZeRO-3 gathers its params
-        out = self.position(q, k, v, self.head_scale)  # [b, np, sq, hn]
+        out = self.position(q, k, v, self.head_scale, documents=documents)  # [b, np, sq, hn]
         # [b, np, sq, hn] -> [sq, b, np * hn]
         return out.permute(2, 0, 1, 3).reshape(sq, b, np_ * hn)
 
     def extra_repr(self) -> str:
         return f"layer={self.layer_number}"
+
+
+_last_documents: list = []  # [(ids tensor, Documents)]: one per forward, shared by every layer
+
+
+def _documents(attention_mask: Optional[Tensor]) -> Optional[Documents]:
+    """Documents of the document ids every layer of one forward receives (built once per ids
+    tensor, so the FlexAttention block mask is too)."""
+    if attention_mask is None:
+        return None
+    if attention_mask.dim() != 2 or attention_mask.dtype.is_floating_point or \
+            attention_mask.dtype == torch.bool:
+        raise ValueError(f"attention_mask must be None or document ids [b, s] (integers), got "
+                         f"{attention_mask.dtype} {tuple(attention_mask.shape)}")
+    if _last_documents and _last_documents[0][0] is attention_mask:
+        return _last_documents[0][1]
+    docs = Documents(attention_mask)
+    _last_documents[:] = [(attention_mask, docs)]
+    return docs
 
 
 def core_attention_builder(**bound):

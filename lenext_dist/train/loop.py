@@ -90,8 +90,10 @@ def _mean_over_ranks(value: float, device) -> float:
 
 def _micro_loss(engine, batch: dict, device) -> torch.Tensor:
     b = {k: v.to(device) for k, v in batch.items()}
-    per_token = engine(input_ids=b["tokens"], position_ids=b["position_ids"], attention_mask=None,
-                       labels=b["labels"])  # [b, s] fp32
+    # data.document_mask: document ids [b, s] travel as megatron's attention mask to our core
+    # attention (LenextCoreAttention), which keeps attention inside each document
+    per_token = engine(input_ids=b["tokens"], position_ids=b["position_ids"],
+                       attention_mask=b.get("document_ids"), labels=b["labels"])  # [b, s] fp32
     mask = b["loss_mask"].float()
     return (per_token.float() * mask).sum() / mask.sum()
 
