@@ -16,6 +16,7 @@ import torch.distributed as dist
 from lenext_dist.config import RunConfig, deepspeed_config, save_config, to_dict
 from lenext_dist.data.gpt_data import build_datasets, train_batches, valid_batches
 from lenext_dist.train import checkpoint, optim
+from lenext_dist.train.device import check_gpu_visible, local_rank, visible_device_index
 from lenext_dist.train.metrics import Metrics, measure_matmul_tflops
 from lenext_dist.train.signals import StopSignal
 
@@ -39,6 +40,7 @@ def init_distributed(cfg: RunConfig) -> tuple[int, int]:
     import deepspeed
     from deepspeed.accelerator import get_accelerator
 
+    check_gpu_visible(cfg.parallel.backend)  # before DeepSpeed picks an accelerator (CPU fallback)
     skip_deepspeed_shm_op()
 
     acc = get_accelerator()
@@ -49,12 +51,13 @@ def init_distributed(cfg: RunConfig) -> tuple[int, int]:
         local = next((int(os.environ[k]) for k in ("LOCAL_WORLD_SIZE", "LOCAL_SIZE",
                       "OMPI_COMM_WORLD_LOCAL_SIZE", "SLURM_NTASKS_PER_NODE") if k in os.environ), 1)
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // local))
+    if acc.device_name() != "cpu":  # Slurm may show each task only its own GPU: index 0;
+        # set before the process group so NCCL binds each rank to its own device
+        acc.set_device(visible_device_index(local_rank(), acc.device_count()))
     if not dist.is_initialized():
         # DeepSpeed's MPI discovery ignores MASTER_PORT unless it is passed as distributed_port
         deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=True, verbose=False,
                                    distributed_port=int(os.environ.get("MASTER_PORT", 29500)))
-    if acc.device_name() != "cpu":
-        acc.set_device(int(os.environ.get("LOCAL_RANK", 0)))
     return dist.get_rank(), dist.get_world_size()
 
 

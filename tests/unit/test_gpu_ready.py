@@ -1,0 +1,138 @@
+"""GPU readiness, the parts a CPU can check (issue 22): the rank -> visible device mapping, the
+GPU pre-flight, the generated DeepSpeed JSON's dtypes and overlap (and that a real DeepSpeed engine
+takes them), the peak-FLOPs table, the dry-run memory terms and the gpu-check skip on CPU."""
+import os
+
+import pytest
+import torch
+
+from lenext_dist.config import ConfigError, deepspeed_config, load_config
+from lenext_dist.train.device import (check_gpu_visible, gpu_job_reason, local_rank,
+                                      visible_device_index)
+
+os.environ.setdefault("DS_ACCELERATOR", "cpu")
+
+
+# ---- device index from the visible GPUs --------------------------------------------------------
+
+@pytest.mark.parametrize("rank,count,want", [
+    (0, 8, 0), (5, 8, 5),     # --gpus-per-node: every task sees the node's 8 GPUs
+    (0, 1, 0), (5, 1, 0),     # --gpus-per-task=1: CUDA_VISIBLE_DEVICES names one GPU
+])
+def test_visible_device_index(rank, count, want):
+    assert visible_device_index(rank, count) == want
+
+
+def test_visible_device_index_refuses_ambiguous_and_empty():
+    with pytest.raises(ConfigError, match="sees only 2 devices"):
+        visible_device_index(5, 2)
+    with pytest.raises(ConfigError, match="no accelerator"):
+        visible_device_index(0, 0)
+
+
+def test_visible_device_index_with_simulated_cuda_visible_devices():
+    """A subprocess-free simulation: torch counts CUDA_VISIBLE_DEVICES' entries on a GPU host;
+    here we count them as torch would and map every local rank of an 8-task node."""
+    for cvd, want in (("3", [0] * 8), ("0,1,2,3,4,5,6,7", list(range(8)))):
+        count = len(cvd.split(","))
+        env = {"CUDA_VISIBLE_DEVICES": cvd}
+        got = [visible_device_index(local_rank({**env, "SLURM_LOCALID": str(r)}), count)
+               for r in range(8)]
+        assert got == want
+
+
+def test_local_rank_sources():
+    assert local_rank({}) == 0
+    assert local_rank({"OMPI_COMM_WORLD_LOCAL_RANK": "3"}) == 3
+    assert local_rank({"LOCAL_RANK": "1", "SLURM_LOCALID": "0"}) == 1  # the launcher's wins
+
+
+def test_gpu_preflight():
+    assert gpu_job_reason(None, {}) is None
+    assert gpu_job_reason("gloo", {"SLURM_GPUS_ON_NODE": "4"}) is None  # CPU run on purpose
+    assert "SLURM_GPUS_ON_NODE=4" in gpu_job_reason(None, {"SLURM_GPUS_ON_NODE": "4"})
+    with pytest.raises(ConfigError, match="parallel.backend is nccl.*sees no CUDA"):
+        check_gpu_visible("nccl", {}, cuda_available=False)
+    with pytest.raises(ConfigError, match="DS_ACCELERATOR=cuda"):
+        check_gpu_visible(None, {"DS_ACCELERATOR": "cuda"}, cuda_available=False)
+    check_gpu_visible("nccl", {}, cuda_available=True)
+    check_gpu_visible(None, {"DS_ACCELERATOR": "cpu"}, cuda_available=False)
+
+
+# ---- DeepSpeed JSON ----------------------------------------------------------------------------
+
+def _ds(*overrides, world=2):
+    return deepspeed_config(load_config(None, ["train.micro_batch_size=2", "train.global_batch_size=8",
+                                               *overrides]), world)
+
+
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_bf16_accumulates_and_reduces_in_fp32(stage):
+    ds = _ds("train.precision=bf16", f"parallel.zero_stage={stage}")
+    assert ds["bf16"] == {"enabled": True, "immediate_grad_update": True}
+    assert ds["data_types"] == {"grad_accum_dtype": "fp32"}
+    assert ds["communication_data_type"] == "fp32"
+
+
+def test_bf16_zero0_keeps_deepspeeds_only_supported_accumulation():
+    ds = _ds("train.precision=bf16", "parallel.zero_stage=0")
+    assert "data_types" not in ds  # DeepSpeed 0.19.8 raises NotImplementedError for it at ZeRO-0
+
+
+def test_reduce_dtype_choice_and_fp32_runs():
+    assert _ds("train.precision=bf16", "parallel.reduce_dtype=bf16")["communication_data_type"] == "bf16"
+    assert "communication_data_type" not in _ds("train.precision=bf16", "parallel.reduce_dtype=null")
+    ds = _ds()  # fp32 precision: nothing bf16-specific
+    assert "bf16" not in ds and "data_types" not in ds
+
+
+def test_zero2_overlap_and_buckets():
+    z = _ds("parallel.zero_stage=2")["zero_optimization"]
+    assert z["overlap_comm"] is True and z["contiguous_gradients"] is True
+    assert z["reduce_bucket_size"] == z["allgather_bucket_size"] == 50_000_000
+    assert _ds("parallel.zero_stage=2", "parallel.overlap_comm=false")["zero_optimization"][
+        "overlap_comm"] is False
+    assert "overlap_comm" not in _ds("parallel.zero_stage=3")["zero_optimization"]  # on by default
+
+
+@pytest.fixture(scope="module")
+def megatron_1rank():
+    import torch.distributed as dist
+
+    from lenext_dist.model import destroy_megatron, init_megatron, init_single_process_group
+
+    own = init_single_process_group()
+    init_megatron(1234)
+    yield
+    destroy_megatron()
+    if own:
+        dist.destroy_process_group()
+
+
+def test_deepspeed_engine_takes_the_bf16_settings(megatron_1rank, monkeypatch):
+    """A real DeepSpeed engine (1 gloo rank, bf16, ZeRO-2) built from the generated JSON: fp32
+    gradient accumulation and reduce, overlap on; two steps give a finite loss and grad norm.
+    Also records DeepSpeed 0.19.8's cast: every parameter (head scales too) becomes bf16 inside
+    the engine (`_cast_module_mixed_precision`; keep_in_fp32_modules covers buffers only)."""
+    from lenext_dist.model import build_model, head_scale_parameters
+    from lenext_dist.train import optim
+    from lenext_dist.train.loop import skip_deepspeed_shm_op
+
+    monkeypatch.setenv("LOCAL_RANK", "0")  # DeepSpeed asserts a launcher set it
+    skip_deepspeed_shm_op()
+    cfg = load_config(None, ["train.precision=bf16", "parallel.zero_stage=2", "train.micro_batch_size=2",
+                             "train.global_batch_size=4", "attention.head_scale.enabled=true",
+                             "model.vocab_size=128", "model.seq_length=32"])
+    engine = optim.build_engine(build_model(cfg, device="cpu"), cfg, 1)
+    opt = engine.optimizer
+    assert type(opt).__name__ == "DeepSpeedZeroOptimizer"
+    assert opt.gradient_accumulation_dtype == torch.float32
+    assert opt.communication_data_type == torch.float32 and opt.overlap_comm
+    assert all(p.dtype == torch.bfloat16 for _, p in head_scale_parameters(engine.module))
+    ids = torch.randint(0, 128, (2, 33), generator=torch.Generator().manual_seed(0))
+    for _ in range(2):  # accumulation 2: one optimizer step
+        loss = engine(input_ids=ids[:, :-1], position_ids=torch.arange(32).expand(2, 32),
+                      attention_mask=None, labels=ids[:, 1:]).float().mean()
+        engine.backward(loss)
+        engine.step()
+    assert torch.isfinite(loss) and torch.isfinite(torch.as_tensor(engine.get_global_grad_norm()))
