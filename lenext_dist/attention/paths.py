@@ -27,7 +27,7 @@ logit(i, j) = m_h t_i / sqrt(d) q_i.k_j + bias[h, i - j] for visible j (causal, 
 from __future__ import annotations
 
 import functools
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import torch
 import torch.nn.functional as F
@@ -44,6 +44,46 @@ def scaled_query(q: Tensor, m: Tensor, q_scale: Optional[Tensor]) -> Tensor:
     if q_scale is not None:
         mult = mult * q_scale.float().view(1, 1, -1, 1)
     return (q.float() * mult).to(q.dtype)
+
+
+class SdpaCall(NamedTuple):
+    """How one `F.scaled_dot_product_attention` call treats GQA (see `sdpa_call`)."""
+
+    repeat_kv: bool
+    """Expand k/v [b, g, sk, d] to [b, h, sk, d] (repeat_interleave) before the call."""
+    enable_gqa: bool
+    """Pass enable_gqa=True (k/v stay [b, g, sk, d])."""
+
+
+_FLASH_DTYPES = (torch.float16, torch.bfloat16)
+
+
+def sdpa_call(device_type: str, dtype: torch.dtype, masked: bool, gqa: bool) -> SdpaCall:
+    """GQA handling of an SDPA call on `device_type` with q of `dtype`, an attn_mask or not.
+
+    torch 2.13 (F.scaled_dot_product_attention's docstring): enable_gqa "works only for
+    Flash_attention and math kernel on CUDA". Flash needs fp16/bf16 and no attn_mask (is_causal
+    only); where it cannot run (fp32 evaluation, an additive bias / window mask), enable_gqa would
+    leave only the math kernel, which materializes [b, h, sq, sk] (tens of GB per window at 16K).
+    Repeating the KV heads costs (h / g - 1) x b g sk d extra values, O(L), and lets the
+    memory-efficient kernel (any dtype, additive masks) run instead. CPU keeps enable_gqa: its
+    fused kernel takes it and it is bitwise equal to the repeat there (tests/unit/test_attention).
+    """
+    if not gqa:
+        return SdpaCall(repeat_kv=False, enable_gqa=False)
+    flash = device_type == "cuda" and dtype in _FLASH_DTYPES and not masked
+    if device_type == "cpu" or flash:
+        return SdpaCall(repeat_kv=False, enable_gqa=True)
+    return SdpaCall(repeat_kv=True, enable_gqa=False)
+
+
+def sdpa_kv(q: Tensor, k: Tensor, v: Tensor, masked: bool) -> tuple[Tensor, Tensor, bool]:
+    """(k, v, enable_gqa) for an SDPA call with q: k/v repeated to q's heads where `sdpa_call` says."""
+    h, g = q.shape[1], k.shape[1]
+    call = sdpa_call(q.device.type, q.dtype, masked, g != h)
+    if call.repeat_kv:
+        k, v = k.repeat_interleave(h // g, dim=1), v.repeat_interleave(h // g, dim=1)
+    return k, v, call.enable_gqa
 
 
 def _toeplitz_mask(bias: Tensor, q0: int, c: int, lo: int, hi: int, window: Optional[int],
@@ -85,7 +125,7 @@ def chunked_attention(q: Tensor, k: Tensor, v: Tensor, m: Tensor, *,
     sq, sk = q.shape[2], k.shape[2]
     off = sk - sq
     qs = scaled_query(q, m, q_scale)
-    gqa = k.shape[1] != q.shape[1]
+    k, v, gqa = sdpa_kv(q, k, v, masked=True)  # once for all chunks
     outs = []
     for start in range(0, sq, chunk_size):
         end = min(start + chunk_size, sq)
@@ -104,8 +144,9 @@ def sdpa_mask_attention(q: Tensor, k: Tensor, v: Tensor, m: Tensor, *,
     sq, sk = q.shape[2], k.shape[2]
     q_pos = torch.arange(sk - sq, sk, device=q.device)
     am = _block_mask(q_pos, torch.arange(sk, device=q.device), bias, mask, q.dtype)
+    k, v, gqa = sdpa_kv(q, k, v, masked=True)
     return F.scaled_dot_product_attention(scaled_query(q, m, q_scale), k, v, attn_mask=am,
-                                          enable_gqa=k.shape[1] != q.shape[1])
+                                          enable_gqa=gqa)
 
 
 # ---- FlexAttention ----------------------------------------------------------------------------

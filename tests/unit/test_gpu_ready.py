@@ -136,3 +136,76 @@ def test_deepspeed_engine_takes_the_bf16_settings(megatron_1rank, monkeypatch):
         engine.backward(loss)
         engine.step()
     assert torch.isfinite(loss) and torch.isfinite(torch.as_tensor(engine.get_global_grad_norm()))
+
+
+# ---- SDPA call arguments -----------------------------------------------------------------------
+
+from lenext_dist.attention.paths import SdpaCall, sdpa_call  # noqa: E402
+
+BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
+
+
+@pytest.mark.parametrize("device,dtype,masked,gqa,want", [
+    # CUDA, flash possible (half precision, is_causal only): GQA natively, no copy
+    ("cuda", BF16, False, True, SdpaCall(False, True)),
+    ("cuda", FP16, False, True, SdpaCall(False, True)),
+    # CUDA where flash cannot run: repeat KV so the O(L)-memory efficient kernel can
+    ("cuda", FP32, False, True, SdpaCall(True, False)),   # fp32 evaluation (lenext eval default)
+    ("cuda", BF16, True, True, SdpaCall(True, False)),    # ALiBi/KERPLE bias, window mask
+    ("cuda", FP32, True, True, SdpaCall(True, False)),
+    ("xpu", BF16, False, True, SdpaCall(True, False)),    # other accelerators: no GQA promise
+    # CPU unchanged: its fused kernel takes enable_gqa
+    ("cpu", FP32, False, True, SdpaCall(False, True)),
+    ("cpu", BF16, True, True, SdpaCall(False, True)),
+    # MHA: nothing to do anywhere
+    ("cuda", FP32, True, False, SdpaCall(False, False)),
+    ("cpu", BF16, False, False, SdpaCall(False, False)),
+])
+def test_sdpa_call_arguments(device, dtype, masked, gqa, want):
+    assert sdpa_call(device, dtype, masked, gqa) == want
+
+
+@pytest.mark.parametrize("dtype", [FP32, BF16])
+@pytest.mark.parametrize("masked", [False, True])
+def test_repeated_kv_gives_the_same_attention(dtype, masked):
+    """The call the CUDA fallback makes (k/v repeated, no enable_gqa) against the enable_gqa call,
+    on the same inputs: the same numbers (a mask: an additive ALiBi-like bias)."""
+    import torch.nn.functional as F
+
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(2, 8, 16, 32, generator=gen).to(dtype)
+    k, v = (torch.randn(2, 2, 16, 32, generator=gen).to(dtype) for _ in range(2))
+    dist_ = torch.arange(16)[:, None] - torch.arange(16)[None, :]
+    am = torch.where(dist_ >= 0, -0.1 * dist_.float(), float("-inf")).to(dtype) if masked else None
+    kw = dict(attn_mask=am) if masked else dict(is_causal=True)
+    gqa = F.scaled_dot_product_attention(q, k, v, enable_gqa=True, **kw)
+    rep = F.scaled_dot_product_attention(q, k.repeat_interleave(4, 1), v.repeat_interleave(4, 1), **kw)
+    torch.testing.assert_close(rep, gqa, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("dtype", [FP32, BF16])
+def test_repeat_branch_through_the_kernels_keeps_the_output(dtype, monkeypatch):
+    """causal_attention (is_causal, and KV-cache with a mask) and the chunked/sdpa_mask bias paths,
+    run once as on CPU (enable_gqa) and once forced onto the repeat-KV branch CUDA takes for fp32
+    or masked calls: identical outputs."""
+    from lenext_dist.attention import paths
+    from lenext_dist.attention.core import causal_attention
+
+    gen = torch.Generator().manual_seed(1)
+    q = torch.randn(1, 4, 24, 16, generator=gen).to(dtype)
+    k, v = (torch.randn(1, 2, 24, 16, generator=gen).to(dtype) for _ in range(2))
+    m = torch.full((4,), 1.2)
+    bias = -0.05 * torch.arange(24, dtype=torch.float32).expand(4, 24)
+
+    def run():
+        return [causal_attention(q, k, v, m), causal_attention(q[:, :, -5:], k, v, m),
+                paths.chunked_attention(q, k, v, m, bias=bias, chunk_size=8),
+                paths.sdpa_mask_attention(q, k, v, m, bias=bias)]
+
+    native = run()
+    calls = []
+    monkeypatch.setattr(paths, "sdpa_call",
+                        lambda *a: calls.append(a) or SdpaCall(repeat_kv=True, enable_gqa=False))
+    for got, want in zip(run(), native):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+    assert len(calls) == 4 and {c[2] for c in calls} == {False, True}  # both mask states seen
