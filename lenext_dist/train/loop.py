@@ -15,7 +15,7 @@ import torch.distributed as dist
 
 from lenext_dist.config import RunConfig, deepspeed_config, save_config, to_dict
 from lenext_dist.data.gpt_data import build_datasets, train_batches, valid_batches
-from lenext_dist.train import checkpoint, optim
+from lenext_dist.train import checkpoint, fp32_params, optim
 from lenext_dist.train.device import check_gpu_visible, local_rank, visible_device_index
 from lenext_dist.train.metrics import Metrics, measure_matmul_tflops
 from lenext_dist.train.signals import StopSignal
@@ -142,6 +142,7 @@ def train(cfg: RunConfig) -> dict:
     if tag:
         client = checkpoint.load(engine, cfg.checkpoint.dir, tag)
         step, consumed = client["step"], client["consumed_samples"]
+        fp32_params.refresh(engine)  # the loaded fp32 masters into the forward's fp32 values
         _print0(f"[lenext] resumed from {cfg.checkpoint.dir}/{tag}: step {step}, {consumed:,} samples")
     if rank == 0:
         save_config(cfg, os.path.join(cfg.run_dir, "config.yaml"))
@@ -158,6 +159,7 @@ def train(cfg: RunConfig) -> dict:
 
     # DeepSpeed clips fp32 ZeRO-0 gradients but keeps no norm: measure it before the step then
     own_gnorm = cfg.parallel.zero_stage == 0 and cfg.train.precision == "fp32"
+    exact_params = fp32_params.has_trainable(engine)
     batches = train_batches(train_ds, cfg, rank, world, step)
     while step < cfg.train.steps:
         t0 = time.perf_counter()
@@ -177,6 +179,8 @@ def train(cfg: RunConfig) -> dict:
             step_loss += loss.item() / len(micro_batches)
         if trainable_scales and hs_cfg.min_value is not None:
             optim.clamp_head_scales(engine.module, hs_cfg.min_value)
+        if exact_params:  # m_h / KERPLE under bf16: the stepped fp32 masters into the forward
+            fp32_params.refresh(engine)
         step += 1
         consumed += cfg.train.global_batch_size
         metrics.add_step(time.perf_counter() - t0, data_s)

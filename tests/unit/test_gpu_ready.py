@@ -209,3 +209,60 @@ def test_repeat_branch_through_the_kernels_keeps_the_output(dtype, monkeypatch):
     for got, want in zip(run(), native):
         torch.testing.assert_close(got, want, rtol=0, atol=0)
     assert len(calls) == 4 and {c[2] for c in calls} == {False, True}  # both mask states seen
+
+
+# ---- fp32 scale parameters under a bf16 engine ---------------------------------------------------
+
+@pytest.mark.parametrize("stage", [1, 2])
+def test_bf16_engine_runs_head_scales_and_kerple_in_exact_fp32(stage, megatron_1rank, monkeypatch):
+    """DeepSpeed casts m_h and KERPLE's r1/r2 to bf16 (m = 1.2 -> 1.203125) and builds its fp32
+    master from that; after build_engine the masters hold the exact values again and the forward
+    reads them (fp32_value), before and after an optimizer step; gradients still reach them."""
+    from deepspeed.utils import safe_get_full_fp32_param
+
+    from lenext_dist.attention.precision import fp32_value
+    from lenext_dist.model import build_model
+    from lenext_dist.train import fp32_params, optim
+    from lenext_dist.train.loop import skip_deepspeed_shm_op
+
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    skip_deepspeed_shm_op()
+    cfg = load_config(None, ["train.precision=bf16", f"parallel.zero_stage={stage}",
+                             "train.micro_batch_size=2", "train.global_batch_size=2",
+                             "attention.position=kerple_log", "attention.head_scale.enabled=true",
+                             "attention.head_scale.trainable=true", "attention.head_scale.init=1.2",
+                             "model.vocab_size=128", "model.seq_length=32"])
+    model = build_model(cfg, device="cpu")
+    want = {n: p.detach().clone() for n, p in model.named_parameters() if p.dtype == torch.float32}
+    assert any(n.endswith("head_scale") for n in want) and any("r1_raw" in n for n in want)
+    engine = optim.build_engine(model, cfg, 1)
+    seen = []
+    core = engine.module.decoder.layers[0].self_attention.core_attention
+    core.position.register_forward_pre_hook(lambda mod, args: seen.append(args[3].detach().clone()))
+
+    def step():
+        ids = torch.randint(0, 128, (2, 33), generator=torch.Generator().manual_seed(len(seen)))
+        loss = engine(input_ids=ids[:, :-1], position_ids=torch.arange(32).expand(2, 32),
+                      attention_mask=None, labels=ids[:, 1:]).float().mean()
+        engine.backward(loss)
+        engine.step()
+        fp32_params.refresh(engine)
+
+    params = dict(engine.module.named_parameters())
+    for n, v in want.items():
+        p = params[n]
+        assert p.dtype == torch.bfloat16  # DeepSpeed's cast: the parameter itself
+        assert torch.equal(safe_get_full_fp32_param(p), v), n  # the master: exact again
+        assert torch.equal(fp32_value(p), v), n  # what the forward reads
+    step()
+    assert seen[0].dtype == torch.float32 and torch.equal(seen[0], torch.full((4,), 1.2))
+    hs = core.head_scale
+    master = safe_get_full_fp32_param(hs)
+    assert not torch.equal(master, torch.full((4,), 1.2))  # it trained
+    assert torch.equal(fp32_value(hs), master)
+    assert not torch.equal(master.to(torch.bfloat16).float(), master)  # finer than bf16
+    r1_raw = core.position.r1_raw
+    torch.testing.assert_close(core.position.r1(), 1e-2 + torch.nn.functional.softplus(
+        safe_get_full_fp32_param(r1_raw)), rtol=0, atol=0)
+    step()
+    assert torch.equal(seen[1], master)  # the second forward used the stepped fp32 value
