@@ -19,7 +19,8 @@ logit(i, j) = m_h t_i / sqrt(d) q_i.k_j + bias[h, i - j] for visible j (causal, 
   (a table lookup) and the mask as a block mask (skips fully hidden blocks). No [h, L, L] tensor.
   torch 2.13 has no FlexAttention backward on CPU, so on CPU it only runs without autograd
   (the evaluation default from 1024 tokens on). Falls back to `chunked` when torch.compile
-  cannot run here, or past FLEX_MAX_SHAPES distinct shapes.
+  cannot run here (forward, or, under autograd, a backward probed at the first call of a shape),
+  or past FLEX_MAX_SHAPES distinct shapes.
 - `eager`: the explicit fp32 softmax reference (`core.eager_causal_attention`).
 
 `choose_impl` resolves `auto` (see its docstring for the measured reasons).
@@ -191,23 +192,47 @@ _flex_shapes: set = set()
 _flex_broken: list = []  # the first compile error, if torch.compile cannot run here
 
 
-def _flex_key(q: Tensor, k: Tensor, bias: Optional[Tensor], mask: MaskSpec) -> tuple:
-    return (tuple(q.shape), tuple(k.shape), q.dtype, q.device.type, bias is not None, mask)
+def _flex_key(q: Tensor, k: Tensor, bias: Optional[Tensor], mask: MaskSpec, grad: bool) -> tuple:
+    return (tuple(q.shape), tuple(k.shape), q.dtype, q.device.type, bias is not None, mask, grad)
+
+
+def _flex_forward(q: Tensor, k: Tensor, v: Tensor, m: Tensor, q_scale: Optional[Tensor],
+                  bias: Optional[Tensor], mask: MaskSpec) -> Tensor:
+    sq, sk = q.shape[2], k.shape[2]
+    block_mask = _flex_block_mask(mask, sq, sk, str(q.device))
+    # the table stays fp32: score_mod runs on fp32 scores, and a bf16 table would shift
+    # ALiBi/KERPLE/Sandwich logits by up to +-0.25 at long range
+    score_mod = None if bias is None else _bias_score_mod(bias.float(), sk - sq)
+    return _compiled_flex()(scaled_query(q, m, q_scale), k, v, score_mod=score_mod,
+                            block_mask=block_mask, enable_gqa=k.shape[1] != q.shape[1])
+
+
+def _probe_backward(q: Tensor, k: Tensor, v: Tensor, m: Tensor, q_scale: Optional[Tensor],
+                    bias: Optional[Tensor], mask: MaskSpec) -> None:
+    """Forward + backward once on detached copies, so that the backward's compile (which would
+    otherwise happen at the caller's first `loss.backward()`, outside any try, e.g. KERPLE's
+    learnable bias on CUDA, or no FlexAttention backward at all on CPU) fails here, where the
+    caller can still fall back. Costs one extra attention pass per new training shape."""
+    leaves = [None if t is None else t.detach().requires_grad_(t.requires_grad)
+              for t in (q, k, v, m, q_scale, bias)]
+    out = _flex_forward(*leaves[:5], leaves[5], mask)
+    wrt = [t for t in leaves if t is not None and t.requires_grad]
+    torch.autograd.grad(out.float().sum(), wrt)
 
 
 def flex_path_attention(q: Tensor, k: Tensor, v: Tensor, m: Tensor, *,
                         q_scale: Optional[Tensor] = None, bias: Optional[Tensor] = None,
                         mask: MaskSpec = MaskSpec(), chunk_size: int = 256) -> Tensor:
-    key = _flex_key(q, k, bias, mask)
+    grad = torch.is_grad_enabled() and any(
+        t is not None and t.requires_grad for t in (q, k, v, m, q_scale, bias))
+    key = _flex_key(q, k, bias, mask, grad)
     if _flex_broken or (key not in _flex_shapes and len(_flex_shapes) >= FLEX_MAX_SHAPES):
         return chunked_attention(q, k, v, m, q_scale=q_scale, bias=bias, mask=mask,
                                  chunk_size=chunk_size)
-    sq, sk = q.shape[2], k.shape[2]
     try:
-        block_mask = _flex_block_mask(mask, sq, sk, str(q.device))
-        score_mod = None if bias is None else _bias_score_mod(bias.to(q.dtype), sk - sq)
-        out = _compiled_flex()(scaled_query(q, m, q_scale), k, v, score_mod=score_mod,
-                               block_mask=block_mask, enable_gqa=k.shape[1] != q.shape[1])
+        if grad and key not in _flex_shapes:
+            _probe_backward(q, k, v, m, q_scale, bias, mask)
+        out = _flex_forward(q, k, v, m, q_scale, bias, mask)
     except Exception as e:  # noqa: BLE001 - no compiler / unsupported backend: stay correct
         if key in _flex_shapes:
             raise

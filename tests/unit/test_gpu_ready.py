@@ -266,3 +266,35 @@ def test_bf16_engine_runs_head_scales_and_kerple_in_exact_fp32(stage, megatron_1
         safe_get_full_fp32_param(r1_raw)), rtol=0, atol=0)
     step()
     assert torch.equal(seen[1], master)  # the second forward used the stepped fp32 value
+
+
+# ---- KERPLE through FlexAttention: the backward inside the fallback ------------------------------
+
+def test_flex_backward_failure_falls_back_before_the_callers_backward(monkeypatch):
+    """KERPLE's bias requires grad; `flex` chosen explicitly on CPU, where torch 2.13 compiles the
+    FlexAttention forward but has no backward: the backward probe fails inside
+    flex_path_attention, which warns and returns the chunked result, so the caller's backward
+    runs (on CUDA the same probe catches a backward that fails to compile)."""
+    pytest.importorskip("torch.nn.attention.flex_attention")
+    from lenext_dist.attention import KerpleLog, paths
+
+    monkeypatch.setattr(paths, "_flex_shapes", set())
+    monkeypatch.setattr(paths, "_flex_broken", [])
+    gen = torch.Generator().manual_seed(3)
+    q = torch.randn(1, 4, 32, 16, generator=gen, requires_grad=True)
+    k, v = (torch.randn(1, 2, 32, 16, generator=gen, requires_grad=True) for _ in range(2))
+    m = torch.ones(4)
+    kerple = KerpleLog(4)
+    bias = kerple.distance_bias(32)
+    assert bias.requires_grad
+    with pytest.warns(UserWarning, match="FlexAttention unavailable"):
+        out = paths.flex_path_attention(q, k, v, m, bias=bias)
+    assert "backward" in str(paths._flex_broken[0])  # caught in the probe, under autograd
+    ref = paths.chunked_attention(q, k, v, m, bias=bias)
+    torch.testing.assert_close(out, ref, rtol=0, atol=0)
+    out.sum().backward()  # the caller's backward: no compile involved any more
+    assert kerple.r1_raw.grad is not None and torch.isfinite(kerple.r1_raw.grad).all()
+    with torch.no_grad():  # the forward alone did compile and run on CPU
+        monkeypatch.setattr(paths, "_flex_broken", [])
+        fwd = paths.flex_path_attention(q, k, v, m, bias=bias)
+    torch.testing.assert_close(fwd, ref.detach(), atol=2e-5, rtol=1e-5)
