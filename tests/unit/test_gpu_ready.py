@@ -298,3 +298,53 @@ def test_flex_backward_failure_falls_back_before_the_callers_backward(monkeypatc
         monkeypatch.setattr(paths, "_flex_broken", [])
         fwd = paths.flex_path_attention(q, k, v, m, bias=bias)
     torch.testing.assert_close(fwd, ref.detach(), atol=2e-5, rtol=1e-5)
+
+
+# ---- dry-run memory terms ------------------------------------------------------------------------
+
+TINYLLAMA = ["model.num_layers=22", "model.hidden_size=2048", "model.num_attention_heads=32",
+             "model.num_query_groups=4", "model.ffn_hidden_size=5632", "model.vocab_size=32000",
+             "model.seq_length=2048", "train.micro_batch_size=8", "train.global_batch_size=512"]
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp32"])
+def test_memory_estimate_terms(precision):
+    from lenext_dist.train.dryrun import memory_estimate
+
+    cfg = load_config(None, [*TINYLLAMA, f"train.precision={precision}", "parallel.zero_stage=2"])
+    T, W = 1_100_000_000, 64
+    est = memory_estimate(cfg, T, T, W)
+    s, b, h, L, V = 2048, 8, 2048, 22, 32000
+    w = 2 if precision == "bf16" else 4
+    assert est["gradients"] == T * 4 / W  # fp32 accumulation partition (bf16) / fp32 grads
+    assert est["activations"] == L * s * b * h * 34 * w / 2
+    assert est["norm_fp32"] == ((2 * L + 1) * s * b * h * 4 if w == 2 else 0)
+    assert est["logits"] == s * b * V * (6 if w == 2 else 4)
+    assert est["total"] == sum(v for k, v in est.items() if k != "total")
+    if precision == "bf16":  # the two new terms: ~9 GiB of the ~40 at micro batch 8
+        assert 8.5 < (est["norm_fp32"] + est["logits"]) / 2**30 < 9.5
+        # ~37 GB in all: a 40 GB A100 keeps < 4 GB for the CUDA context, NCCL, temporaries
+        assert 35e9 < est["total"] < 40e9
+
+
+def test_rmsnorm_keeps_an_fp32_copy_under_bf16():
+    """The norm_fp32 term is real: torch's RMSNorm (megatron's local spec, WrappedTorchNorm) on a
+    bf16 input saves an fp32 tensor of the input's full shape for its backward."""
+    x = torch.randn(16, 2, 64, dtype=torch.bfloat16, requires_grad=True)
+    norm = torch.nn.RMSNorm(64, eps=1e-5, dtype=torch.bfloat16)
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        norm(x)
+    assert any(t.dtype == torch.float32 and t.shape == x.shape for t in saved)
+
+
+def test_megatron_cross_entropy_saves_fp32_logits(megatron_1rank):
+    """The logits term: megatron's cross-entropy saves an fp32 [s, b, V] softmax from bf16 logits."""
+    from megatron.core.tensor_parallel import vocab_parallel_cross_entropy
+
+    logits = torch.randn(8, 2, 128, dtype=torch.bfloat16, requires_grad=True)
+    target = torch.randint(0, 128, (8, 2))
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        vocab_parallel_cross_entropy(logits, target)
+    assert any(t.dtype == torch.float32 and t.shape == logits.shape for t in saved)
