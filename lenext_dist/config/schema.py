@@ -370,7 +370,8 @@ class LoggingConfig:
     tensorboard: bool = True
     """Also write scalars to <run_dir>/tensorboard."""
     peak_tflops: Optional[float] = None
-    """Per-device peak for MFU (e.g. 312 for A100 bf16); null measures a fp32 matmul peak at start."""
+    """Per-device peak TFLOP/s for MFU; null: the dense peak of the device in the training dtype
+    from the table in lenext_dist/train/peak.py, else measured by a matmul at start."""
     progress_bar: bool = True
     """A tqdm bar on rank 0 when stderr is a terminal."""
 

@@ -17,7 +17,8 @@ from lenext_dist.config import RunConfig, deepspeed_config, save_config, to_dict
 from lenext_dist.data.gpt_data import build_datasets, train_batches, valid_batches
 from lenext_dist.train import checkpoint, fp32_params, optim
 from lenext_dist.train.device import check_gpu_visible, local_rank, visible_device_index
-from lenext_dist.train.metrics import Metrics, measure_matmul_tflops
+from lenext_dist.train.metrics import Metrics
+from lenext_dist.train.peak import peak_tflops
 from lenext_dist.train.signals import StopSignal
 
 
@@ -134,9 +135,12 @@ def train(cfg: RunConfig) -> dict:
     # MFU against the peak of the training dtype on an accelerator (an fp16 run against the fp32
     # peak would read ~10x too high); on CPU against the fp32 peak, as before
     mm_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.train.precision, torch.float32)
-    peak = cfg.logging.peak_tflops or measure_matmul_tflops(device, mm_dtype if device != "cpu" else torch.float32)
+    # by device name from the table in train/peak.py, else measured
+    peak, peak_src = peak_tflops(device, mm_dtype if device != "cpu" else torch.float32,
+                                 cfg.logging.peak_tflops)
     fpt = flops_per_token(cfg)
     _header(cfg, model, world, accum, fpt, peak)
+    _print0(f"[lenext] peak from {peak_src}")
 
     step, consumed = 0, 0
     if tag:

@@ -348,3 +348,29 @@ def test_megatron_cross_entropy_saves_fp32_logits(megatron_1rank):
     with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
         vocab_parallel_cross_entropy(logits, target)
     assert any(t.dtype == torch.float32 and t.shape == logits.shape for t in saved)
+
+
+# ---- peak-FLOPs table ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name,dtype,want", [
+    ("NVIDIA A100-SXM4-80GB", BF16, 312.0), ("NVIDIA A100-PCIE-40GB", FP32, 19.5),
+    ("NVIDIA H100 80GB HBM3", BF16, 989.0), ("NVIDIA H100 PCIe", BF16, 756.0),
+    ("NVIDIA H100 NVL", BF16, 835.0), ("NVIDIA H200", BF16, 989.0), ("NVIDIA H200", FP32, 67.0),
+    ("NVIDIA L40S", BF16, 362.0), ("NVIDIA L40", BF16, 181.0), ("NVIDIA L4", FP16, 121.0),
+    ("NVIDIA A10G", BF16, 125.0), ("Tesla V100-SXM2-32GB", FP16, 125.0),
+    ("Tesla V100-SXM2-32GB", BF16, None),  # no bf16 tensor cores: measured instead
+    ("AMD Instinct MI300X", BF16, 1307.4), ("Some Future GPU", BF16, None),
+])
+def test_peak_table_lookup(name, dtype, want):
+    from lenext_dist.train.peak import table_peak
+
+    assert table_peak(name, dtype) == want
+
+
+def test_peak_source_order():
+    """The config value wins; CPU is never in the table and is measured (small matmul)."""
+    from lenext_dist.train.peak import peak_tflops
+
+    assert peak_tflops("cpu", FP32, 312.0) == (312.0, "logging.peak_tflops")
+    peak, src = peak_tflops("cpu", FP32)
+    assert peak > 0 and src.startswith("measured (1024^3")
