@@ -2,8 +2,8 @@
 PY        ?= python3
 VENV      ?= .venv
 BIN       := $(VENV)/bin
-# The CPU build lies on disk here; on a CUDA machine use e.g. TORCH_SPEC="torch==2.13.0" with the
-# CUDA index, or the GPU Docker image (docker/).
+# The tested torch line (pyproject.toml pins it): the CPU build lies on disk here; on a Linux GPU
+# host PyPI's torch==2.13.0 is the CUDA build (check: make gpu-check), as in docker/Dockerfile.gpu.
 TORCH_SPEC ?= torch==2.13.0
 NPROC     ?= 2
 PORT      ?= 29500
