@@ -295,6 +295,9 @@ class TrainConfig:
     """Validation micro-batches per evaluation."""
     activation_checkpointing: bool = False
     """Recompute each transformer layer in the backward pass (memory for long HeadScale lengths)."""
+    fused_kernels: bool = True
+    """On CUDA: megatron's torch.compile fusions (SwiGLU, bias-dropout-add, fused cross-entropy);
+    false turns them off. CPU runs never fuse."""
 
     def __post_init__(self):
         for k in ("steps", "micro_batch_size", "global_batch_size", "eval_iters"):

@@ -86,8 +86,10 @@ def _header(cfg: RunConfig, model, world: int, accum: int, fpt: float, peak: flo
         f"{megatron.core.__version__}, python {platform.python_version()}, {torch.get_num_threads()} threads")
 
 
-def _mean_over_ranks(value: float, device) -> float:
-    t = torch.tensor([value], dtype=torch.float64, device=device)  # NCCL reduces device tensors only
+def _mean_over_ranks(value, device) -> float:
+    """A float or a device tensor, averaged over ranks; one all-reduce and one host sync."""
+    # NCCL reduces device tensors only
+    t = torch.as_tensor(value, dtype=torch.float64, device=device).reshape(1).clone()
     dist.all_reduce(t)
     return t.item() / dist.get_world_size()
 
@@ -159,7 +161,9 @@ def train(cfg: RunConfig) -> dict:
     trainable_scales = hs_cfg.enabled and hs_cfg.trainable
     bar = _progress(cfg, step, rank)
     stopped = False
-    loss_sum, n_loss = 0.0, 0
+    # the loss stays on the device between log lines: no host sync or all-reduce per step
+    zero = torch.zeros((), dtype=torch.float64, device=device)
+    loss_sum, n_loss = zero, 0
 
     # DeepSpeed clips fp32 ZeRO-0 gradients but keeps no norm: measure it before the step then
     own_gnorm = cfg.parallel.zero_stage == 0 and cfg.train.precision == "fp32"
@@ -171,7 +175,7 @@ def train(cfg: RunConfig) -> dict:
         data_s = time.perf_counter() - t0
         lr = optim.cosine_lr(step, cfg.optim, cfg.train.steps)
         optim.set_lr(engine.optimizer, lr)
-        step_loss = 0.0
+        step_loss = zero
         log_now = (step + 1) % cfg.logging.interval == 0 or step + 1 == cfg.train.steps
         gnorm = None
         for i, mb in enumerate(micro_batches):
@@ -180,7 +184,7 @@ def train(cfg: RunConfig) -> dict:
             if log_now and own_gnorm and i == len(micro_batches) - 1:
                 gnorm = optim.grad_norm(engine.module)
             engine.step()  # DeepSpeed steps the optimizer on the accumulation boundary only
-            step_loss += loss.item() / len(micro_batches)
+            step_loss = step_loss + loss.detach().double() / len(micro_batches)
         if trainable_scales and hs_cfg.min_value is not None:
             optim.clamp_head_scales(engine.module, hs_cfg.min_value)
         if exact_params:  # m_h / KERPLE under bf16: the stepped fp32 masters into the forward
@@ -188,16 +192,16 @@ def train(cfg: RunConfig) -> dict:
         step += 1
         consumed += cfg.train.global_batch_size
         metrics.add_step(time.perf_counter() - t0, data_s)
-        loss_sum += _mean_over_ranks(step_loss, device)
+        loss_sum = loss_sum + step_loss
         n_loss += 1
         if bar:
             bar.update(1)
         if log_now:
             gnorm = engine.get_global_grad_norm() if gnorm is None else gnorm
             scales = optim.head_scale_stats(optim.head_scale_matrix(engine)) if trainable_scales else None
-            metrics.log(step, {"loss": loss_sum / n_loss, "lr": lr,
+            metrics.log(step, {"loss": _mean_over_ranks(loss_sum / n_loss, device), "lr": lr,
                                "grad_norm": float(gnorm) if gnorm is not None else float("nan")}, scales)
-            loss_sum, n_loss = 0.0, 0
+            loss_sum, n_loss = zero, 0
         if valid_ds is not None and cfg.train.eval_interval and step % cfg.train.eval_interval == 0:
             metrics.log_eval(step, evaluate(engine, valid_ds, cfg, rank, world,
                                             step // cfg.train.eval_interval - 1, device))

@@ -395,3 +395,35 @@ def test_gpu_check_skips_cleanly_without_cuda(repo, tmp_path):
 def test_makefile_has_gpu_check(repo):
     text = (repo / "Makefile").read_text()
     assert "\ngpu-check: setup\n\t$(BIN)/python -m lenext_dist.gpu_check" in text
+
+
+# ---- per-call copies and fusions -------------------------------------------------------------------
+
+def test_variant_constants_are_copied_to_a_device_once():
+    """ALiBi's slopes, Sandwich's lam / inv_freq and XPOS's xi reach a device once (the meta device
+    stands in for an accelerator: a real copy), not per layer per call; values unchanged."""
+    from lenext_dist.attention import XPOS, ALiBi, Sandwich
+
+    for v, names in ((ALiBi(8), ["slopes"]), (Sandwich(8, 16), ["lam", "inv_freq"]), (XPOS(16), ["xi"])):
+        for name in names:
+            first = v.const(name, "meta")
+            assert first.device.type == "meta" and v.const(name, torch.device("meta")) is first
+            assert torch.equal(v.const(name, "cpu"), getattr(v, name))
+    a = ALiBi(8)
+    assert torch.equal(a.distance_bias(16, "cpu"), a.distance_bias(16, "cpu"))
+    assert a.distance_bias(16, "meta").shape == (8, 16)
+
+
+def test_megatron_fusions_only_on_cuda():
+    """CPU and the meta dry run keep the unfused ops; CUDA turns on the torch-only fusions unless
+    train.fused_kernels is false (their numerics were compared on CPU by hand: 5e-7 on the loss)."""
+    from lenext_dist.model.build import transformer_config
+
+    def flags(device, *o):
+        t = transformer_config(load_config(None, list(o)), device=device)
+        return (t.bias_activation_fusion, t.bias_dropout_fusion, t.cross_entropy_loss_fusion)
+
+    assert flags("cuda") == (True, True, True)
+    assert flags("cpu") == flags("meta") == flags("cuda", "train.fused_kernels=false") == (False,) * 3
+    t = transformer_config(load_config(None, []), device="cuda")
+    assert t.cross_entropy_fusion_impl == "native" and not t.gradient_accumulation_fusion
