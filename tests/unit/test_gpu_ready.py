@@ -215,6 +215,10 @@ def test_repeat_branch_through_the_kernels_keeps_the_output(dtype, monkeypatch):
 
 @pytest.mark.parametrize("stage", [1, 2])
 def test_bf16_engine_runs_head_scales_and_kerple_in_exact_fp32(stage, megatron_1rank, monkeypatch):
+    _bf16_engine_exact_fp32(stage, monkeypatch)
+
+
+def _bf16_engine_exact_fp32(stage, monkeypatch):
     """DeepSpeed casts m_h and KERPLE's r1/r2 to bf16 (m = 1.2 -> 1.203125) and builds its fp32
     master from that; after build_engine the masters hold the exact values again and the forward
     reads them (fp32_value), before and after an optimizer step; gradients still reach them."""
@@ -266,6 +270,30 @@ def test_bf16_engine_runs_head_scales_and_kerple_in_exact_fp32(stage, megatron_1
         safe_get_full_fp32_param(r1_raw)), rtol=0, atol=0)
     step()
     assert torch.equal(seen[1], master)  # the second forward used the stepped fp32 value
+    return cfg, engine
+
+
+@pytest.mark.parametrize("stage", [1, 2])
+def test_bf16_resume_restores_the_exact_fp32_values(stage, megatron_1rank, monkeypatch, tmp_path):
+    """checkpoint.save / checkpoint.load (as the loop resumes) of the bf16 engine above: after
+    fp32_params.refresh the fresh engine's forward reads the saved fp32 masters, not bf16."""
+    from deepspeed.utils import safe_get_full_fp32_param
+
+    from lenext_dist.attention.precision import fp32_value
+    from lenext_dist.model import build_model
+    from lenext_dist.train import checkpoint, fp32_params, optim
+
+    cfg, engine = _bf16_engine_exact_fp32(stage, monkeypatch)
+    cfg.checkpoint.dir = str(tmp_path)
+    checkpoint.save(engine, cfg, 2, 4)
+    saved = {n: safe_get_full_fp32_param(p).clone() for n, p in engine.module.named_parameters()
+             if getattr(p, "_lenext_fp32", None) is not None}
+    fresh = optim.build_engine(build_model(cfg, device="cpu"), cfg, 1)
+    checkpoint.load(fresh, str(tmp_path), checkpoint.tag_for(2))
+    fp32_params.refresh(fresh)
+    params = dict(fresh.module.named_parameters())
+    for n, v in saved.items():
+        assert torch.equal(fp32_value(params[n]), v), n
 
 
 # ---- KERPLE through FlexAttention: the backward inside the fallback ------------------------------
