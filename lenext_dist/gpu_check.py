@@ -225,7 +225,7 @@ def main(argv=None) -> int:
     sections = [("variants", check_variants), ("eval_8x", check_eval_8x),
                 ("throughput", check_throughput)]
     if not args.quick:
-        sections.append(("zero2", lambda: check_zero2(out.parent / "zero2")))
+        sections.append(("zero2", lambda: check_zero2(out.parent.resolve() / "zero2")))
     for name, fn in sections:
         print(f"gpu-check: {name} ...", flush=True)
         try:

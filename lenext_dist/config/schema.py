@@ -333,8 +333,8 @@ class ParallelConfig:
     fp32 sums the ranks' bf16 gradients without rounding each partial sum to 8 mantissa bits, at
     twice the bytes of bf16; null = DeepSpeed's default (the training dtype)."""
     overlap_comm: bool = True
-    """ZeRO-2: reduce gradient buckets on a side stream while the backward continues (DeepSpeed
-    `overlap_comm`; ZeRO-3 always overlaps). Costs ~4.5 x reduce_bucket_size of buffers."""
+    """ZeRO-1/2: reduce gradient buckets on a side stream while the backward continues (DeepSpeed
+    `overlap_comm`; ZeRO-3 always overlaps). Costs ~4.5 x bucket_size of buffers."""
     bucket_size: int = 50_000_000
     """ZeRO-1/2 reduce and all-gather bucket size in elements (DeepSpeed's default 5e8 would hold
     ~4.5 GB of overlap buffers in bf16: most of a 1.1B model's gradients at once)."""
