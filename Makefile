@@ -2,8 +2,8 @@
 PY        ?= python3
 VENV      ?= .venv
 BIN       := $(VENV)/bin
-# The CPU build lies on disk here; on a CUDA machine use e.g. TORCH_SPEC="torch==2.13.0" with the
-# CUDA index, or the GPU Docker image (docker/).
+# The tested torch line (pyproject.toml pins it): the CPU build lies on disk here; on a Linux GPU
+# host PyPI's torch==2.13.0 is the CUDA build (check: make gpu-check), as in docker/Dockerfile.gpu.
 TORCH_SPEC ?= torch==2.13.0
 NPROC     ?= 2
 PORT      ?= 29500
@@ -11,7 +11,7 @@ PYTEST_ARGS ?=
 # Where DeepSpeed JIT-builds its ops (cpu_adam for ZeRO-Offload): per checkout, never shared.
 export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.cache/torch_extensions
 
-.PHONY: setup system-deps demo shards test test-fast dry-run bench study study-quick clean
+.PHONY: setup system-deps demo shards test test-fast dry-run bench study study-quick gpu-check clean
 
 setup: $(VENV)/.installed
 
@@ -72,6 +72,12 @@ study-quick: setup
 
 bench: setup
 	$(BIN)/python benchmarks/run_all.py
+
+# What CPU tests cannot see, on this machine's GPUs (variants x HeadScale in bf16, ZeRO-2 on all
+# GPUs, fp32/bf16 evaluation at 8x L, TinyLlama-shape MFU) -> runs/gpu-check/gpu_check.json.
+# Without a CUDA device it prints a skip and exits 0.
+gpu-check: setup
+	$(BIN)/python -m lenext_dist.gpu_check --out runs/gpu-check/gpu_check.json
 
 clean:
 	rm -rf runs shards .pytest_cache

@@ -32,7 +32,7 @@ class ALiBi(PositionVariant):
 
     def distance_bias(self, n: int, device: Optional[torch.device] = None) -> Tensor:
         dist = torch.arange(n, device=device, dtype=torch.float32)
-        return -self.slopes.to(device)[:, None] * dist[None, :]  # [h, n]
+        return -self.const("slopes", device)[:, None] * dist[None, :]  # [h, n]
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, num_heads={self.num_heads}"

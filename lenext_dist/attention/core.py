@@ -5,7 +5,9 @@ Layout (batch-first, heads before sequence, as `torch.nn.functional.scaled_dot_p
     q [b, h, sq, d]    k, v [b, g, sk, d]    m [h] fp32    ->    out [b, h, sq, d]
 
 - GQA: g divides h; query head j reads key/value group j // (h // g) (megatron's fused-QKV
-  grouping and HF's `repeat_kv` both use this order).
+  grouping and HF's `repeat_kv` both use this order). SDPA gets enable_gqa where flash can run
+  (CUDA half precision, no mask) and on CPU; elsewhere k/v are repeated to h heads so the
+  memory-efficient kernel, not the [b, h, sq, sk] math kernel, runs (`paths.sdpa_call`).
 - Scale: the logits of head j are lambda_j q.k with lambda_j = m_j / sqrt(d) (the paper's
   HeadScale parametrization; a uniform scale c is m filled with c). The fast path folds m into q
   and keeps SDPA's default 1/sqrt(d), so no [b, h, sq, sk] tensor is materialized by this code
@@ -36,7 +38,7 @@ from torch import Tensor
 from .documents import Documents
 from .mask import MaskSpec
 from .paths import (chunked_attention, choose_impl, flex_path_attention, scaled_query,
-                    sdpa_mask_attention)
+                    sdpa_kv, sdpa_mask_attention)
 from .position import PositionVariant
 
 ScoreMod = Callable[[Tensor, Tensor, Tensor], Tensor]
@@ -70,12 +72,12 @@ def causal_attention(q: Tensor, k: Tensor, v: Tensor, m: Tensor,
     _check_shapes(q, k, v, m)
     sq, sk = q.shape[2], k.shape[2]
     qs = scaled_query(q, m, q_scale)
-    gqa = k.shape[1] != q.shape[1]  # enable_gqa == repeat_interleave of k/v, bitwise, on CPU
-    if sq == sk:
-        return F.scaled_dot_product_attention(qs, k, v, is_causal=True, enable_gqa=gqa)
     # KV-cache decoding: SDPA's is_causal is top-left aligned, so pass the [sq, sk] mask instead
     # (sq is small here; for sq == 1 every key is visible and no mask is needed).
-    mask = None if sq == 1 else _causal_mask(sq, sk, q.device)
+    mask = None if sq in (1, sk) else _causal_mask(sq, sk, q.device)
+    k, v, gqa = sdpa_kv(q, k, v, masked=mask is not None)  # repeat KV where flash cannot run
+    if sq == sk:
+        return F.scaled_dot_product_attention(qs, k, v, is_causal=True, enable_gqa=gqa)
     return F.scaled_dot_product_attention(qs, k, v, attn_mask=mask, enable_gqa=gqa)
 
 

@@ -12,7 +12,8 @@ log form's r2, r2 = 2 sigmoid(raw) for the power form's exponent. Init as the re
 r2 ~ U(0, 1) per head (clamped up to eps), here `r1_init_max` / `r2_init_max`.
 
 State-dict keys of the variant module: `r1_raw` [h], `r2_raw` [h] (fp32 when created; a bf16
-engine casts them like every parameter). They get no weight decay (1-D parameters).
+engine casts them like every parameter, and they are read through `precision.fp32_value`, the
+exact fp32 value the training loop keeps beside them). They get no weight decay (1-D parameters).
 """
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .alibi import _need_heads
+from .precision import fp32_value
 from .position import PositionVariant, cfg_get
 
 
@@ -66,7 +68,7 @@ class _Kerple(PositionVariant):
 
     def r1(self) -> Tensor:
         """[h] fp32, > eps."""
-        return self.eps + F.softplus(self.r1_raw.float())
+        return self.eps + F.softplus(fp32_value(self.r1_raw))
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, num_heads={self.num_heads}, eps={self.eps}"
@@ -82,7 +84,7 @@ class KerpleLog(_Kerple):
 
     def r2(self) -> Tensor:
         """[h] fp32, > eps."""
-        return self.eps + F.softplus(self.r2_raw.float())
+        return self.eps + F.softplus(fp32_value(self.r2_raw))
 
     def distance_bias(self, n: int, device: Optional[torch.device] = None) -> Tensor:
         dist = torch.arange(n, device=device, dtype=torch.float32)
@@ -99,7 +101,7 @@ class KerplePower(_Kerple):
 
     def r2(self) -> Tensor:
         """[h] fp32 in (0, 2)."""
-        return 2.0 * torch.sigmoid(self.r2_raw.float())
+        return 2.0 * torch.sigmoid(fp32_value(self.r2_raw))
 
     def distance_bias(self, n: int, device: Optional[torch.device] = None) -> Tensor:
         dist = torch.arange(n, device=device, dtype=torch.float32)

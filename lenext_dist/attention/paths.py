@@ -19,7 +19,8 @@ logit(i, j) = m_h t_i / sqrt(d) q_i.k_j + bias[h, i - j] for visible j (causal, 
   (a table lookup) and the mask as a block mask (skips fully hidden blocks). No [h, L, L] tensor.
   torch 2.13 has no FlexAttention backward on CPU, so on CPU it only runs without autograd
   (the evaluation default from 1024 tokens on). Falls back to `chunked` when torch.compile
-  cannot run here, or past FLEX_MAX_SHAPES distinct shapes.
+  cannot run here (forward, or, under autograd, a backward probed at the first call of a shape),
+  or past FLEX_MAX_SHAPES distinct shapes.
 - `eager`: the explicit fp32 softmax reference (`core.eager_causal_attention`).
 
 Document masking (`documents`, a `documents.Documents` of the batch; sq == sk): every kernel also
@@ -33,7 +34,7 @@ it builds [h, L, L] without documents: short sequences and the benchmark only).
 from __future__ import annotations
 
 import functools
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import torch
 import torch.nn.functional as F
@@ -51,6 +52,46 @@ def scaled_query(q: Tensor, m: Tensor, q_scale: Optional[Tensor]) -> Tensor:
     if q_scale is not None:
         mult = mult * q_scale.float().unsqueeze(-2).unsqueeze(-1)  # [1|b, 1, sq, 1]
     return (q.float() * mult).to(q.dtype)
+
+
+class SdpaCall(NamedTuple):
+    """How one `F.scaled_dot_product_attention` call treats GQA (see `sdpa_call`)."""
+
+    repeat_kv: bool
+    """Expand k/v [b, g, sk, d] to [b, h, sk, d] (repeat_interleave) before the call."""
+    enable_gqa: bool
+    """Pass enable_gqa=True (k/v stay [b, g, sk, d])."""
+
+
+_FLASH_DTYPES = (torch.float16, torch.bfloat16)
+
+
+def sdpa_call(device_type: str, dtype: torch.dtype, masked: bool, gqa: bool) -> SdpaCall:
+    """GQA handling of an SDPA call on `device_type` with q of `dtype`, an attn_mask or not.
+
+    torch 2.13 (F.scaled_dot_product_attention's docstring): enable_gqa "works only for
+    Flash_attention and math kernel on CUDA". Flash needs fp16/bf16 and no attn_mask (is_causal
+    only); where it cannot run (fp32 evaluation, an additive bias / window mask), enable_gqa would
+    leave only the math kernel, which materializes [b, h, sq, sk] (tens of GB per window at 16K).
+    Repeating the KV heads costs (h / g - 1) x b g sk d extra values, O(L), and lets the
+    memory-efficient kernel (any dtype, additive masks) run instead. CPU keeps enable_gqa: its
+    fused kernel takes it and it is bitwise equal to the repeat there (tests/unit/test_attention).
+    """
+    if not gqa:
+        return SdpaCall(repeat_kv=False, enable_gqa=False)
+    flash = device_type == "cuda" and dtype in _FLASH_DTYPES and not masked
+    if device_type == "cpu" or flash:
+        return SdpaCall(repeat_kv=False, enable_gqa=True)
+    return SdpaCall(repeat_kv=True, enable_gqa=False)
+
+
+def sdpa_kv(q: Tensor, k: Tensor, v: Tensor, masked: bool) -> tuple[Tensor, Tensor, bool]:
+    """(k, v, enable_gqa) for an SDPA call with q: k/v repeated to q's heads where `sdpa_call` says."""
+    h, g = q.shape[1], k.shape[1]
+    call = sdpa_call(q.device.type, q.dtype, masked, g != h)
+    if call.repeat_kv:
+        k, v = k.repeat_interleave(h // g, dim=1), v.repeat_interleave(h // g, dim=1)
+    return k, v, call.enable_gqa
 
 
 def _toeplitz_mask(bias: Tensor, q0: int, c: int, lo: int, hi: int, window: Optional[int],
@@ -100,7 +141,7 @@ def chunked_attention(q: Tensor, k: Tensor, v: Tensor, m: Tensor, *,
     sq, sk = q.shape[2], k.shape[2]
     off = sk - sq
     qs = scaled_query(q, m, q_scale)
-    gqa = k.shape[1] != q.shape[1]
+    k, v, gqa = sdpa_kv(q, k, v, masked=True)  # once for all chunks
     outs = []
     for start in range(0, sq, chunk_size):
         end = min(start + chunk_size, sq)
@@ -121,8 +162,9 @@ def sdpa_mask_attention(q: Tensor, k: Tensor, v: Tensor, m: Tensor, *,
     sq, sk = q.shape[2], k.shape[2]
     q_pos = torch.arange(sk - sq, sk, device=q.device)
     am = _block_mask(q_pos, torch.arange(sk, device=q.device), bias, mask, q.dtype, documents)
+    k, v, gqa = sdpa_kv(q, k, v, masked=True)
     return F.scaled_dot_product_attention(scaled_query(q, m, q_scale), k, v, attn_mask=am,
-                                          enable_gqa=k.shape[1] != q.shape[1])
+                                          enable_gqa=gqa)
 
 
 # ---- FlexAttention ----------------------------------------------------------------------------
@@ -167,26 +209,51 @@ _flex_shapes: set = set()
 _flex_broken: list = []  # the first compile error, if torch.compile cannot run here
 
 
-def _flex_key(q: Tensor, k: Tensor, bias: Optional[Tensor], mask: MaskSpec, documents) -> tuple:
+def _flex_key(q: Tensor, k: Tensor, bias: Optional[Tensor], mask: MaskSpec, documents,
+              grad: bool) -> tuple:
     return (tuple(q.shape), tuple(k.shape), q.dtype, q.device.type, bias is not None, mask,
-            documents is not None)
+            documents is not None, grad)
+
+
+def _flex_forward(q: Tensor, k: Tensor, v: Tensor, m: Tensor, q_scale: Optional[Tensor],
+                  bias: Optional[Tensor], mask: MaskSpec, documents=None) -> Tensor:
+    sq, sk = q.shape[2], k.shape[2]
+    block_mask = (_flex_block_mask(mask, sq, sk, str(q.device)) if documents is None
+                  else documents.flex_block_mask(mask))
+    # the table stays fp32: score_mod runs on fp32 scores, and a bf16 table would shift
+    # ALiBi/KERPLE/Sandwich logits by up to +-0.25 at long range
+    score_mod = None if bias is None else _bias_score_mod(bias.float(), sk - sq)
+    return _compiled_flex()(scaled_query(q, m, q_scale), k, v, score_mod=score_mod,
+                            block_mask=block_mask, enable_gqa=k.shape[1] != q.shape[1])
+
+
+def _probe_backward(q: Tensor, k: Tensor, v: Tensor, m: Tensor, q_scale: Optional[Tensor],
+                    bias: Optional[Tensor], mask: MaskSpec, documents=None) -> None:
+    """Forward + backward once on detached copies, so that the backward's compile (which would
+    otherwise happen at the caller's first `loss.backward()`, outside any try, e.g. KERPLE's
+    learnable bias on CUDA, or no FlexAttention backward at all on CPU) fails here, where the
+    caller can still fall back. Costs one extra attention pass per new training shape."""
+    leaves = [None if t is None else t.detach().requires_grad_(t.requires_grad)
+              for t in (q, k, v, m, q_scale, bias)]
+    out = _flex_forward(*leaves[:5], leaves[5], mask, documents)
+    wrt = [t for t in leaves if t is not None and t.requires_grad]
+    torch.autograd.grad(out.float().sum(), wrt)
 
 
 def flex_path_attention(q: Tensor, k: Tensor, v: Tensor, m: Tensor, *,
                         q_scale: Optional[Tensor] = None, bias: Optional[Tensor] = None,
                         mask: MaskSpec = MaskSpec(), chunk_size: int = 256,
                         documents=None) -> Tensor:
-    key = _flex_key(q, k, bias, mask, documents)
+    grad = torch.is_grad_enabled() and any(
+        t is not None and t.requires_grad for t in (q, k, v, m, q_scale, bias))
+    key = _flex_key(q, k, bias, mask, documents, grad)
     if _flex_broken or (key not in _flex_shapes and len(_flex_shapes) >= FLEX_MAX_SHAPES):
         return chunked_attention(q, k, v, m, q_scale=q_scale, bias=bias, mask=mask,
                                  chunk_size=chunk_size, documents=documents)
-    sq, sk = q.shape[2], k.shape[2]
     try:
-        block_mask = (_flex_block_mask(mask, sq, sk, str(q.device)) if documents is None
-                      else documents.flex_block_mask(mask))
-        score_mod = None if bias is None else _bias_score_mod(bias.to(q.dtype), sk - sq)
-        out = _compiled_flex()(scaled_query(q, m, q_scale), k, v, score_mod=score_mod,
-                               block_mask=block_mask, enable_gqa=k.shape[1] != q.shape[1])
+        if grad and key not in _flex_shapes:
+            _probe_backward(q, k, v, m, q_scale, bias, mask, documents)
+        out = _flex_forward(q, k, v, m, q_scale, bias, mask, documents)
     except Exception as e:  # noqa: BLE001 - no compiler / unsupported backend: stay correct
         if key in _flex_shapes:
             raise

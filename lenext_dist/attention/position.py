@@ -166,6 +166,17 @@ class PositionVariant(nn.Module):
     def reset_parameters(self) -> None:
         """(Re)initialize learned parameters (variants with parameters override)."""
 
+    def const(self, name: str, device) -> Tensor:
+        """The fp32 constant tensor attribute `name` (kept on CPU, e.g. ALiBi's slopes) on `device`,
+        copied there once per device and cached: every layer of every step would otherwise pay a
+        host-to-device copy (a sync point on CUDA). Not a registered buffer, so a model-wide
+        `.to(bfloat16)` (HF) cannot round it and state dicts stay free of it."""
+        cache = self.__dict__.setdefault("_const_cache", {})
+        key = (name, None if device is None else torch.device(device))
+        if key not in cache:
+            cache[key] = getattr(self, name).to(device)
+        return cache[key]
+
     def extra_repr(self) -> str:
         parts = [f"name={self.name}"]
         for k in ("window", "block", "log_scale_a"):

@@ -55,8 +55,8 @@ class Sandwich(PositionVariant):
 
     def distance_bias(self, n: int, device: Optional[torch.device] = None) -> Tensor:
         dist = torch.arange(n, device=device, dtype=torch.float32)
-        dots = torch.cos(dist[:, None] * self.inv_freq.to(device)[None, :]).sum(-1)  # [n]
-        return self.lam.to(device)[:, None] * (dots - self.dim // 2)[None, :]
+        dots = torch.cos(dist[:, None] * self.const("inv_freq", device)[None, :]).sum(-1)  # [n]
+        return self.const("lam", device)[:, None] * (dots - self.dim // 2)[None, :]
 
     def extra_repr(self) -> str:
         return (f"{super().extra_repr()}, num_heads={self.num_heads}, dim={self.dim}, "

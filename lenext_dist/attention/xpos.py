@@ -62,7 +62,7 @@ class XPOS(RoPE):
             pos = torch.arange(positions, positions + length, device=device)
         else:
             pos = positions.to(device)
-        log_xi = torch.log(self.xi.to(device))
+        log_xi = torch.log(self.const("xi", device))
         e = pos.to(torch.float32)[..., None] / self.scale_base * log_xi  # [(b,) s, d/2]
         up = torch.exp(torch.cat((e, e), dim=-1))
         return up.unsqueeze(1) if up.dim() == 3 else up

@@ -302,6 +302,9 @@ class TrainConfig:
     """Validation micro-batches per evaluation."""
     activation_checkpointing: bool = False
     """Recompute each transformer layer in the backward pass (memory for long HeadScale lengths)."""
+    fused_kernels: bool = True
+    """On CUDA: megatron's torch.compile fusions (SwiGLU, bias-dropout-add, fused cross-entropy);
+    false turns them off. CPU runs never fuse."""
 
     def __post_init__(self):
         for k in ("steps", "micro_batch_size", "global_batch_size", "eval_iters"):
@@ -332,11 +335,22 @@ class ParallelConfig:
     AdamW steps them there (nothing compiles; DeepSpeed's cpu_adam is not used)."""
     backend: Optional[str] = None
     """torch.distributed backend; null picks DeepSpeed's accelerator default (nccl / gloo on CPU)."""
+    reduce_dtype: Optional[Literal["fp32", "bf16", "fp16"]] = "fp32"
+    """Dtype of the gradient all-reduce / reduce-scatter (DeepSpeed `communication_data_type`).
+    fp32 sums the ranks' bf16 gradients without rounding each partial sum to 8 mantissa bits, at
+    twice the bytes of bf16; null = DeepSpeed's default (the training dtype)."""
+    overlap_comm: bool = True
+    """ZeRO-1/2: reduce gradient buckets on a side stream while the backward continues (DeepSpeed
+    `overlap_comm`; ZeRO-3 always overlaps). Costs ~4.5 x bucket_size of buffers."""
+    bucket_size: int = 50_000_000
+    """ZeRO-1/2 reduce and all-gather bucket size in elements (DeepSpeed's default 5e8 would hold
+    ~4.5 GB of overlap buffers in bf16: most of a 1.1B model's gradients at once)."""
 
     def __post_init__(self):
         _check(self.zero_stage in (0, 1, 2, 3), "parallel.zero_stage", "must be 0, 1, 2 or 3")
         _check(not self.offload_optimizer or self.zero_stage >= 1, "parallel.offload_optimizer",
                "ZeRO-Offload needs parallel.zero_stage >= 1")
+        _check(self.bucket_size > 0, "parallel.bucket_size", "must be > 0")
 
 
 @dataclass
@@ -366,7 +380,8 @@ class LoggingConfig:
     tensorboard: bool = True
     """Also write scalars to <run_dir>/tensorboard."""
     peak_tflops: Optional[float] = None
-    """Per-device peak for MFU (e.g. 312 for A100 bf16); null measures a fp32 matmul peak at start."""
+    """Per-device peak TFLOP/s for MFU; null: the dense peak of the device in the training dtype
+    from the table in lenext_dist/train/peak.py, else measured by a matmul at start."""
     progress_bar: bool = True
     """A tqdm bar on rank 0 when stderr is a terminal."""
 

@@ -24,6 +24,7 @@ from megatron.core.transformer.module import MegatronModule
 from megatron.core.transformer.transformer_config import TransformerConfig
 
 from lenext_dist.attention import Documents, PositionVariant
+from lenext_dist.attention.precision import fp32_value
 
 from .megatron_env import current_device
 
@@ -39,8 +40,9 @@ class LenextCoreAttention(MegatronModule):
 
     # DeepSpeed 0.19 (engine._cast_module_mixed_precision, runtime/keep_in_fp32.py) keeps
     # *buffers* matching these names in fp32 when it casts a model to bf16: the uniform-scale
-    # buffer stays exact. It casts every *parameter*, so a learned head_scale runs in bf16 under a
-    # DeepSpeed bf16 engine (its optimizer master copy stays fp32).
+    # buffer stays exact. It casts every *parameter*, so a learned head_scale is bf16 under a
+    # DeepSpeed bf16 engine; the forward reads its exact fp32 value through `fp32_value`
+    # (kept beside it by lenext_dist/train/fp32_params.py).
     _keep_in_fp32_modules_strict = ["head_scale"]
 
     @property
@@ -98,7 +100,9 @@ class LenextCoreAttention(MegatronModule):
         # [s, b, n, hn] -> [b, n, s, hn]: SDPA's layout (a strided view; SDPA copies if needed)
         q, k, v = (x.permute(1, 2, 0, 3) for x in (query, key, value))
         # = attend(q, k, v, head_scale, position), called as a module so ZeRO-3 gathers its params
-        out = self.position(q, k, v, self.head_scale, documents=documents)  # [b, np, sq, hn]
+        # m [np] fp32: under a bf16 engine the exact fp32 value (train/fp32_params.py)
+        out = self.position(q, k, v, fp32_value(self.head_scale),
+                            documents=documents)  # [b, np, sq, hn]
         # [b, np, sq, hn] -> [sq, b, np * hn]
         return out.permute(2, 0, 1, 3).reshape(sq, b, np_ * hn)
 

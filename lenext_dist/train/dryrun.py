@@ -2,12 +2,20 @@
 
 Memory estimate per data-parallel rank (bytes), for AdamW under ZeRO with world size W:
     weights      P x w        (/ W at stage 3)       w = 4 (fp32) or 2 (bf16/fp16)
-    gradients    T x w        (/ W at stage >= 2)    T = trainable parameters
+    gradients    T x g        (/ W at stage >= 2)    T = trainable parameters; g = w, or 4 when
+                                                    w = 2 at stage >= 1 (fp32 accumulation,
+                                                    data_types.grad_accum_dtype in the DeepSpeed JSON)
     fp32 master  T x 4 when w = 2 (/ W at stage >= 1)
     Adam m, v    T x 8        (/ W at stage >= 1)
     activations  L x s x b x h x 34 x (w / 2)        (Korthikanti et al. 2022, "Reducing Activation
                  Recomputation in Large Transformer Models", eq. 1, with the 5 a s^2 b attention-
                  matrix term dropped because our attention never materializes it)
+    norm_fp32    (2 L + 1) x s x b x h x 4 when w = 2: megatron's local spec runs torch's composite
+                 RMSNorm, which upcasts its input to fp32 and keeps that copy for the backward
+                 (two norms per layer and the final one), on top of the bf16 input in the 34
+    logits       s x b x V x (4 + 2 when w = 2): megatron's unfused cross-entropy
+                 (tensor_parallel/cross_entropy.py) turns the [s, b, V] logits into an fp32 copy
+                 and saves its softmax for the backward, while the bf16 logits are still alive
 A rough guide for choosing micro batch and ZeRO stage, not a measurement.
 """
 from __future__ import annotations
@@ -27,12 +35,15 @@ def memory_estimate(cfg: RunConfig, total: int, trainable: int, world: int) -> d
     w = 4 if cfg.train.precision == "fp32" else 2
     z = cfg.parallel.zero_stage
     m = cfg.model
+    sbh = m.seq_length * cfg.train.micro_batch_size * m.hidden_size  # one [s, b, h] tensor
     est = {
         "weights": total * w / (world if z >= 3 else 1),
-        "gradients": trainable * w / (world if z >= 2 else 1),
+        "gradients": trainable * (4 if w == 2 and z >= 1 else w) / (world if z >= 2 else 1),
         "fp32_master": (trainable * 4 if w == 2 else 0) / (world if z >= 1 else 1),
         "adam_states": trainable * 8 / (world if z >= 1 else 1),
-        "activations": m.num_layers * m.seq_length * cfg.train.micro_batch_size * m.hidden_size * 34 * w / 2,
+        "activations": sbh * m.num_layers * 34 * w / 2,
+        "norm_fp32": sbh * (2 * m.num_layers + 1) * 4 if w == 2 else 0.0,
+        "logits": m.seq_length * cfg.train.micro_batch_size * m.vocab_size * (4 + (2 if w == 2 else 0)),
     }
     if cfg.parallel.offload_optimizer:
         est["fp32_master"] = est["adam_states"] = 0.0  # in host memory instead

@@ -15,8 +15,10 @@ import torch.distributed as dist
 
 from lenext_dist.config import RunConfig, deepspeed_config, save_config, to_dict
 from lenext_dist.data.gpt_data import build_datasets, train_batches, valid_batches
-from lenext_dist.train import checkpoint, optim
-from lenext_dist.train.metrics import Metrics, measure_matmul_tflops
+from lenext_dist.train import checkpoint, fp32_params, optim
+from lenext_dist.train.device import check_gpu_visible, local_rank, visible_device_index
+from lenext_dist.train.metrics import Metrics
+from lenext_dist.train.peak import peak_tflops
 from lenext_dist.train.signals import StopSignal
 
 
@@ -39,6 +41,7 @@ def init_distributed(cfg: RunConfig) -> tuple[int, int]:
     import deepspeed
     from deepspeed.accelerator import get_accelerator
 
+    check_gpu_visible(cfg.parallel.backend)  # before DeepSpeed picks an accelerator (CPU fallback)
     skip_deepspeed_shm_op()
 
     acc = get_accelerator()
@@ -49,12 +52,13 @@ def init_distributed(cfg: RunConfig) -> tuple[int, int]:
         local = next((int(os.environ[k]) for k in ("LOCAL_WORLD_SIZE", "LOCAL_SIZE",
                       "OMPI_COMM_WORLD_LOCAL_SIZE", "SLURM_NTASKS_PER_NODE") if k in os.environ), 1)
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // local))
+    if acc.device_name() != "cpu":  # Slurm may show each task only its own GPU: index 0;
+        # set before the process group so NCCL binds each rank to its own device
+        acc.set_device(visible_device_index(local_rank(), acc.device_count()))
     if not dist.is_initialized():
         # DeepSpeed's MPI discovery ignores MASTER_PORT unless it is passed as distributed_port
         deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=True, verbose=False,
                                    distributed_port=int(os.environ.get("MASTER_PORT", 29500)))
-    if acc.device_name() != "cpu":
-        acc.set_device(int(os.environ.get("LOCAL_RANK", 0)))
     return dist.get_rank(), dist.get_world_size()
 
 
@@ -82,8 +86,10 @@ def _header(cfg: RunConfig, model, world: int, accum: int, fpt: float, peak: flo
         f"{megatron.core.__version__}, python {platform.python_version()}, {torch.get_num_threads()} threads")
 
 
-def _mean_over_ranks(value: float, device) -> float:
-    t = torch.tensor([value], dtype=torch.float64, device=device)  # NCCL reduces device tensors only
+def _mean_over_ranks(value, device) -> float:
+    """A float or a device tensor, averaged over ranks; one all-reduce and one host sync."""
+    # NCCL reduces device tensors only
+    t = torch.as_tensor(value, dtype=torch.float64, device=device).reshape(1).clone()
     dist.all_reduce(t)
     return t.item() / dist.get_world_size()
 
@@ -133,14 +139,18 @@ def train(cfg: RunConfig) -> dict:
     # MFU against the peak of the training dtype on an accelerator (an fp16 run against the fp32
     # peak would read ~10x too high); on CPU against the fp32 peak, as before
     mm_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.train.precision, torch.float32)
-    peak = cfg.logging.peak_tflops or measure_matmul_tflops(device, mm_dtype if device != "cpu" else torch.float32)
+    # by device name from the table in train/peak.py, else measured
+    peak, peak_src = peak_tflops(device, mm_dtype if device != "cpu" else torch.float32,
+                                 cfg.logging.peak_tflops)
     fpt = flops_per_token(cfg)
     _header(cfg, model, world, accum, fpt, peak)
+    _print0(f"[lenext] peak from {peak_src}")
 
     step, consumed = 0, 0
     if tag:
         client = checkpoint.load(engine, cfg.checkpoint.dir, tag)
         step, consumed = client["step"], client["consumed_samples"]
+        fp32_params.refresh(engine)  # the loaded fp32 masters into the forward's fp32 values
         _print0(f"[lenext] resumed from {cfg.checkpoint.dir}/{tag}: step {step}, {consumed:,} samples")
     if rank == 0:
         save_config(cfg, os.path.join(cfg.run_dir, "config.yaml"))
@@ -153,10 +163,13 @@ def train(cfg: RunConfig) -> dict:
     trainable_scales = hs_cfg.enabled and hs_cfg.trainable
     bar = _progress(cfg, step, rank)
     stopped = False
-    loss_sum, n_loss = 0.0, 0
+    # the loss stays on the device between log lines: no host sync or all-reduce per step
+    zero = torch.zeros((), dtype=torch.float64, device=device)
+    loss_sum, n_loss = zero, 0
 
     # DeepSpeed clips fp32 ZeRO-0 gradients but keeps no norm: measure it before the step then
     own_gnorm = cfg.parallel.zero_stage == 0 and cfg.train.precision == "fp32"
+    exact_params = fp32_params.has_trainable(engine)
     batches = train_batches(train_ds, cfg, rank, world, step)
     while step < cfg.train.steps:
         t0 = time.perf_counter()
@@ -164,7 +177,7 @@ def train(cfg: RunConfig) -> dict:
         data_s = time.perf_counter() - t0
         lr = optim.cosine_lr(step, cfg.optim, cfg.train.steps)
         optim.set_lr(engine.optimizer, lr)
-        step_loss = 0.0
+        step_loss = zero
         log_now = (step + 1) % cfg.logging.interval == 0 or step + 1 == cfg.train.steps
         gnorm = None
         for i, mb in enumerate(micro_batches):
@@ -173,22 +186,24 @@ def train(cfg: RunConfig) -> dict:
             if log_now and own_gnorm and i == len(micro_batches) - 1:
                 gnorm = optim.grad_norm(engine.module)
             engine.step()  # DeepSpeed steps the optimizer on the accumulation boundary only
-            step_loss += loss.item() / len(micro_batches)
+            step_loss = step_loss + loss.detach().double() / len(micro_batches)
         if trainable_scales and hs_cfg.min_value is not None:
             optim.clamp_head_scales(engine.module, hs_cfg.min_value)
+        if exact_params:  # m_h / KERPLE under bf16: the stepped fp32 masters into the forward
+            fp32_params.refresh(engine)
         step += 1
         consumed += cfg.train.global_batch_size
         metrics.add_step(time.perf_counter() - t0, data_s)
-        loss_sum += _mean_over_ranks(step_loss, device)
+        loss_sum = loss_sum + step_loss
         n_loss += 1
         if bar:
             bar.update(1)
         if log_now:
             gnorm = engine.get_global_grad_norm() if gnorm is None else gnorm
             scales = optim.head_scale_stats(optim.head_scale_matrix(engine)) if trainable_scales else None
-            metrics.log(step, {"loss": loss_sum / n_loss, "lr": lr,
+            metrics.log(step, {"loss": _mean_over_ranks(loss_sum / n_loss, device), "lr": lr,
                                "grad_norm": float(gnorm) if gnorm is not None else float("nan")}, scales)
-            loss_sum, n_loss = 0.0, 0
+            loss_sum, n_loss = zero, 0
         if valid_ds is not None and cfg.train.eval_interval and step % cfg.train.eval_interval == 0:
             metrics.log_eval(step, evaluate(engine, valid_ds, cfg, rank, world,
                                             step // cfg.train.eval_interval - 1, device))

@@ -69,8 +69,12 @@ def build_engine(model: torch.nn.Module, cfg: RunConfig, world: int):
 
     from lenext_dist.config import deepspeed_config
 
+    from lenext_dist.train import fp32_params
+
+    exact = fp32_params.capture(model)  # m_h, KERPLE: DeepSpeed casts them to bf16 below
     engine, *_ = deepspeed.initialize(model=model, optimizer=build_optimizer(model, cfg),
                                       config=deepspeed_config(cfg, world))
+    fp32_params.restore(engine, exact)
     if world == 1 and cfg.parallel.zero_stage == 0 and hasattr(engine, "enable_backward_allreduce"):
         engine.enable_backward_allreduce = False
     return engine
