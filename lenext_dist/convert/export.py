@@ -19,6 +19,10 @@ Output folder:
     lenext_attention.py, lenext_attention_*.py   (flattened copy of lenext_dist/attention)
     tokenizer.model, tokenizer_config.json, special_tokens_map.json
     lenext_run_config.yaml (the run's resolved config)
+
+With fmt="stock" (stock.py): a stock transformers config (SmolLM3 / Llama) with
+`lenext_provenance`, Llama-named weights with the head scales folded into q_proj, no code files,
+tokenizer.json (+ tokenizer.model) when it reproduces SentencePiece.
 """
 from __future__ import annotations
 
