@@ -43,7 +43,7 @@ from lenext_dist.train.checkpoint import resolve as resolve_checkpoint
 from lenext_dist.train.checkpoint import run_config as load_run_config
 
 from . import stock
-from .keymap import Shape, megatron_to_hf
+from .keymap import HF_HEAD_SCALE, Shape, megatron_to_hf
 
 HF_DIR = Path(__file__).resolve().parents[1] / "hf"
 ATTENTION_DIR = Path(__file__).resolve().parents[1] / "attention"
@@ -197,7 +197,7 @@ def export(checkpoint: Union[str, Path], out: Union[str, Path], *, tag: Optional
     state, weights_source = load_megatron_state(step_dir)
     hf_state = megatron_to_hf(state, shape)
 
-    learned = "model.layers.0.self_attn.head_scale" in hf_state
+    learned = HF_HEAD_SCALE.format(i=0) in hf_state
     if head_scales is not None:
         scales = (head_scales.float() if isinstance(head_scales, Tensor)
                   else head_scales_from(head_scales, m.num_layers, m.num_attention_heads))
@@ -209,7 +209,7 @@ def export(checkpoint: Union[str, Path], out: Union[str, Path], *, tag: Optional
         scales = torch.full((m.num_layers, m.num_attention_heads), float(scale_c))
         hs_source, c = "uniform", float(scale_c)
     elif learned:
-        scales = torch.stack([hf_state[f"model.layers.{i}.self_attn.head_scale"].float()
+        scales = torch.stack([hf_state[HF_HEAD_SCALE.format(i=i)].float()
                               for i in range(m.num_layers)])
         hs_source, c = "learned", float(cfg.attention.scale_c)
     else:
@@ -271,9 +271,10 @@ def _tokenizer_info(info: Optional[dict], vocab_size: int) -> Optional[dict]:
 def _custom_payload(out: Path, cfg, hf_state: dict, scales: Tensor, tok_path: Optional[Path], *,
                     scale_c: float, head_scale_source: str, source: dict, dtype: str):
     """model_type lenext: head scales as fp32 buffers, our modeling code + attention copy."""
-    for i in range(cfg.model.num_layers):
-        hf_state[f"model.layers.{i}.self_attn.head_scale"] = scales[i].to(torch.float32).contiguous()
-    tensors = {k: (v if k.endswith("head_scale") else v.to(_DTYPES[dtype])).contiguous()
+    names = [HF_HEAD_SCALE.format(i=i) for i in range(cfg.model.num_layers)]
+    for name, row in zip(names, scales):
+        hf_state[name] = row.to(torch.float32).contiguous()
+    tensors = {k: (v if k in names else v.to(_DTYPES[dtype])).contiguous()
                for k, v in hf_state.items()}
     tok = _tokenizer_info(_tokenizer_files(out, tok_path) if tok_path else None, cfg.model.vocab_size)
     for f in SHIPPED:

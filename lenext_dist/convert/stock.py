@@ -33,6 +33,8 @@ from typing import Callable, Optional
 import torch
 from torch import Tensor
 
+from .keymap import HF_HEAD_SCALE, HF_Q_PROJ
+
 STOCK_FORMAT = 1
 PROVENANCE = "lenext_provenance"
 """The config.json field of a stock export that records what was folded in (one home)."""
@@ -163,9 +165,10 @@ def refusal(cfg) -> Optional[str]:
 def fold_head_scales(hf_state: dict, scales: Tensor, num_heads: int, head_dim: int) -> dict:
     """Multiply q_proj rows of head h of layer l by scales[l, h] (fp32 product, then stored in
     the weight's dtype) and drop the `self_attn.head_scale` entries. q_proj.weight [h d, H]."""
-    out = {k: v for k, v in hf_state.items() if not k.endswith("self_attn.head_scale")}
+    drop = {HF_HEAD_SCALE.format(i=i) for i in range(len(scales))}
+    out = {k: v for k, v in hf_state.items() if k not in drop}
     for i, row in enumerate(scales):
-        k = f"model.layers.{i}.self_attn.q_proj.weight"
+        k = HF_Q_PROJ.format(i=i)
         w = out[k]
         hidden = w.shape[-1]
         folded = w.float().view(num_heads, head_dim, hidden) * row.float().view(-1, 1, 1)
