@@ -6,11 +6,12 @@ computes exactly the same function (DESIGN.md section 10):
     nope -> SmolLM3ForCausalLM, `no_rope_layers` all 0 (every layer NoPE); a sliding window W
             as SmolLM3's `use_sliding_window` + `sliding_window` W (both mask q - k < W: the
             last W tokens, itself included; transformers.masking_utils.sliding_window_overlay)
-    rope -> LlamaForCausalLM with `rope_parameters` from `ROPE_PARAMETERS` (PI, NTK, YaRN)
+    rope -> LlamaForCausalLM with `rope_parameters` from `ROPE_PARAMETERS` (PI, NTK, YaRN);
+            with a window W, MistralForCausalLM (`sliding_window` W on every layer)
 
 Every other registered variant (ALiBi, KERPLE, Sandwich, XPOS, and any variant added later) has
 no entry and is refused by `refusal()`, as are the options no stock form expresses (the
-log-length scale, a window on RoPE, any other non-default attention field).
+log-length scale, any other non-default attention field).
 
 Scales: a uniform c or HeadScale's m_h multiplies head h's logits m_h / sqrt(d) q.k; with
 q = W_q x that is q' = (m_h W_q[h]) x, so the scales fold into q_proj's rows of head h
@@ -78,7 +79,8 @@ functions); a scaling missing here is refused for stock."""
 @dataclass(frozen=True)
 class StockForm:
     architecture: str
-    """transformers class name written to config.json `architectures`."""
+    """transformers class name written to config.json `architectures` (`config` may choose a
+    sibling: RoPE with a window is MistralForCausalLM)."""
     config: Callable[..., object]
     """(run cfg, common kwargs) -> the transformers config object."""
     refuse: Callable[..., Optional[str]]
@@ -100,29 +102,33 @@ def _smollm3_refuse(cfg) -> Optional[str]:
     return None  # NoPE with or without a window; scales fold
 
 
-def _llama_config(cfg, common: dict):
-    from transformers import LlamaConfig
+def _rope_config(cfg, common: dict):
+    """LlamaForCausalLM; with a window MistralForCausalLM (Llama-shaped, `sliding_window` on
+    every layer, the same mask q - k < W)."""
+    from transformers import LlamaConfig, MistralConfig
 
-    r, m = cfg.attention.rope, cfg.model
+    a, m = cfg.attention, cfg.model
+    r = a.rope
     params = ROPE_PARAMETERS[r.scaling](r, m.head_dim, m.base_length)
     if r.scaling != "none":  # the extended length, informational (factor is given explicitly)
         common = {**common, "max_position_embeddings": int(m.base_length * r.factor)}
+    if a.window is not None:
+        common = {**common, "architectures": ["MistralForCausalLM"]}
+        return MistralConfig(**common, head_dim=m.head_dim, rope_parameters=params,
+                             sliding_window=a.window)
     return LlamaConfig(**common, head_dim=m.head_dim, rope_parameters=params)
 
 
-def _llama_refuse(cfg) -> Optional[str]:
-    a = cfg.attention
-    if a.rope.scaling not in ROPE_PARAMETERS:
-        return f"rope.scaling {a.rope.scaling!r} has no transformers rope_parameters equivalent"
-    if a.window is not None:
-        return ("attention.window on RoPE: LlamaForCausalLM has no sliding window "
-                "(use the custom export, or drop the window)")
+def _rope_refuse(cfg) -> Optional[str]:
+    r = cfg.attention.rope
+    if r.scaling not in ROPE_PARAMETERS:
+        return f"rope.scaling {r.scaling!r} has no transformers rope_parameters equivalent"
     return None
 
 
 STOCK_FORMS: dict[str, StockForm] = {
     "nope": StockForm("SmolLM3ForCausalLM", _smollm3_config, _smollm3_refuse),
-    "rope": StockForm("LlamaForCausalLM", _llama_config, _llama_refuse),
+    "rope": StockForm("LlamaForCausalLM", _rope_config, _rope_refuse),
 }
 """Registered position variant -> its exact stock form. Variants without an entry are refused."""
 
@@ -186,7 +192,7 @@ def build_stock_config(cfg, *, scales: Tensor, scale_c: float, head_scale_source
     form = STOCK_FORMS[a.position]
     tok = tok or {}
     provenance = {
-        "format": STOCK_FORMAT, "exported_as": form.architecture, "position": a.position,
+        "format": STOCK_FORMAT, "position": a.position,
         "rope": dataclasses.asdict(a.rope), "window": a.window, "scale_c": float(scale_c),
         "head_scale_source": head_scale_source, "head_scales_folded_into": "q_proj",
         "head_scales_summary": {"min": float(scales.min()), "max": float(scales.max()),
@@ -204,7 +210,9 @@ def build_stock_config(cfg, *, scales: Tensor, scale_c: float, head_scale_source
         # ids inside the vocabulary (SmolLM3's defaults are 128000+): None when no tokenizer
         bos_token_id=tok.get("bos"), eos_token_id=tok.get("eos"), pad_token_id=tok.get("pad"),
         dtype=dtype, **{PROVENANCE: provenance})
-    return form.config(cfg, common)
+    config = form.config(cfg, common)
+    setattr(config, PROVENANCE, {**provenance, "exported_as": config.architectures[0]})
+    return config
 
 
 def provenance(config) -> Optional[dict]:

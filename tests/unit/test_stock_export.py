@@ -106,8 +106,10 @@ CASES = {
     "nope_window": dict(position="nope", window=6, scale_c=1.3),
     "rope_yarn_tied": dict(position="rope", rope=RopeConfig(scaling="yarn", factor=8.0), tie=True,
                            groups=None, scale_c=1.2),
+    "rope_pi_window": dict(position="rope", rope=RopeConfig(scaling="pi", factor=4.0), window=6),
 }
-EXPECTED = {"nope": "SmolLM3ForCausalLM", "rope": "LlamaForCausalLM"}
+EXPECTED = {"nope_headscale": "SmolLM3ForCausalLM", "nope_window": "SmolLM3ForCausalLM",
+            "rope_yarn_tied": "LlamaForCausalLM", "rope_pi_window": "MistralForCausalLM"}
 
 FRESH = r"""
 import json, sys, torch
@@ -168,18 +170,21 @@ def test_stock_loads_without_remote_code_and_equals_custom(exports, fresh_proces
     assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer.model"} <= files
     cfg = json.loads(open(f"{stock_dir}/config.json").read())
     position = CASES[name]["position"]
-    assert cfg["architectures"] == [EXPECTED[position]] and "auto_map" not in cfg
+    assert cfg["architectures"] == [EXPECTED[name]] and "auto_map" not in cfg
     prov = cfg["lenext_provenance"]
     assert prov["position"] == position and prov["source"]["checkpoint"].startswith(str(ckpt))
     if position == "nope":
         assert cfg["no_rope_layers"] == [0, 0]
         assert cfg["use_sliding_window"] == ("window" in CASES[name])
-    else:
+    elif name == "rope_yarn_tied":
         assert cfg["rope_parameters"]["rope_type"] == "yarn"
         assert cfg["rope_parameters"]["original_max_position_embeddings"] == L
+    else:
+        assert cfg["rope_parameters"]["rope_type"] == "linear" and cfg["sliding_window"] == 6
+    assert prov["exported_as"] == EXPECTED[name]
     got = fresh_process[name]
     print(name, "max |stock - custom| at 1x/4x/8x L:", got["diffs"], "cache:", got["cache"])
-    assert got["class"] == EXPECTED[position] and got["no_lenext"]
+    assert got["class"] == EXPECTED[name] and got["no_lenext"]
     for mult, (diff, scale) in got["diffs"].items():
         assert diff <= 1e-4, f"{name} at {mult}x L: max |stock - custom| = {diff}"
         assert scale > 1.0  # logits not trivially small
@@ -311,7 +316,8 @@ def test_variants_without_a_stock_form_are_refused(tmp_path, position):
 
 @pytest.mark.parametrize("attn,what", [
     (dict(position="nope", log_scale_a=0.3), "log_scale_a"),
-    (dict(position="rope", window=8), "attention.window on RoPE"),
+    (dict(position="rope", log_scale_a=0.3, rope=RopeConfig(scaling="yarn", factor=2.0)),
+     "log_scale_a"),
 ])
 def test_options_without_a_stock_form_are_refused(tmp_path, attn, what):
     step = _config_only(tmp_path, run_config(**attn))
