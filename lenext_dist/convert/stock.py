@@ -248,6 +248,30 @@ def _spm_support(proto) -> Optional[str]:
     return None
 
 
+def _score_ordered_merges(bt, proto):
+    """The converted tokenizer with its BPE merges ranked as SentencePiece applies them: SP's BPE
+    merges, at each step, the adjacent pair whose concatenation is the vocabulary piece with the
+    HIGHEST score (bpe_model.cc); transformers' conversion ranks merges by piece id, which differs
+    where scores do not follow ids (Llama-2-style vocabularies give whitespace pieces such as
+    "▁▁" the score -1e9 at low ids: "a  b" then became ▁a ▁▁ b instead of ▁a ▁ ▁b)."""
+    from tokenizers import Tokenizer
+
+    normal = proto.SentencePiece.NORMAL
+    piece_id = {p.piece: i for i, p in enumerate(proto.pieces)}
+    ranked = []
+    for i, p in enumerate(proto.pieces):
+        if p.type != normal or len(p.piece) < 2:
+            continue
+        for k in range(1, len(p.piece)):
+            a, b = p.piece[:k], p.piece[k:]
+            if a in piece_id and b in piece_id:
+                ranked.append((-p.score, i, k, a, b))
+    ranked.sort()
+    j = json.loads(bt.to_str())
+    j["model"]["merges"] = [[a, b] for *_, a, b in ranked]
+    return Tokenizer.from_str(json.dumps(j))
+
+
 def stock_tokenizer_json(spm_path: Path, texts=PROBE_TEXTS):
     """A `tokenizers.Tokenizer` that encodes exactly as SentencePiece's `encode` (no BOS/EOS),
     or (None, reason).
@@ -276,6 +300,7 @@ def stock_tokenizer_json(spm_path: Path, texts=PROBE_TEXTS):
         (Path(tmp) / "tokenizer_config.json").write_text(json.dumps(
             {"tokenizer_class": "LlamaTokenizer", "add_bos_token": False, "add_eos_token": False}))
         bt = AutoTokenizer.from_pretrained(tmp).backend_tokenizer
+    bt = _score_ordered_merges(bt, proto)
     ws = "\u2581"
     bt.normalizer = normalizers.Sequence([normalizers.Prepend(ws), normalizers.Replace(" ", ws)])
     word = f"{ws}+[^{ws}]*" if proto.trainer_spec.allow_whitespace_only_pieces else f"{ws}[^{ws}]*"

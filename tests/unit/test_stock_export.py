@@ -248,6 +248,33 @@ def test_stock_tokenizer_equals_sentencepiece(exports):
         assert tok.decode(ids) == sp.decode(ids), repr(t[:80])
 
 
+
+def test_merges_follow_sentencepiece_scores_not_ids(tmp_path):
+    """Llama-2-style vocabularies score whitespace pieces -1e9 at low ids (Mistral v1 does); SP's
+    BPE then never merges "▁▁" before "▁b". The sample model with that scoring: tokenizer.json
+    must still equal SentencePiece (transformers' id-ordered merges do not)."""
+    import sentencepiece as spm
+    from sentencepiece import sentencepiece_model_pb2 as pb
+
+    from lenext_dist.convert.stock import stock_tokenizer_json
+
+    m = pb.ModelProto()
+    m.ParseFromString(open(SAMPLE_TOKENIZER, "rb").read())
+    for piece in m.pieces:
+        if len(piece.piece) > 1 and set(piece.piece) == {"\u2581"}:
+            piece.score = -1e9
+    path = tmp_path / "l2style.model"
+    path.write_bytes(m.SerializeToString())
+    sp = spm.SentencePieceProcessor(model_file=str(path))
+    assert [sp.id_to_piece(i) for i in sp.encode("a  b")] == ["\u2581a", "\u2581", "\u2581b"]
+    rng = random.Random(2)
+    pool = [" ", "  ", "    ", "\t", "\n", "a", "the", "42", "é"]
+    texts = ["".join(rng.choice(pool) for _ in range(rng.randint(1, 30))) for _ in range(300)]
+    bt, why = stock_tokenizer_json(path, texts=list(PROBE_TEXTS) + texts)
+    assert why is None
+    for t in texts:
+        assert bt.encode(t, add_special_tokens=False).ids == sp.encode(t), repr(t)
+
 # ------------------------------------------------------------------ lenext eval on both exports
 
 
