@@ -10,12 +10,18 @@ import sys
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(
         prog="python -m lenext_dist.convert",
-        description="Export a lenext DeepSpeed/megatron checkpoint to a Hugging Face folder "
-                    "(load with trust_remote_code=True).")
+        description="Export a lenext DeepSpeed/megatron checkpoint to a Hugging Face folder: "
+                    "--format custom (default; every variant, load with trust_remote_code=True) "
+                    "or --format stock (NoPE -> SmolLM3ForCausalLM, RoPE -> LlamaForCausalLM, "
+                    "no remote code; other variants are refused).")
     p.add_argument("--checkpoint", required=True,
                    help="checkpoint folder (uses its `latest`) or a step_* folder in it")
     p.add_argument("--tag", help="step_NNNNNNN folder inside --checkpoint (default: latest)")
     p.add_argument("--out", required=True, help="output folder (created)")
+    p.add_argument("--format", default="custom", choices=["custom", "stock"],
+                   help="custom: model_type lenext + our modeling code (default, every variant); "
+                        "stock: a transformers architecture without remote code, scales folded "
+                        "into q_proj (NoPE[+window] -> SmolLM3, RoPE[+PI/NTK/YaRN] -> Llama)")
     g = p.add_mutually_exclusive_group()
     g.add_argument("--scale-c", type=float,
                    help="export a uniform softmax scale c for every head (lambda = c/sqrt(d))")
@@ -42,12 +48,13 @@ def main(argv=None) -> int:
         info = export(a.checkpoint, a.out, tag=a.tag, scale_c=a.scale_c,
                       head_scales=a.head_scales_from,
                       tokenizer="" if a.no_tokenizer else a.tokenizer,
-                      dtype=a.dtype, overwrite=a.overwrite)
+                      dtype=a.dtype, overwrite=a.overwrite, fmt=a.format)
     except (CheckpointError, KeyError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     hs = info.pop("head_scales")
-    print(f"[lenext.convert] {info['checkpoint']} -> {info['out']}: position={info['position']}, "
+    print(f"[lenext.convert] {info['checkpoint']} -> {info['out']}: {info['architecture']} "
+          f"({info['format']}), position={info['position']}, "
           f"head scales {info['head_scale_source']} (c={info['scale_c']}), weights from "
           f"{info['weights']} (ZeRO-{info['zero_stage']}, {info['train_precision']}) as {a.dtype}")
     if a.verify:

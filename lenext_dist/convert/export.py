@@ -19,6 +19,10 @@ Output folder:
     lenext_attention.py, lenext_attention_*.py   (flattened copy of lenext_dist/attention)
     tokenizer.model, tokenizer_config.json, special_tokens_map.json
     lenext_run_config.yaml (the run's resolved config)
+
+With fmt="stock" (stock.py): a stock transformers config (SmolLM3 / Llama) with
+`lenext_provenance`, Llama-named weights with the head scales folded into q_proj, no code files,
+tokenizer.json (+ tokenizer.model) when it reproduces SentencePiece.
 """
 from __future__ import annotations
 
@@ -38,7 +42,8 @@ from lenext_dist.train.checkpoint import read_state as load_megatron_state
 from lenext_dist.train.checkpoint import resolve as resolve_checkpoint
 from lenext_dist.train.checkpoint import run_config as load_run_config
 
-from .keymap import Shape, megatron_to_hf
+from . import stock
+from .keymap import HF_HEAD_SCALE, Shape, megatron_to_hf
 
 HF_DIR = Path(__file__).resolve().parents[1] / "hf"
 ATTENTION_DIR = Path(__file__).resolve().parents[1] / "attention"
@@ -162,9 +167,13 @@ _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 def export(checkpoint: Union[str, Path], out: Union[str, Path], *, tag: Optional[str] = None,
            scale_c: Optional[float] = None, head_scales: Union[str, Path, Tensor, None] = None,
            tokenizer: Union[str, Path, None] = None, dtype: str = "fp32",
-           overwrite: bool = False) -> dict:
+           overwrite: bool = False, fmt: str = "custom") -> dict:
     """Export one checkpoint to an HF folder; returns a summary dict (also written to
-    config.json's lenext_source).
+    config.json's lenext_source, or lenext_provenance for a stock export).
+
+    fmt: `custom` (model_type lenext + our modeling code, every variant, trust_remote_code) or
+    `stock` (a transformers architecture without remote code, scales folded into q_proj; see
+    stock.py; variants without an exact stock form raise ExportError naming them).
 
     Head scales of the export, in order of precedence: `head_scales` (a [layers, heads] tensor or
     a path, see head_scales_from), `scale_c` (uniform), the run's learned head scales (when it
@@ -178,14 +187,19 @@ def export(checkpoint: Union[str, Path], out: Union[str, Path], *, tag: Optional
         raise ExportError(f"scale_c must be > 0, got {scale_c}")
     if dtype not in _DTYPES:
         raise ExportError(f"dtype must be one of {sorted(_DTYPES)}")
+    if fmt not in FORMATS:
+        raise ExportError(f"format must be one of {sorted(FORMATS)}, got {fmt!r}")
     step_dir = resolve_checkpoint(checkpoint, tag)
     cfg = load_run_config(step_dir)
+    why = stock.refusal(cfg) if fmt == "stock" else None
+    if why:  # before reading any weights
+        raise ExportError(f"{step_dir}: no stock export: {why}")
     m = cfg.model
     shape = Shape.from_run_config(cfg)
     state, weights_source = load_megatron_state(step_dir)
     hf_state = megatron_to_hf(state, shape)
 
-    learned = "model.layers.0.self_attn.head_scale" in hf_state
+    learned = HF_HEAD_SCALE.format(i=0) in hf_state
     if head_scales is not None:
         scales = (head_scales.float() if isinstance(head_scales, Tensor)
                   else head_scales_from(head_scales, m.num_layers, m.num_attention_heads))
@@ -197,19 +211,12 @@ def export(checkpoint: Union[str, Path], out: Union[str, Path], *, tag: Optional
         scales = torch.full((m.num_layers, m.num_attention_heads), float(scale_c))
         hs_source, c = "uniform", float(scale_c)
     elif learned:
-        scales = torch.stack([hf_state[f"model.layers.{i}.self_attn.head_scale"].float()
+        scales = torch.stack([hf_state[HF_HEAD_SCALE.format(i=i)].float()
                               for i in range(m.num_layers)])
         hs_source, c = "learned", float(cfg.attention.scale_c)
     else:
         scales = torch.full((m.num_layers, m.num_attention_heads), float(cfg.attention.scale_c))
         hs_source, c = "uniform", float(cfg.attention.scale_c)
-    for i in range(m.num_layers):
-        hf_state[f"model.layers.{i}.self_attn.head_scale"] = scales[i].to(torch.float32).contiguous()
-
-    torch_dtype = _DTYPES[dtype]
-    tensors = {k: (v if k.endswith("head_scale") else v.to(torch_dtype)).contiguous()
-               for k, v in hf_state.items()}
-
     final = Path(out)
     if final.exists() and any(final.iterdir()) and not overwrite:
         raise ExportError(f"{final} exists and is not empty (pass --overwrite)")
@@ -220,23 +227,19 @@ def export(checkpoint: Union[str, Path], out: Union[str, Path], *, tag: Optional
         shutil.rmtree(out)
     out.mkdir(parents=True)
 
-    tok_info = None
     tok_path = cfg.data.tokenizer if tokenizer is None else tokenizer
     if tok_path:
         tok_path = Path(tok_path)
         if not tok_path.is_file():
             raise ExportError(f"tokenizer {tok_path} not found (the run's data.tokenizer is relative "
                               "to where it was launched; pass --tokenizer PATH)")
-        tok_info = _tokenizer_files(out, tok_path, bos=cfg.data.bos)
-        if tok_info["size"] > m.vocab_size:
-            raise ExportError(f"tokenizer has {tok_info['size']} pieces > model vocab {m.vocab_size}")
 
     source = {"checkpoint": str(step_dir.resolve()), "tag": step_dir.name, "run": cfg.name,
               "weights": weights_source, "zero_stage": cfg.parallel.zero_stage,
               "train_precision": cfg.train.precision, "exported_dtype": dtype}
-    hf_cfg = build_hf_config(cfg, scale_c=c, head_scale_source=hs_source, tok=tok_info,
-                             source=source, dtype={"fp32": "float32", "bf16": "bfloat16",
-                                                   "fp16": "float16"}[dtype])
+    hf_cfg, tensors = FORMATS[fmt](
+        out, cfg, hf_state, scales, tok_path or None, scale_c=c, head_scale_source=hs_source,
+        source=source, dtype=dtype)
     hf_cfg.to_json_file(str(out / "config.json"), use_diff=False)
 
     from transformers import GenerationConfig
@@ -249,15 +252,59 @@ def export(checkpoint: Union[str, Path], out: Union[str, Path], *, tag: Optional
     from safetensors.torch import save_file
 
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
-    for f in SHIPPED:
-        shutil.copyfile(HF_DIR / f, out / f)
-    write_attention_copy(out)
     shutil.copyfile(step_dir / "config.yaml", out / "lenext_run_config.yaml")
     if final.exists():
         shutil.rmtree(final)
     os.replace(out, final)
-    return {**source, "out": str(final), "position": cfg.attention.position, "scale_c": c,
-            "head_scale_source": hs_source, "head_scales": scales.tolist()}
+    return {**source, "out": str(final), "format": fmt, "architecture": hf_cfg.architectures[0],
+            "position": cfg.attention.position, "scale_c": c, "head_scale_source": hs_source,
+            "head_scales": scales.tolist()}
+
+
+_DTYPE_NAMES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+
+
+def _tokenizer_info(info: Optional[dict], vocab_size: int) -> Optional[dict]:
+    if info is not None and info["size"] > vocab_size:
+        raise ExportError(f"tokenizer has {info['size']} pieces > model vocab {vocab_size}")
+    return info
+
+
+def _custom_payload(out: Path, cfg, hf_state: dict, scales: Tensor, tok_path: Optional[Path], *,
+                    scale_c: float, head_scale_source: str, source: dict, dtype: str):
+    """model_type lenext: head scales as fp32 buffers, our modeling code + attention copy."""
+    names = [HF_HEAD_SCALE.format(i=i) for i in range(cfg.model.num_layers)]
+    for name, row in zip(names, scales):
+        hf_state[name] = row.to(torch.float32).contiguous()
+    tensors = {k: (v if k in names else v.to(_DTYPES[dtype])).contiguous()
+               for k, v in hf_state.items()}
+    tok = _tokenizer_info(_tokenizer_files(out, tok_path, bos=cfg.data.bos) if tok_path else None,
+                          cfg.model.vocab_size)
+    for f in SHIPPED:
+        shutil.copyfile(HF_DIR / f, out / f)
+    write_attention_copy(out)
+    return build_hf_config(cfg, scale_c=scale_c, head_scale_source=head_scale_source, tok=tok,
+                           source=source, dtype=_DTYPE_NAMES[dtype]), tensors
+
+
+def _stock_payload(out: Path, cfg, hf_state: dict, scales: Tensor, tok_path: Optional[Path], *,
+                   scale_c: float, head_scale_source: str, source: dict, dtype: str):
+    """A stock transformers architecture (stock.STOCK_FORMS): scales folded into q_proj (in
+    fp32, before the cast), no code files, tokenizer.json when it reproduces SentencePiece."""
+    m = cfg.model
+    folded = stock.fold_head_scales(hf_state, scales, m.num_attention_heads, m.head_dim)
+    tensors = {k: v.to(_DTYPES[dtype]).contiguous() for k, v in folded.items()}
+    tok, note = (stock.write_stock_tokenizer(out, tok_path, bos=cfg.data.bos) if tok_path
+                 else (None, "no tokenizer shipped"))
+    _tokenizer_info(tok, m.vocab_size)
+    return stock.build_stock_config(cfg, scales=scales, scale_c=scale_c,
+                                    head_scale_source=head_scale_source, tok=tok, source=source,
+                                    dtype=_DTYPE_NAMES[dtype], tokenizer_note=note), tensors
+
+
+FORMATS = {"custom": _custom_payload, "stock": _stock_payload}
+"""--format name -> (out dir, run cfg, HF state, scales [layers, heads], tokenizer, ...) ->
+(transformers config, tensors to save); each payload writes its own tokenizer / code files."""
 
 
 # ------------------------------------------------------------------ verification
@@ -291,19 +338,28 @@ def megatron_reference(step_dir: Union[str, Path], head_scales: Optional[Tensor]
 @torch.no_grad()
 def verify(out: Union[str, Path], *, tokens: Optional[Tensor] = None, seed: int = 0) -> float:
     """Max |logits_HF - logits_megatron| on `tokens` [b, s] (default: 2 random sequences of the
-    training length) for an exported folder, against the checkpoint it came from (both fp32)."""
+    training length) for an exported folder, against the checkpoint it came from (both fp32).
+    A stock export is loaded as plain transformers (no trust_remote_code); the megatron model
+    then gets the scales its provenance says were folded in."""
     from transformers import AutoModelForCausalLM
 
     out = Path(out)
     info = json.loads((out / "config.json").read_text())
-    hf = AutoModelForCausalLM.from_pretrained(str(out), trust_remote_code=True,
-                                              dtype=torch.float32).eval()
-    from lenext_dist.hf.modeling_lenext import get_head_scales
+    prov = stock.provenance(info)
+    if prov is not None:  # stock: plain transformers, no remote code; scales are in q_proj
+        hf = AutoModelForCausalLM.from_pretrained(str(out), dtype=torch.float32).eval()
+        scales, source, length = (torch.tensor(prov["head_scales"], dtype=torch.float32),
+                                  prov["source"], prov["train_length"])
+    else:
+        hf = AutoModelForCausalLM.from_pretrained(str(out), trust_remote_code=True,
+                                                  dtype=torch.float32).eval()
+        from lenext_dist.hf.modeling_lenext import get_head_scales
 
-    ref = megatron_reference(info["lenext_source"]["checkpoint"], get_head_scales(hf))
+        scales, source, length = get_head_scales(hf), info["lenext_source"], info["train_length"]
+    ref = megatron_reference(source["checkpoint"], scales)
     if tokens is None:
         gen = torch.Generator().manual_seed(seed)
-        tokens = torch.randint(0, info["vocab_size"], (2, info["train_length"]), generator=gen)
+        tokens = torch.randint(0, info["vocab_size"], (2, length), generator=gen)
     pos = torch.arange(tokens.shape[1]).expand_as(tokens)
     a = ref(tokens, pos, attention_mask=None).float()
     b = hf(input_ids=tokens, use_cache=False).logits.float()

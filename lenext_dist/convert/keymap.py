@@ -89,16 +89,21 @@ class Rule:
     # `{name}` in a pattern matches a dotted suffix ([\w.]+): such rules are always optional
 
 
+HF_Q_PROJ = "model.layers.{i}.self_attn.q_proj.weight"
+"""q_proj [h d, hidden]: the stock export folds head scales into its rows (stock.py)."""
+HF_HEAD_SCALE = "model.layers.{i}.self_attn.head_scale"
+"""The custom export's fp32 per-head multipliers [h] (absent from stock exports)."""
+
 KEYMAP: tuple[Rule, ...] = (
     Rule("embedding.word_embeddings.weight", ("model.embed_tokens.weight",)),
     Rule("decoder.layers.{i}.input_layernorm.weight", ("model.layers.{i}.input_layernorm.weight",)),
     Rule("decoder.layers.{i}.self_attention.linear_qkv.weight",
-         ("model.layers.{i}.self_attn.q_proj.weight", "model.layers.{i}.self_attn.k_proj.weight",
+         (HF_Q_PROJ, "model.layers.{i}.self_attn.k_proj.weight",
           "model.layers.{i}.self_attn.v_proj.weight"), split_qkv, merge_qkv),
     Rule("decoder.layers.{i}.self_attention.linear_proj.weight",
          ("model.layers.{i}.self_attn.o_proj.weight",)),
     Rule("decoder.layers.{i}.self_attention.core_attention.head_scale",
-         ("model.layers.{i}.self_attn.head_scale",), optional=True),
+         (HF_HEAD_SCALE,), optional=True),
     Rule("decoder.layers.{i}.self_attention.core_attention.position.{name}",
          ("model.layers.{i}.self_attn.position.{name}",), optional=True),
     Rule("decoder.layers.{i}.pre_mlp_layernorm.weight",
@@ -190,5 +195,5 @@ def hf_to_megatron(state: dict, s: Shape) -> dict[str, Tensor]:
     return _convert(dict(state), s, "hf", "megatron")
 
 
-__all__ = ["Shape", "Rule", "KEYMAP", "megatron_to_hf", "hf_to_megatron", "split_qkv",
+__all__ = ["Shape", "Rule", "KEYMAP", "HF_Q_PROJ", "HF_HEAD_SCALE", "megatron_to_hf", "hf_to_megatron", "split_qkv",
            "merge_qkv", "split_gate_up", "merge_gate_up"]

@@ -13,6 +13,13 @@ Two layouts are supported:
   from the projections and rotated with HF's `apply_rotary_pos_emb`; the uniform scale is set by
   overwriting `self_attn.scaling` (HF passes it to every attention backend).
 
+- **stock** (a `--format stock` export of lenext_dist.convert: transformers' SmolLM3 or Llama,
+  config field `lenext_provenance`): Llama-shaped attention whose head scales m [heads] are
+  folded into q_proj's rows. q/k as for llama, except that a SmolLM3 layer with `use_rope` 0
+  (NoPE) is not rotated. Scales are changed by re-folding: q_proj rows of head h times
+  m_new / m_old (the current m per layer is kept on the module as `_lenext_folded`), so
+  `--scale-c C` and sweeps give the custom export's numbers (to fp32 rounding).
+
 Public API: `attention_layers`, `layout`, `capture_qk`, `head_scales`, `set_uniform_scale`,
 `restore_scales`, `train_length`, `trained_with_bos`.
 """
@@ -45,9 +52,39 @@ def layout(model: nn.Module) -> str:
     if hasattr(attn, "qk") and hasattr(attn, "head_scale"):
         return "lenext"
     if all(hasattr(attn, a) for a in ("q_proj", "k_proj", "scaling", "head_dim")):
-        return "llama"
+        return "stock" if _provenance(model) is not None else "llama"
     raise TypeError(f"unknown attention module {type(attn).__name__}: expected LenextAttention "
                     "(qk, head_scale) or a Llama attention (q_proj, k_proj, scaling, head_dim)")
+
+
+def _provenance(model: nn.Module) -> Optional[dict]:
+    # lenext_dist.convert.stock.PROVENANCE; read here without importing the converter
+    from lenext_dist.convert.stock import PROVENANCE
+
+    prov = getattr(getattr(model, "config", None), PROVENANCE, None)
+    return prov if isinstance(prov, dict) else None
+
+
+def _stock_folded(model: nn.Module) -> list[Tensor]:
+    """The m [heads] fp32 currently folded into each layer's q_proj (from the provenance at
+    first use, then whatever set_head_scales folded)."""
+    layers = attention_layers(model)
+    if not hasattr(layers[0], "_lenext_folded"):
+        table = torch.tensor(_provenance(model)["head_scales"], dtype=torch.float32)
+        for a, row in zip(layers, table):
+            a._lenext_folded = row.clone()
+    return [a._lenext_folded for a in layers]
+
+
+def _stock_refold(model: nn.Module, m: Tensor) -> None:
+    """q_proj rows of head h of layer l times m[l, h] / (currently folded m[l, h])."""
+    for a, old, new in zip(attention_layers(model), _stock_folded(model), m.float().cpu()):
+        w = a.q_proj.weight  # [h d, hidden]
+        ratio = (new / old).to(device=w.device)
+        with torch.no_grad():
+            w.copy_((w.float().view(ratio.numel(), a.head_dim, -1) * ratio.view(-1, 1, 1))
+                    .reshape(w.shape).to(w.dtype))
+        a._lenext_folded = new.clone()
 
 
 def _num_heads(attn: nn.Module) -> int:
@@ -68,6 +105,9 @@ def _llama_m(attn: nn.Module) -> Tensor:
 def head_scales(model: nn.Module) -> Tensor:
     """m [layers, heads] fp32 (lambda_h = m_h / sqrt(d))."""
     kind = layout(model)
+    if kind == "stock":  # folded m times whatever scaling the attention applies on top
+        return torch.stack([f * _llama_m(a) for a, f in zip(attention_layers(model),
+                                                             _stock_folded(model))])
     get = _lenext_m if kind == "lenext" else _llama_m
     return torch.stack([get(a).cpu() for a in attention_layers(model)])
 
@@ -78,7 +118,12 @@ def _modeling_module(model: nn.Module):
 
 def set_uniform_scale(model: nn.Module, c: float) -> None:
     """Every head of every layer gets lambda = c / sqrt(d)."""
-    if layout(model) == "lenext":
+    kind = layout(model)
+    if kind == "stock":
+        n = len(attention_layers(model))
+        set_head_scales(model, torch.full((n, _num_heads(attention_layers(model)[0])), float(c)))
+        return
+    if kind == "lenext":
         fn = getattr(_modeling_module(model), "set_uniform_scale", None)
         if fn is not None:
             fn(model, float(c))
@@ -96,13 +141,22 @@ def set_variant(model: nn.Module, *, rope: Optional[dict] = None, **options) -> 
     variant (`window=128`), a RoPE extension (`rope={"scaling": "ntk", "factor": 4.0}`) or a
     log-length scale (`log_scale_a=0.3`); uses the model's own shipped `set_position`."""
     if layout(model) != "lenext":
-        raise ValueError("window / RoPE scaling / log-length scale options need a lenext export")
+        raise ValueError("window / RoPE scaling / log-length scale options need a custom lenext "
+                         "export (python -m lenext_dist.convert --format custom); a stock or "
+                         "plain Llama model has its attention fixed by its config")
     _modeling_module(model).set_position(model, rope=rope, **options)
 
 
 def set_head_scales(model: nn.Module, m: Tensor) -> None:
-    """m [layers, heads]: lambda_{l,h} = m[l, h] / sqrt(d). Plain Llama supports one value only."""
-    if layout(model) == "lenext":
+    """m [layers, heads]: lambda_{l,h} = m[l, h] / sqrt(d). Plain Llama supports one value only;
+    a stock export re-folds them into q_proj (its attention `scaling` is reset to 1/sqrt(d))."""
+    kind = layout(model)
+    if kind == "stock":
+        for a in attention_layers(model):
+            a.scaling = 1.0 / math.sqrt(a.head_dim)
+        _stock_refold(model, m)
+        return
+    if kind == "lenext":
         fn = getattr(_modeling_module(model), "set_head_scales", None)
         if fn is not None:
             fn(model, m)
@@ -136,6 +190,9 @@ def train_length(model: nn.Module) -> Optional[int]:
     cfg = getattr(model, "config", None)
     if cfg is None:
         return None
+    prov = _provenance(model)
+    if prov is not None and prov.get("train_length"):
+        return int(prov["train_length"])
     for key in ("train_length", "seq_length", "original_max_position_embeddings"):
         v = getattr(cfg, key, None)
         if v:
@@ -173,7 +230,8 @@ def _llama_qk(attn: nn.Module, hidden: Tensor, kwargs: dict) -> tuple[Tensor, Te
     q = attn.q_proj(hidden).view(b, s, -1, attn.head_dim).transpose(1, 2)
     k = attn.k_proj(hidden).view(b, s, -1, attn.head_dim).transpose(1, 2)
     pe = kwargs.get("position_embeddings")
-    if pe is not None:
+    # SmolLM3 hands cos/sin to every layer; a NoPE layer (use_rope 0) ignores them
+    if pe is not None and getattr(attn, "use_rope", 1):
         cos, sin = pe
         q, k = apply_rotary_pos_emb(q, k, cos, sin)
     return q, k
@@ -183,6 +241,10 @@ def capture_qk(model: nn.Module, input_ids: Tensor, on_layer: QKCallback) -> Non
     """Run one forward pass of `input_ids` [b, s] and call `on_layer(i, q, k, m)` for every
     layer, from inside the layer (so only one layer's q/k is alive at a time)."""
     kind = layout(model)
+    if any(getattr(a, "sliding_window", None) for a in attention_layers(model)):
+        raise ValueError("attention entropy of a model with a sliding window in its config "
+                         "(a stock SmolLM3 export): use the custom export (--format custom), "
+                         "whose window the entropy code applies")
     handles = []
 
     def make_hook(i: int, attn: nn.Module):

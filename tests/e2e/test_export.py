@@ -252,6 +252,17 @@ def test_export_learned_head_scales(runs, megatron_1rank, tmp_path):
     assert set(wb) == set(w) and all(torch.equal(wb[k], w[k]) for k in w)
 
 
+def test_stock_export_of_real_runs_verifies_without_remote_code(runs, tmp_path):
+    """--format stock on real DeepSpeed checkpoints (ZeRO-3 NoPE; the ZeRO-3 HeadScale run's
+    learned scales folded into a Llama): --verify loads plain transformers and matches megatron."""
+    for name, arch in (("z3_gqa_nope", "SmolLM3ForCausalLM"), ("headscale", "LlamaForCausalLM")):
+        out = tmp_path / name
+        p = convert("--checkpoint", runs[name], "--out", out, "--format", "stock", "--verify")
+        assert f"{arch} (stock)" in p.stdout and "(ok," in p.stdout, p.stdout
+        prov = json.loads((out / "config.json").read_text())["lenext_provenance"]
+        assert prov["head_scale_source"] == ("learned" if name == "headscale" else "uniform")
+
+
 MC_TASK = """task: lenext_local_mc
 dataset_path: json
 dataset_kwargs:

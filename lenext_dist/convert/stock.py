@@ -1,0 +1,348 @@
+"""Stock exports: a checkpoint as a transformers architecture that loads WITHOUT remote code.
+
+`STOCK_FORMS` maps a position variant of the attention registry to the stock architecture that
+computes exactly the same function (DESIGN.md section 10):
+
+    nope -> SmolLM3ForCausalLM, `no_rope_layers` all 0 (every layer NoPE); a sliding window W
+            as SmolLM3's `use_sliding_window` + `sliding_window` W (both mask q - k < W: the
+            last W tokens, itself included; transformers.masking_utils.sliding_window_overlay)
+    rope -> LlamaForCausalLM with `rope_parameters` from `ROPE_PARAMETERS` (PI, NTK, YaRN);
+            with a window W, MistralForCausalLM (`sliding_window` W on every layer)
+
+Every other registered variant (ALiBi, KERPLE, Sandwich, XPOS, and any variant added later) has
+no entry and is refused by `refusal()`, as are the options no stock form expresses (the
+log-length scale, any other non-default attention field).
+
+Scales: a uniform c or HeadScale's m_h multiplies head h's logits m_h / sqrt(d) q.k; with
+q = W_q x that is q' = (m_h W_q[h]) x, so the scales fold into q_proj's rows of head h
+(`fold_head_scales`). RoPE rotations are linear, so the fold commutes with them.
+
+The config records what was folded in under `lenext_provenance` (a field every stock loader
+ignores): the variant, rope settings, window, c, the per-head scales (full table and summary),
+the training length and the source checkpoint. `verify` and `lenext eval` read it back.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Optional
+
+import torch
+from torch import Tensor
+
+from .keymap import HF_HEAD_SCALE, HF_Q_PROJ
+
+STOCK_FORMAT = 1
+PROVENANCE = "lenext_provenance"
+"""The config.json field of a stock export that records what was folded in (one home)."""
+
+# ------------------------------------------------------------------ RoPE scalings -> HF
+
+
+def _rope_none(r, head_dim: int, train_length: int) -> dict:
+    return {"rope_type": "default", "rope_theta": float(r.base)}
+
+
+def _rope_pi(r, head_dim: int, train_length: int) -> dict:
+    # HF "linear": inv_freq / factor, our PI: base_inv_freq / factor (same expression)
+    return {"rope_type": "linear", "rope_theta": float(r.base), "factor": float(r.factor)}
+
+
+def _rope_ntk(r, head_dim: int, train_length: int) -> dict:
+    # static NTK-aware = plain RoPE with base * s^(d/(d-2)); HF's "dynamic" is another method
+    # (base recomputed from the running sequence length), so the base is folded instead
+    d = head_dim
+    return {"rope_type": "default", "rope_theta": float(r.base * r.factor ** (d / (d - 2)))}
+
+
+def _rope_yarn(r, head_dim: int, train_length: int) -> dict:
+    # transformers' _compute_yarn_parameters with our defaults (beta 32/1, truncate, mscale
+    # 0.1 ln s + 1 on cos and sin) and original length = the training length L
+    return {"rope_type": "yarn", "rope_theta": float(r.base), "factor": float(r.factor),
+            "original_max_position_embeddings": int(train_length), "beta_fast": 32.0,
+            "beta_slow": 1.0, "truncate": True}
+
+
+ROPE_PARAMETERS: dict[str, Callable[..., dict]] = {
+    "none": _rope_none, "pi": _rope_pi, "ntk": _rope_ntk, "yarn": _rope_yarn}
+"""attention.rope.scaling (a name of lenext_dist.attention.rope.SCALINGS) -> transformers 5.23
+`rope_parameters` giving the same inv_freq and cos/sin multiplier (tested against HF's own
+functions); a scaling missing here is refused for stock."""
+
+# ------------------------------------------------------------------ the forms
+
+
+@dataclass(frozen=True)
+class StockForm:
+    architecture: str
+    """transformers class name written to config.json `architectures` (`config` may choose a
+    sibling: RoPE with a window is MistralForCausalLM)."""
+    config: Callable[..., object]
+    """(run cfg, common kwargs) -> the transformers config object."""
+    refuse: Callable[..., Optional[str]]
+    """run cfg -> why this form cannot express it, or None."""
+
+
+def _smollm3_config(cfg, common: dict):
+    from transformers import SmolLM3Config
+
+    a, n = cfg.attention, cfg.model.num_layers
+    return SmolLM3Config(
+        **common, no_rope_layers=[0] * n,  # 0 = NoPE layer (modeling_smollm3: self.use_rope)
+        use_sliding_window=a.window is not None, sliding_window=a.window,
+        # unused by NoPE layers, but the rotary module is built: a valid default
+        rope_parameters={"rope_type": "default", "rope_theta": float(a.rope.base)})
+
+
+def _smollm3_refuse(cfg) -> Optional[str]:
+    return None  # NoPE with or without a window; scales fold
+
+
+def _rope_config(cfg, common: dict):
+    """LlamaForCausalLM; with a window MistralForCausalLM (Llama-shaped, `sliding_window` on
+    every layer, the same mask q - k < W)."""
+    from transformers import LlamaConfig, MistralConfig
+
+    a, m = cfg.attention, cfg.model
+    r = a.rope
+    params = ROPE_PARAMETERS[r.scaling](r, m.head_dim, m.base_length)
+    if r.scaling != "none":  # the extended length, informational (factor is given explicitly)
+        common = {**common, "max_position_embeddings": int(m.base_length * r.factor)}
+    if a.window is not None:
+        common = {**common, "architectures": ["MistralForCausalLM"]}
+        return MistralConfig(**common, head_dim=m.head_dim, rope_parameters=params,
+                             sliding_window=a.window)
+    return LlamaConfig(**common, head_dim=m.head_dim, rope_parameters=params)
+
+
+def _rope_refuse(cfg) -> Optional[str]:
+    r = cfg.attention.rope
+    if r.scaling not in ROPE_PARAMETERS:
+        return f"rope.scaling {r.scaling!r} has no transformers rope_parameters equivalent"
+    return None
+
+
+STOCK_FORMS: dict[str, StockForm] = {
+    "nope": StockForm("SmolLM3ForCausalLM", _smollm3_config, _smollm3_refuse),
+    "rope": StockForm("LlamaForCausalLM", _rope_config, _rope_refuse),
+}
+"""Registered position variant -> its exact stock form. Variants without an entry are refused."""
+
+_INFERENCE_IRRELEVANT = ("impl", "chunk_size", "kerple", "sandwich", "xpos")
+"""Attention fields that do not change the function of a NoPE/RoPE model: kernel choices, and
+the option sections of variants that have no stock form (refused by name first)."""
+_HANDLED = ("position", "scale_c", "head_scale", "rope", "window", "log_scale_a")
+
+
+def refusal(cfg) -> Optional[str]:
+    """Why the run `cfg` (RunConfig) cannot be exported stock, or None. The message names the
+    variant/option and points to the custom-code export."""
+    from lenext_dist.config import AttentionConfig
+
+    a = cfg.attention
+    hint = "; export it with --format custom (loads with trust_remote_code=True)"
+    form = STOCK_FORMS.get(a.position)
+    if form is None:
+        return (f"attention.position {a.position!r} has no exact stock transformers architecture "
+                f"(stock forms exist for {sorted(STOCK_FORMS)}){hint}")
+    if a.log_scale_a is not None:
+        return ("attention.log_scale_a (log-length scale, a per-position logit multiplier) has "
+                f"no stock form{hint}")
+    why = form.refuse(cfg)
+    if why:
+        return why + hint
+    default = AttentionConfig(position=a.position)
+    for f in dataclasses.fields(a):
+        if f.name in _HANDLED + _INFERENCE_IRRELEVANT:
+            continue
+        if getattr(a, f.name) != getattr(default, f.name):
+            return (f"attention.{f.name}={getattr(a, f.name)!r} is not known to have a stock "
+                    f"form{hint}")
+    return None
+
+
+# ------------------------------------------------------------------ weights
+
+
+def fold_head_scales(hf_state: dict, scales: Tensor, num_heads: int, head_dim: int) -> dict:
+    """Multiply q_proj rows of head h of layer l by scales[l, h] (fp32 product, then stored in
+    the weight's dtype) and drop the `self_attn.head_scale` entries. q_proj.weight [h d, H]."""
+    drop = {HF_HEAD_SCALE.format(i=i) for i in range(len(scales))}
+    out = {k: v for k, v in hf_state.items() if k not in drop}
+    for i, row in enumerate(scales):
+        k = HF_Q_PROJ.format(i=i)
+        w = out[k]
+        hidden = w.shape[-1]
+        folded = w.float().view(num_heads, head_dim, hidden) * row.float().view(-1, 1, 1)
+        out[k] = folded.reshape(num_heads * head_dim, hidden).to(w.dtype).contiguous()
+    return out
+
+
+# ------------------------------------------------------------------ config
+
+
+def build_stock_config(cfg, *, scales: Tensor, scale_c: float, head_scale_source: str,
+                       tok: Optional[dict], source: dict, dtype: str, tokenizer_note: str):
+    """The transformers config (SmolLM3Config / LlamaConfig) of the run, provenance included."""
+    m, a = cfg.model, cfg.attention
+    form = STOCK_FORMS[a.position]
+    tok = tok or {}
+    provenance = {
+        "format": STOCK_FORMAT, "position": a.position,
+        "rope": dataclasses.asdict(a.rope), "window": a.window, "scale_c": float(scale_c),
+        "head_scale_source": head_scale_source, "head_scales_folded_into": "q_proj",
+        "head_scales_summary": {"min": float(scales.min()), "max": float(scales.max()),
+                                "mean": float(scales.mean())},
+        "head_scales": scales.tolist(), "train_length": m.base_length,
+        "bos_at_document_start": bool(cfg.data.bos), "document_mask": bool(cfg.data.document_mask),
+        "tokenizer": tokenizer_note, "source": source,
+    }
+    common = dict(
+        architectures=[form.architecture], vocab_size=m.vocab_size, hidden_size=m.hidden_size,
+        intermediate_size=m.ffn_hidden_size, num_hidden_layers=m.num_layers,
+        num_attention_heads=m.num_attention_heads, num_key_value_heads=m.kv_heads,
+        hidden_act="silu", max_position_embeddings=m.base_length, rms_norm_eps=m.norm_epsilon,
+        initializer_range=m.init_method_std, tie_word_embeddings=m.tie_embeddings,
+        attention_bias=False, mlp_bias=False,
+        # ids inside the vocabulary (SmolLM3's defaults are 128000+): None when no tokenizer
+        bos_token_id=tok.get("bos"), eos_token_id=tok.get("eos"), pad_token_id=tok.get("pad"),
+        # read by `lenext eval` for its BOS default (stock loaders ignore it)
+        bos_at_document_start=bool(cfg.data.bos), dtype=dtype, **{PROVENANCE: provenance})
+    config = form.config(cfg, common)
+    setattr(config, PROVENANCE, {**provenance, "exported_as": config.architectures[0]})
+    return config
+
+
+def provenance(config) -> Optional[dict]:
+    """The lenext_provenance dict of a loaded stock export's config (or a config.json dict)."""
+    if isinstance(config, dict):
+        return config.get(PROVENANCE)
+    return getattr(config, PROVENANCE, None)
+
+
+# ------------------------------------------------------------------ tokenizer
+
+
+PROBE_TEXTS = (
+    "Hello world", "a  b   c\t\td\n\n\ne", "  leading and trailing   ", " ", "",
+    "12345 678.9 x=3", "naïve café 日本語 🙂 Ωmega", "def f(x):\n    return x  # two\n\n\tTab",
+    "\n\nstart with newlines", "mixed \u00a0nbsp and\u2003emspace", "end with spaces    ",
+)
+"""Texts every shipped tokenizer.json is checked on against SentencePiece (whitespace runs at
+the start, inside and at the end, tabs, newlines, digits, byte fallback)."""
+
+
+def _spm_support(proto) -> Optional[str]:
+    """Why tokenizer.json cannot reproduce this SentencePiece model exactly, or None."""
+    ns, ts = proto.normalizer_spec, proto.trainer_spec
+    if ts.model_type != ts.BPE:
+        return "the SentencePiece model is not BPE"
+    if ns.name not in ("identity", "") or len(ns.precompiled_charsmap):
+        return f"SentencePiece normalization {ns.name!r} (only 'identity' is reproduced)"
+    if ns.remove_extra_whitespaces or not ns.add_dummy_prefix or not ns.escape_whitespaces:
+        return "SentencePiece whitespace options other than lenext's (dummy prefix, no collapsing)"
+    if ts.treat_whitespace_as_suffix or not ts.split_by_whitespace:
+        return "SentencePiece whitespace-as-suffix / no split by whitespace"
+    return None
+
+
+def _score_ordered_merges(bt, proto):
+    """The converted tokenizer with its BPE merges ranked as SentencePiece applies them: SP's BPE
+    merges, at each step, the adjacent pair whose concatenation is the vocabulary piece with the
+    HIGHEST score (bpe_model.cc); transformers' conversion ranks merges by piece id, which differs
+    where scores do not follow ids (Llama-2-style vocabularies give whitespace pieces such as
+    "▁▁" the score -1e9 at low ids: "a  b" then became ▁a ▁▁ b instead of ▁a ▁ ▁b)."""
+    from tokenizers import Tokenizer
+
+    normal = proto.SentencePiece.NORMAL
+    piece_id = {p.piece: i for i, p in enumerate(proto.pieces)}
+    ranked = []
+    for i, p in enumerate(proto.pieces):
+        if p.type != normal or len(p.piece) < 2:
+            continue
+        for k in range(1, len(p.piece)):
+            a, b = p.piece[:k], p.piece[k:]
+            if a in piece_id and b in piece_id:
+                ranked.append((-p.score, i, k, a, b))
+    ranked.sort()
+    j = json.loads(bt.to_str())
+    j["model"]["merges"] = [[a, b] for *_, a, b in ranked]
+    return Tokenizer.from_str(json.dumps(j))
+
+
+def stock_tokenizer_json(spm_path: Path, texts=PROBE_TEXTS):
+    """A `tokenizers.Tokenizer` that encodes exactly as SentencePiece's `encode` (no BOS/EOS),
+    or (None, reason).
+
+    transformers' own conversion (LlamaTokenizer from tokenizer.model) keeps the BPE vocabulary,
+    merges and byte fallback but disagrees on leading whitespace runs ("  x" loses a space:
+    tokenizers' Metaspace adds the dummy prefix only when the text does not already start with
+    one) and splits words at every space, where SentencePiece with allow_whitespace_only_pieces
+    keeps a run of spaces together with the word that follows (model_interface.cc
+    SplitIntoWords). So: normalizer = Prepend("▁") + Replace(" ", "▁") (SentencePiece's dummy
+    prefix and escaping), pre-tokenizer = Split on "▁+[^▁]*" (a whitespace run and its word;
+    "▁[^▁]*" when whitespace-only pieces are off). Checked on `texts`; a mismatch -> None.
+    """
+    import sentencepiece as spm
+    from sentencepiece import sentencepiece_model_pb2 as pb
+    from tokenizers import Regex, normalizers, pre_tokenizers
+    from transformers import AutoTokenizer
+
+    proto = pb.ModelProto()
+    proto.ParseFromString(Path(spm_path).read_bytes())
+    why = _spm_support(proto)
+    if why:
+        return None, why
+    with tempfile.TemporaryDirectory() as tmp:  # transformers' conversion reads a folder
+        shutil.copyfile(spm_path, Path(tmp) / "tokenizer.model")
+        (Path(tmp) / "tokenizer_config.json").write_text(json.dumps(
+            {"tokenizer_class": "LlamaTokenizer", "add_bos_token": False, "add_eos_token": False}))
+        bt = AutoTokenizer.from_pretrained(tmp).backend_tokenizer
+    bt = _score_ordered_merges(bt, proto)
+    ws = "\u2581"
+    bt.normalizer = normalizers.Sequence([normalizers.Prepend(ws), normalizers.Replace(" ", ws)])
+    word = f"{ws}+[^{ws}]*" if proto.trainer_spec.allow_whitespace_only_pieces else f"{ws}[^{ws}]*"
+    bt.pre_tokenizer = pre_tokenizers.Split(Regex(f"{word}|[^{ws}]+"), behavior="isolated")
+    sp = spm.SentencePieceProcessor(model_file=str(spm_path))
+    for t in texts:
+        if bt.encode(t, add_special_tokens=False).ids != sp.encode(t):
+            return None, f"tokenizer.json disagrees with SentencePiece on {t[:40]!r}"
+    return bt, None
+
+
+def write_stock_tokenizer(out: Path, spm_path: Path, bos: bool = False) -> tuple[dict, str]:
+    """tokenizer.model (for `lenext eval`, which tokenizes with SentencePiece) + tokenizer.json /
+    tokenizer_config.json / special_tokens_map.json for `AutoTokenizer.from_pretrained(out)`
+    without remote code, when tokenizer.json reproduces SentencePiece; returns (ids, note).
+    `bos`: the run trained with BOS at each document start (data.bos), so the tokenizer adds it."""
+    import sentencepiece as spm
+    from tokenizers import processors
+
+    sp = spm.SentencePieceProcessor(model_file=str(spm_path))
+    shutil.copyfile(spm_path, out / "tokenizer.model")
+    ids = {"bos": sp.bos_id(), "eos": sp.eos_id(), "pad": sp.pad_id(), "unk": sp.unk_id()}
+    info = {"size": sp.get_piece_size(), **{k: (v if v >= 0 else None) for k, v in ids.items()}}
+    bt, why = stock_tokenizer_json(spm_path)
+    if bt is None:
+        return info, f"tokenizer.model only (no stock tokenizer matches: {why})"
+    if bos:  # as training read the shards: [bos] + sp.encode(text) + [eos]
+        piece = sp.id_to_piece(sp.bos_id())
+        bt.post_processor = processors.TemplateProcessing(
+            single=f"{piece} $A", special_tokens=[(piece, sp.bos_id())])
+    bt.save(str(out / "tokenizer.json"))
+    special = {f"{k}_token": sp.id_to_piece(v) for k, v in ids.items() if v >= 0}
+    cfg = {"tokenizer_class": "PreTrainedTokenizerFast",  # loads tokenizer.json as written
+           "add_bos_token": bool(bos), "add_eos_token": False,  # as data_prep (+ data.bos)
+           "model_max_length": 1_000_000_000, "clean_up_tokenization_spaces": False, **special}
+    (out / "tokenizer_config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+    (out / "special_tokens_map.json").write_text(json.dumps(special, indent=2) + "\n")
+    return info, f"tokenizer.json equals SentencePiece on {len(PROBE_TEXTS)} probe texts"
+
+
+__all__ = ["STOCK_FORMS", "ROPE_PARAMETERS", "StockForm", "PROVENANCE", "refusal",
+           "fold_head_scales", "build_stock_config", "provenance", "stock_tokenizer_json",
+           "write_stock_tokenizer", "PROBE_TEXTS"]
