@@ -134,6 +134,13 @@ MUTATIONS: list[M] = [
     M("context-gain-sign", "PPL protocols", "lenext_dist/eval/ppl.py",
       'out.update({"gain": float(a.mean() - b.mean())', 'out.update({"gain": float(b.mean() - a.mean())',
       (T_PPL,)),
+    M("scale-sweep-scale-not-applied", "PPL protocols", "lenext_dist/eval/adapter.py",
+      "a.scaling = float(c) / math.sqrt(a.head_dim)", "a.scaling = 1.0 / math.sqrt(a.head_dim)",
+      ("tests/unit/test_eval_scale_sweep.py",)),
+    M("passkey-one-token-short", "passkey", "lenext_dist/eval/passkey.py",
+      "new = greedy_generate(model, ids, max_new_tokens).cpu().tolist()",
+      "new = greedy_generate(model, ids, max_new_tokens - 1).cpu().tolist()",
+      ("tests/unit/test_eval_passkey.py",)),
     M("passkey-depth-floored", "passkey", "lenext_dist/eval/passkey.py",
       "n1 = int(round(depth * n))", "n1 = int(depth * n)", ("tests/unit/test_eval_passkey.py",)),
     # ---- the study's gates ------------------------------------------------------------------
