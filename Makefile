@@ -11,7 +11,7 @@ PYTEST_ARGS ?=
 # Where DeepSpeed JIT-builds its ops (cpu_adam for ZeRO-Offload): per checkout, never shared.
 export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.cache/torch_extensions
 
-.PHONY: setup system-deps demo shards test test-fast dry-run bench study study-quick gpu-check clean
+.PHONY: setup system-deps demo shards test test-fast mutation dry-run bench study study-quick gpu-check clean
 
 setup: $(VENV)/.installed
 
@@ -61,6 +61,12 @@ test: setup system-deps
 
 test-fast: setup
 	$(BIN)/python -m pytest -q -m "not distributed and not e2e" $(PYTEST_ARGS)
+
+# Plant each bug of tests/mutation/mutations.py in turn and check the unit tests catch it (not part
+# of `make test`; MUTATION_ARGS="--only NAME" for some, "--full" for the whole unit tier each time).
+MUTATION_ARGS ?=
+mutation: setup
+	$(BIN)/python tests/mutation/run.py $(MUTATION_ARGS)
 
 # The small-scale reproduction of the paper's findings (results/study/, published to study/), and
 # its quick version (results/study-quick/, what CI runs through tests/e2e/test_study_quick.py).

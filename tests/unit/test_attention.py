@@ -186,6 +186,43 @@ def test_rope_scalings_match_transformers(scaling, factor):
     assert ours.mscale == pytest.approx(attn_factor)
     if scaling == "yarn":
         assert ours.mscale == pytest.approx(0.1 * math.log(factor) + 1)  # logits x mscale^2
+    # how the attribute is applied: transformers' rotary module returns cos/sin already multiplied
+    # by attention_scaling, and its apply_rotary_pos_emb rotates q and k with them
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
+
+    pos = torch.arange(0, 3 * L, 97)[None]  # [1, s] positions inside and beyond L
+    x = torch.randn(1, pos.shape[1], d, generator=torch.Generator().manual_seed(1))
+    cos, sin = LlamaRotaryEmbedding(hf_cfg)(x, pos)  # [1, s, d] each
+    q = torch.randn(1, 2, pos.shape[1], d, generator=torch.Generator().manual_seed(2))
+    k = torch.randn(1, 2, pos.shape[1], d, generator=torch.Generator().manual_seed(3))
+    hq, hk = apply_rotary_pos_emb(q, k, cos, sin)
+    oq, ok = ours.rotate(q, k, pos[0])
+    torch.testing.assert_close(oq, hq, atol=2e-5, rtol=1e-5)
+    torch.testing.assert_close(ok, hk, atol=2e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("factor", [4.0, 16.0])
+def test_yarn_logits_are_the_complex_rotation_times_mscale_squared(factor):
+    """q_m . k_n after YaRN = mscale^2 * Re[sum_i qc_i conj(kc_i) e^{i (m - n) theta_i}] (arXiv:
+    2309.00071 eq. 2 with sec. 3.4's temperature), pairs (x1_i, x2_i) as complex numbers, computed
+    in float64 from YaRN's inv_freq only: a temperature applied to cos but not sin, or once instead
+    of twice, fails."""
+    d, L = 16, 64
+    y = RoPE(d, scaling="yarn", factor=factor, train_length=L)
+    gen = torch.Generator().manual_seed(0)
+    pos = torch.tensor([0, 5, 63, 64, 200, 255])
+    q = torch.randn(1, 1, len(pos), d, generator=gen)
+    k = torch.randn(1, 1, len(pos), d, generator=gen)
+    rq, rk = y.rotate(q, k, pos)
+    got = (rq[0, 0].double() @ rk[0, 0].double().T)  # [s, s] logits (before 1/sqrt(d))
+    qc = torch.complex(q[0, 0, :, : d // 2].double(), q[0, 0, :, d // 2:].double())  # [s, d/2]
+    kc = torch.complex(k[0, 0, :, : d // 2].double(), k[0, 0, :, d // 2:].double())
+    theta = y.inv_freq.double()  # [d/2]
+    dpos = (pos[:, None] - pos[None, :]).double()  # [s, s] m - n
+    rot = torch.exp(1j * dpos[..., None] * theta)  # [s, s, d/2]
+    ref = (qc[:, None, :] * kc.conj()[None, :, :] * rot).sum(-1).real
+    mscale = 0.1 * math.log(factor) + 1
+    torch.testing.assert_close(got, mscale ** 2 * ref, atol=1e-4, rtol=1e-5)
 
 
 # ---- registry ---------------------------------------------------------------------------------

@@ -39,6 +39,43 @@ class CrashingEngine:
         raise KeyboardInterrupt
 
 
+class SavingEngine:
+    """Writes its step files and returns (DeepSpeed's save, done); the crash comes later, inside our
+    marker writes. (The same with the real DeepSpeed engine: test_train_engine.py.)"""
+
+    def save_checkpoint(self, root, tag, client_state, save_latest):
+        assert not save_latest  # DeepSpeed must not write its own `latest` before COMPLETE
+        (checkpoint.Path(root) / tag).mkdir(parents=True, exist_ok=True)
+        (checkpoint.Path(root) / tag / "mp_rank_00_model_states.pt").write_bytes(b"whole")
+
+
+@pytest.mark.parametrize("killed_at", [COMPLETE, checkpoint.LATEST])
+def test_a_kill_during_the_marker_writes_never_leaves_latest_on_an_incomplete_step(
+        tmp_path, one_rank, monkeypatch, killed_at):
+    cfg = load_config(None, [f"checkpoint.dir={tmp_path}"])
+    checkpoint.save(SavingEngine(), cfg, 100, 400)
+    assert checkpoint.latest_tag(tmp_path) == tag_for(100)
+    real_write, written = checkpoint._atomic_write, []
+
+    def write(path, text):
+        if path.name == killed_at:
+            raise KeyboardInterrupt
+        written.append(path.name)
+        real_write(path, text)
+
+    monkeypatch.setattr(checkpoint, "_atomic_write", write)
+    with pytest.raises(KeyboardInterrupt):
+        checkpoint.save(SavingEngine(), cfg, 200, 800)
+    assert checkpoint.latest_tag(tmp_path) == tag_for(100)  # never the step without COMPLETE
+    if killed_at == checkpoint.LATEST:  # killed after COMPLETE: step 200 is whole, by name
+        assert written == [COMPLETE]
+        assert checkpoint.resolve(tmp_path / tag_for(200)) == tmp_path / tag_for(200)
+    else:
+        assert written == []
+        with pytest.raises(CheckpointError, match="no COMPLETE marker"):
+            checkpoint.resolve(tmp_path / tag_for(200))
+
+
 def test_a_crash_while_overwriting_an_earlier_runs_step_leaves_it_incomplete(tmp_path, one_rank):
     cfg = load_config(None, [f"checkpoint.dir={tmp_path}"])
     complete_steps(tmp_path, [100])  # an earlier run's step 100 (latest points elsewhere)

@@ -32,6 +32,18 @@ def test_key_at_depth(sp, length, depth):
     assert abs((p.key_token_start - head) / region - depth) <= 0.5 / n + 1e-9
 
 
+def test_depth_is_rounded_not_floored(sp):
+    # depth 0.7 of n fillers: round(0.7 n) differs from floor(0.7 n) whenever 0.7 n has a fractional
+    # part >= 0.5; among these lengths some do (checked below, so the test keeps its teeth)
+    told_apart = 0
+    for length in range(200, 400, 7):
+        p = build_prompt(sp, length, 0.7, 48213)
+        n = p.fillers_before + p.fillers_after
+        assert p.fillers_before == round(0.7 * n), (length, n)
+        told_apart += round(0.7 * n) != int(0.7 * n)
+    assert told_apart >= 3
+
+
 def test_depth_zero_and_one_are_extremes(sp):
     p0, p1 = build_prompt(sp, 600, 0.0, 11111), build_prompt(sp, 600, 1.0, 11111)
     assert p0.fillers_before == 0 and p1.fillers_after == 0
@@ -76,7 +88,25 @@ def test_greedy_cache_equals_recompute():
 
 
 def test_run_passkey_small(sp):
+    import torch
+
     model = tiny_llama(vocab_size=4096, train_length=64)
-    r = run_passkey(model, sp, [100, 160], [0.0, 1.0], keys=2, max_new_tokens=3, progress=False)
+    r = run_passkey(model, sp, [100, 160], [0.0, 0.7], keys=2, max_new_tokens=3, progress=False)
     assert len(r["accuracy"]) == 2 and len(r["accuracy"][0]) == 2
-    assert all(0 <= a <= 1 for row in r["accuracy"] for a in row)
+    # every prompt (8 < 20) is in `examples`: each cell's accuracy is its own prompts' hit rate,
+    # each output is the greedy continuation of that cell's prompt and each verdict the exact match
+    assert len(r["examples"]) == 8
+    for li, L in enumerate([100, 160]):
+        for di, dep in enumerate([0.0, 0.7]):
+            ex = [e for e in r["examples"] if e["length"] == L and e["depth"] == dep]
+            assert [e["key"] for e in ex] == r["keys"]
+            assert r["accuracy"][li][di] == pytest.approx(sum(e["correct"] for e in ex) / 2)
+            for e in ex:
+                p = build_prompt(sp, L, dep, e["key"])
+                new = greedy_generate(model, torch.tensor([p.ids]), 3)[0].tolist()
+                assert e["output"] == sp.decode(new)
+                assert e["correct"] == passkey_match(e["output"], e["key"])
+            cell = r["cells"][li * 2 + di]
+            assert max(cell["prompt_tokens"]) <= L
+            assert cell["actual_depth"] == p.actual_depth
+    assert r["mean_accuracy"] == pytest.approx(sum(map(sum, r["accuracy"])) / 4)

@@ -50,8 +50,25 @@ def test_run_on_tiny_model(tmp_path):
     docs = random_docs([200], vocab_size=512)
     res, loss = run_scale_sweep(model, DocSet(docs, "<none>"), 64, [0.5, 1.0, 1.5], 16,
                                 samples=2, progress=False)
-    assert loss.shape == (3, 64) and res["fit"]["n_points"] > 0
-    assert res["best_c_mean"] in (0.5, 1.0, 1.5)
+    assert loss.shape == (3, 64) and res["fit"]["n_points"] > 0 and res["windows"] == 2
+    # brute force: row i is the per-position NLL of the first 2 full windows (doc[0:65] and
+    # doc[64:129]) with every head's softmax scale set by hand to c_i / sqrt(d)
+    import torch
+
+    toks = torch.as_tensor(docs[0].tokens)
+    for i, c in enumerate([0.5, 1.0, 1.5]):
+        for layer in model.model.layers:
+            layer.self_attn.scaling = c * 8 ** -0.5
+        nll = []
+        for a in (0, 64):
+            with torch.no_grad():
+                logits = model(input_ids=toks[None, a:a + 64]).logits[0].double()
+            nll.append(torch.nn.functional.cross_entropy(logits, toks[a + 1:a + 65], reduction="none"))
+        np.testing.assert_allclose(loss[i], torch.stack(nll).mean(0).numpy(), rtol=1e-4, atol=1e-5)
+    for layer in model.model.layers:
+        layer.self_attn.scaling = 8 ** -0.5
+    assert np.ptp(loss.mean(1)) > 1e-3  # the scales change the losses
+    assert res["best_c_mean"] == [0.5, 1.0, 1.5][int(np.argmin(loss.mean(1)))]
     # scales are restored after the sweep
     assert all(abs(l.self_attn.scaling - 8 ** -0.5) < 1e-12 for l in model.model.layers)
     p = tmp_path / "scale_sweep.json"

@@ -148,7 +148,8 @@ def test_headscale_peft_step_changes_only_head_scales():
     # constraint m_h >= min_value
     with torch.no_grad():
         hs[0][1][0] = 0.5
-    # the clamp the training loop runs after every step (here on plain parameters, no ZeRO)
+    # the clamp the training loop runs after every step (here on plain parameters, no ZeRO; the
+    # ZeRO-2 engine's fp32 master: test_train_engine.py::test_headscale_step_under_zero2_...)
     from lenext_dist.train.optim import clamp_head_scales
 
     clamp_head_scales(model, cfg.attention.head_scale.min_value)

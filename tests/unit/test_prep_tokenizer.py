@@ -60,3 +60,12 @@ def test_valid_split_is_stable_and_roughly_the_fraction():
     got = [round(stable_fraction(f"document {i}", b"valid"), 6) for i in range(4)]
     assert got == [0.362106, 0.315507, 0.62927, 0.256238]
     assert not any(in_valid_split(t, 0.0) for t in texts[:100])
+
+
+def test_token_dtype_follows_the_vocabulary_size():
+    from lenext_dist.prep.tokenizer import token_dtype
+
+    # uint16 holds ids < 65536; megatron switches to int32 from 65500 on (its own margin)
+    assert np.dtype(token_dtype(32000)) == np.uint16
+    assert np.dtype(token_dtype(70000)) == np.int32
+    assert np.dtype(token_dtype(151_936)) == np.int32  # e.g. a Qwen-sized vocabulary

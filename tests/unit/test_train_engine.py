@@ -1,0 +1,249 @@
+"""The training loop and its engine, in this process on one rank (real megatron model, real DeepSpeed
+ZeRO-2 engine, real shards): resume == straight, accumulation == a bigger micro batch, the scheduled
+lr, the HeadScale clamp on ZeRO's fp32 master, and the checkpoint markers' order in a real save.
+(The multi-rank and kill -9 versions: tests/distributed, minutes; these take seconds.)"""
+import contextlib
+import json
+import shutil
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from helpers import losses, write_config
+from lenext_dist.config import load_config
+from lenext_dist.model import build_model, destroy_megatron, init_megatron, init_single_process_group
+from lenext_dist.train import checkpoint, optim
+from lenext_dist.train.checkpoint import COMPLETE, LATEST, tag_for
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory):
+    """A megatron .bin/.idx shard written in-process with megatron's IndexedDatasetBuilder, as
+    data_prep does, from the sample corpus encoded by the real SentencePiece model (+ EOS per
+    document): seconds less than running data_prep/shard.py on this busy machine."""
+    import io
+    import json
+
+    import numpy as np
+    import sentencepiece as spm
+    import zstandard
+    from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
+
+    from helpers import REPO
+    from lenext_dist.prep.tokenizer import token_dtype
+
+    out = tmp_path_factory.mktemp("shards") / "prose"
+    tok = str(REPO / "data/sample/tokenizer.model")
+    sp = spm.SentencePieceProcessor(model_file=tok)
+    src = sorted((REPO / "data/sample/slimpajama").glob("chunk*/*.jsonl.zst"))[0]
+    with open(src, "rb") as f:
+        lines = io.TextIOWrapper(zstandard.ZstdDecompressor().stream_reader(f), encoding="utf-8")
+        texts = [json.loads(line)["text"] for _, line in zip(range(12), lines)]
+    builder = IndexedDatasetBuilder(str(out) + ".bin", dtype=token_dtype(sp.get_piece_size()))
+    for ids in sp.encode(texts):
+        builder.add_document(np.array(ids + [sp.eos_id()]), [len(ids) + 1])
+    builder.finalize(str(out) + ".idx")
+    return {"tokenizer": tok, "blend": [{"prefix": str(out), "weight": 1.0}], "valid_blend": []}
+
+
+@contextlib.contextmanager
+def one_rank():
+    """A 1-rank in-memory gloo group (train() keeps one it finds) with the rank variables a launcher
+    sets (DeepSpeed asserts LOCAL_RANK), torn down with everything megatron and DeepSpeed cached
+    about it, so the next test starts fresh."""
+    mp = pytest.MonkeyPatch()
+    for k, v in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_WORLD_SIZE", "1")):
+        mp.setenv(k, v)
+    init_single_process_group()
+    try:
+        yield
+    finally:
+        mp.undo()
+        import deepspeed.comm
+        from deepspeed.utils import groups
+
+        destroy_megatron()
+        if dist.is_initialized():
+            deepspeed.comm.destroy_process_group() if deepspeed.comm.is_initialized() \
+                else dist.destroy_process_group()
+        # train() destroys the group with torch's call, behind DeepSpeed's back: drop DeepSpeed's
+        # cached groups too (what deepspeed.comm.destroy_process_group does after its own)
+        getattr(groups, "_release_process_group_references", lambda: None)()
+
+
+def run_train(cfg):
+    from lenext_dist.train.loop import train
+
+    with one_rank():
+        return train(cfg)
+
+
+# Straight run: ZeRO-2, 4 steps of global batch 2 as micro 1 x accumulation 2, learned head scales
+# (init 1, clamp m_h >= 1) under an lr high enough to push some of them below 1 without the clamp.
+STEPS, WARMUP = 4, 2
+COMMON = dict(train={"steps": STEPS, "micro_batch_size": 1, "global_batch_size": 2, "eval_interval": 0},
+              optim={"lr": 2e-2, "warmup_steps": WARMUP},
+              checkpoint={"interval": 2, "keep_last": 0},
+              attention={"head_scale": {"enabled": True, "trainable": True, "init": 1.0,
+                                        "min_value": 1.0}})
+
+
+def config(tmp, shards, name, **over):
+    import copy
+
+    from lenext_dist.config.load import deep_merge
+
+    sections = copy.deepcopy(COMMON)
+    deep_merge(sections, over)
+    return load_config(write_config(tmp, shards, name, **sections))
+
+
+@pytest.fixture(scope="module")
+def straight(shards, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("train")
+    cfg = config(tmp, shards, "straight")
+    assert run_train(cfg) == {"step": STEPS, "stopped_by_signal": False}
+    return tmp / "straight", cfg
+
+
+def test_scheduled_lr_is_logged_per_step(straight):
+    run, cfg = straight
+    lr = losses(run, "lr")
+    assert lr == {s: pytest.approx(optim.cosine_lr(s - 1, cfg.optim, STEPS)) for s in range(1, STEPS + 1)}
+    assert lr[1] == pytest.approx(cfg.optim.lr / WARMUP) and lr[WARMUP] == pytest.approx(cfg.optim.lr)
+
+
+def test_resume_two_plus_two_equals_four_straight(straight, shards, tmp_path):
+    run, _ = straight
+    ckpt = tmp_path / "resumed" / "checkpoints"
+    ckpt.mkdir(parents=True)  # step 2 of the straight run, as if it had been stopped after it
+    shutil.copytree(run / "checkpoints" / tag_for(2), ckpt / tag_for(2))
+    (ckpt / LATEST).write_text(tag_for(2) + "\n")
+    cfg = config(tmp_path, shards, "resumed")
+    assert run_train(cfg)["step"] == STEPS
+    a, b = losses(run), losses(tmp_path / "resumed")
+    assert sorted(b) == [3, 4]  # only the remaining steps ran
+    assert b == {s: pytest.approx(a[s], rel=1e-6, abs=0) for s in (3, 4)}
+    assert losses(tmp_path / "resumed", "grad_norm") == {
+        s: pytest.approx(v, rel=1e-5) for s, v in losses(run, "grad_norm").items() if s > 2}
+    wa = checkpoint.read_weights(run / "checkpoints" / tag_for(STEPS))
+    wb = checkpoint.read_weights(ckpt / tag_for(STEPS))
+    assert wa.keys() == wb.keys()
+    for k in wa:
+        torch.testing.assert_close(wb[k], wa[k], rtol=1e-5, atol=1e-7, msg=k)
+
+
+def test_accumulation_2_x_micro_1_equals_accumulation_1_x_micro_2(straight, shards, tmp_path):
+    run, _ = straight
+    run_train(config(tmp_path, shards, "micro2", train={"micro_batch_size": 2}))
+    a_loss, b_loss = losses(run), losses(tmp_path / "micro2")
+    a_norm, b_norm = losses(run, "grad_norm"), losses(tmp_path / "micro2", "grad_norm")
+    assert b_loss == {s: pytest.approx(v, rel=1e-5) for s, v in a_loss.items()}
+    assert b_norm == {s: pytest.approx(v, rel=1e-4) for s, v in a_norm.items()}
+
+
+def test_loop_clamps_the_learned_scales(straight):
+    run, _ = straight
+    m = torch.tensor(json.loads((run / "head_scales.json").read_text())["head_scales"])  # [layers, heads]
+    assert m.min().item() == 1.0  # some head was pushed down and held at exactly 1
+    assert m.max().item() > 1.0  # and some moved up: the scales did train
+    w = checkpoint.read_weights(run / "checkpoints" / tag_for(STEPS))  # the fp32 master, saved
+    saved = torch.stack([v for k, v in sorted(w.items()) if k.endswith("head_scale")])
+    assert saved.min().item() == 1.0
+
+
+# ---- the engine alone -----------------------------------------------------------------------
+
+@pytest.fixture
+def engine(shards, tmp_path):
+    """A ZeRO-2 fp32 engine of a HeadScale run (all but the head scales frozen), and its config."""
+    cfg = config(tmp_path, shards, "hs", train={"mode": "headscale"},
+                 checkpoint={"init_from": "unused-here"})
+    with one_rank():
+        init_megatron(cfg.train.seed)
+        model = build_model(cfg)
+        optim.freeze_for_mode(model, cfg)
+        yield optim.build_engine(model, cfg, 1), cfg
+
+
+def step(engine, cfg, lr):
+    from lenext_dist.train.loop import _micro_loss
+
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, cfg.model.vocab_size, (2, cfg.model.seq_length + 1), generator=gen)
+    s = cfg.model.seq_length
+    batch = {"tokens": ids[:, :-1], "labels": ids[:, 1:], "loss_mask": torch.ones(2, s),
+             "position_ids": torch.arange(s).expand(2, s)}
+    optim.set_lr(engine.optimizer, lr)
+    for _ in range(engine.gradient_accumulation_steps()):
+        engine.backward(_micro_loss(engine, batch, "cpu"))
+        engine.step()
+
+
+def test_headscale_step_under_zero2_changes_only_scales_and_the_clamp_reaches_the_master(engine):
+    from deepspeed.utils import safe_get_full_fp32_param, safe_set_full_fp32_param
+
+    eng, cfg = engine
+    assert cfg.parallel.zero_stage == 2
+    scales = [(n, p) for n, p in eng.module.named_parameters() if optim.is_head_scale(n)]
+    before = {n: p.detach().clone() for n, p in eng.module.named_parameters()}
+    step(eng, cfg, lr=0.5)
+    for n, p in eng.module.named_parameters():
+        assert torch.equal(p, before[n]) != optim.is_head_scale(n), n
+    # some head went below 1 in ZeRO's fp32 master (and the module copy made from it)
+    masters = torch.stack([safe_get_full_fp32_param(p) for _, p in scales])
+    assert masters.min().item() < 1.0
+    optim.clamp_head_scales(eng.module, 1.0)
+    for _, p in scales:
+        assert safe_get_full_fp32_param(p).min().item() >= 1.0  # the master itself
+        assert p.data.min().item() >= 1.0  # the copy the next forward reads
+    # a step at lr 0 copies the master into the module again: the clamp must have been on it
+    name, p = scales[0]
+    safe_set_full_fp32_param(p, torch.full_like(p.data, 0.5))
+    optim.clamp_head_scales(eng.module, 1.0)
+    step(eng, cfg, lr=0.0)
+    assert torch.equal(p.data, torch.ones_like(p.data)), name
+
+
+def test_checkpoint_markers_in_a_real_save(engine, monkeypatch):
+    """`latest` is moved only after every shard and COMPLETE are on disk: a kill at that moment
+    leaves the new step complete and `latest` on the previous one."""
+    eng, cfg = engine
+    root = checkpoint.Path(cfg.checkpoint.dir)
+    checkpoint.save(eng, cfg, 2, 4)
+    assert checkpoint.latest_tag(root) == tag_for(2)
+    real_write, order = checkpoint._atomic_write, []
+
+    def killed_at_latest(path, text):
+        order.append(path.name)
+        if path.name == LATEST:
+            new = root / tag_for(4)
+            assert (new / COMPLETE).is_file() and (new / "config.yaml").is_file()
+            assert any(new.glob("*model_states.pt")) and any(new.glob("*optim_states.pt"))
+            raise KeyboardInterrupt  # the kill
+        real_write(path, text)
+
+    monkeypatch.setattr(checkpoint, "_atomic_write", killed_at_latest)
+    with pytest.raises(KeyboardInterrupt):
+        checkpoint.save(eng, cfg, 4, 8)
+    assert order == [COMPLETE, LATEST]
+    assert checkpoint.latest_tag(root) == tag_for(2)
+    assert checkpoint.resolve(root / tag_for(4)) == root / tag_for(4)  # complete, resumable by name
+
+
+def test_load_restores_the_saved_rng_state(engine):
+    """The client state carries every RNG (python, numpy, torch): after a load, random draws continue
+    as they would have after the save (dropout or any sampling would otherwise diverge on resume)."""
+    import random
+
+    import numpy as np
+
+    eng, cfg = engine
+    checkpoint.save(eng, cfg, 2, 4)
+    expected = (random.random(), np.random.rand(), torch.rand(3))
+    random.random(), np.random.rand(), torch.rand(7)  # the run goes on drawing
+    client = checkpoint.load(eng, cfg.checkpoint.dir, tag_for(2))
+    assert (client["step"], client["consumed_samples"]) == (2, 4)
+    got = (random.random(), np.random.rand(), torch.rand(3))
+    assert got[:2] == expected[:2] and torch.equal(got[2], expected[2])
