@@ -25,6 +25,8 @@ from typing import Optional
 
 import yaml
 
+from lenext_dist.errors import entry_point
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -209,6 +211,7 @@ def compare(out: Path, targets: list[int], L: int, best_c: dict) -> str:
     return "\n".join(lines)
 
 
+@entry_point
 def main(argv=None) -> int:
     run(build_parser().parse_args(argv))
     return 0

@@ -11,8 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal, Optional
 
+from lenext_dist.errors import UserError
 
-class ConfigError(ValueError):
+
+class ConfigError(UserError, ValueError):
     """A config value is wrong. The message names the key (and the file, when loaded from YAML)."""
 
 
@@ -295,10 +297,15 @@ class TrainConfig:
     """Validation micro-batches per evaluation."""
     activation_checkpointing: bool = False
     """Recompute each transformer layer in the backward pass (memory for long HeadScale lengths)."""
+    nonfinite_patience: int = 0
+    """Consecutive steps with a NaN/inf loss or grad norm tolerated before training stops with an
+    error (exit 2, `latest` left on the last good checkpoint); 0: stop at the first. Only fp16's
+    loss scaler skips such a step; under fp32/bf16 its update already spoiled the weights."""
 
     def __post_init__(self):
         for k in ("steps", "micro_batch_size", "global_batch_size", "eval_iters"):
             _check(getattr(self, k) > 0, f"train.{k}", "must be > 0")
+        _check(self.nonfinite_patience >= 0, "train.nonfinite_patience", "must be >= 0")
         _check(self.eval_interval >= 0, "train.eval_interval", "must be >= 0")
         _check(self.grad_accum is None or self.grad_accum > 0, "train.grad_accum", "must be > 0")
 

@@ -39,6 +39,7 @@ from lenext_dist.train.checkpoint import resolve as resolve_checkpoint
 from lenext_dist.train.checkpoint import run_config as load_run_config
 
 from .keymap import Shape, megatron_to_hf
+from .outdir import OutputError, _inside, check_out, staged
 
 HF_DIR = Path(__file__).resolve().parents[1] / "hf"
 ATTENTION_DIR = Path(__file__).resolve().parents[1] / "attention"
@@ -178,6 +179,13 @@ def export(checkpoint: Union[str, Path], out: Union[str, Path], *, tag: Optional
         raise ExportError(f"dtype must be one of {sorted(_DTYPES)}")
     step_dir = resolve_checkpoint(checkpoint, tag)
     cfg = load_run_config(step_dir)
+    final = Path(out)
+    replaces = check_out(final, overwrite, [step_dir, step_dir.parent, Path(cfg.checkpoint.dir),
+                                            Path(cfg.run_dir)] + ([Path(head_scales)] if isinstance(
+                                                head_scales, (str, Path)) else []))
+    if any(_inside(final.resolve(), p.resolve()) for p in (step_dir.parent, Path(cfg.checkpoint.dir))):
+        raise OutputError(f"--out {final} lies inside the checkpoint folder {step_dir.parent}; "
+                          "choose an output folder outside it")
     m = cfg.model
     shape = Shape.from_run_config(cfg)
     state, weights_source = load_megatron_state(step_dir)
@@ -204,56 +212,48 @@ def export(checkpoint: Union[str, Path], out: Union[str, Path], *, tag: Optional
     for i in range(m.num_layers):
         hf_state[f"model.layers.{i}.self_attn.head_scale"] = scales[i].to(torch.float32).contiguous()
 
+    bad = [k for k, v in hf_state.items() if v.is_floating_point() and not torch.isfinite(v).all()]
+    if bad:
+        raise ExportError(f"{step_dir}: {len(bad)} weight tensors hold NaN or inf (e.g. {bad[0]}); "
+                          "the run diverged: export an earlier step (--tag step_NNNNNNN)")
     torch_dtype = _DTYPES[dtype]
     tensors = {k: (v if k.endswith("head_scale") else v.to(torch_dtype)).contiguous()
                for k, v in hf_state.items()}
 
-    final = Path(out)
-    if final.exists() and any(final.iterdir()) and not overwrite:
-        raise ExportError(f"{final} exists and is not empty (pass --overwrite)")
-    # Written beside the target and renamed at the end: a killed export never looks finished
-    # (config.json comes before the weights), to `lenext extend`'s resume or anyone else.
-    out = final.with_name(f".{final.name}.partial")
-    if out.exists():
-        shutil.rmtree(out)
-    out.mkdir(parents=True)
+    with staged(final, replaces) as out:
+        tok_info = None
+        tok_path = cfg.data.tokenizer if tokenizer is None else tokenizer
+        if tok_path:
+            tok_path = Path(tok_path)
+            if not tok_path.is_file():
+                raise ExportError(f"tokenizer {tok_path} not found (the run's data.tokenizer is relative "
+                                  "to where it was launched; pass --tokenizer PATH)")
+            tok_info = _tokenizer_files(out, tok_path)
+            if tok_info["size"] > m.vocab_size:
+                raise ExportError(f"tokenizer has {tok_info['size']} pieces > model vocab {m.vocab_size}")
 
-    tok_info = None
-    tok_path = cfg.data.tokenizer if tokenizer is None else tokenizer
-    if tok_path:
-        tok_path = Path(tok_path)
-        if not tok_path.is_file():
-            raise ExportError(f"tokenizer {tok_path} not found (the run's data.tokenizer is relative "
-                              "to where it was launched; pass --tokenizer PATH)")
-        tok_info = _tokenizer_files(out, tok_path)
-        if tok_info["size"] > m.vocab_size:
-            raise ExportError(f"tokenizer has {tok_info['size']} pieces > model vocab {m.vocab_size}")
+        source = {"checkpoint": str(step_dir.resolve()), "tag": step_dir.name, "run": cfg.name,
+                  "weights": weights_source, "zero_stage": cfg.parallel.zero_stage,
+                  "train_precision": cfg.train.precision, "exported_dtype": dtype}
+        hf_cfg = build_hf_config(cfg, scale_c=c, head_scale_source=hs_source, tok=tok_info,
+                                 source=source, dtype={"fp32": "float32", "bf16": "bfloat16",
+                                                       "fp16": "float16"}[dtype])
+        hf_cfg.to_json_file(str(out / "config.json"), use_diff=False)
 
-    source = {"checkpoint": str(step_dir.resolve()), "tag": step_dir.name, "run": cfg.name,
-              "weights": weights_source, "zero_stage": cfg.parallel.zero_stage,
-              "train_precision": cfg.train.precision, "exported_dtype": dtype}
-    hf_cfg = build_hf_config(cfg, scale_c=c, head_scale_source=hs_source, tok=tok_info,
-                             source=source, dtype={"fp32": "float32", "bf16": "bfloat16",
-                                                   "fp16": "float16"}[dtype])
-    hf_cfg.to_json_file(str(out / "config.json"), use_diff=False)
+        from transformers import GenerationConfig
 
-    from transformers import GenerationConfig
+        gen = GenerationConfig(bos_token_id=hf_cfg.bos_token_id, eos_token_id=hf_cfg.eos_token_id,
+                               pad_token_id=hf_cfg.pad_token_id if hf_cfg.pad_token_id is not None
+                               else hf_cfg.eos_token_id, do_sample=False)
+        gen.save_pretrained(str(out))
 
-    gen = GenerationConfig(bos_token_id=hf_cfg.bos_token_id, eos_token_id=hf_cfg.eos_token_id,
-                           pad_token_id=hf_cfg.pad_token_id if hf_cfg.pad_token_id is not None
-                           else hf_cfg.eos_token_id, do_sample=False)
-    gen.save_pretrained(str(out))
+        from safetensors.torch import save_file
 
-    from safetensors.torch import save_file
-
-    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
-    for f in SHIPPED:
-        shutil.copyfile(HF_DIR / f, out / f)
-    write_attention_copy(out)
-    shutil.copyfile(step_dir / "config.yaml", out / "lenext_run_config.yaml")
-    if final.exists():
-        shutil.rmtree(final)
-    os.replace(out, final)
+        save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+        for f in SHIPPED:
+            shutil.copyfile(HF_DIR / f, out / f)
+        write_attention_copy(out)
+        shutil.copyfile(step_dir / "config.yaml", out / "lenext_run_config.yaml")
     return {**source, "out": str(final), "position": cfg.attention.position, "scale_c": c,
             "head_scale_source": hs_source, "head_scales": scales.tolist()}
 

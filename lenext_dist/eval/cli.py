@@ -21,6 +21,8 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+from lenext_dist.errors import UserError, entry_point
+
 
 def _ints(s: str) -> list[int]:
     return [int(x) for x in s.replace(" ", "").split(",") if x]
@@ -321,6 +323,7 @@ def run(args) -> list[str]:
     return files
 
 
+@entry_point
 def main(argv: Optional[Sequence[str]] = None) -> int:
     run(build_parser().parse_args(argv))
     return 0

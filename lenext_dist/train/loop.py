@@ -5,16 +5,19 @@ Run by launch/pretrain.py on every rank (deepspeed / torchrun / mpirun / srun se
 from __future__ import annotations
 
 import json
+import math
 import os
 import platform
 import sys
 import time
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
 from lenext_dist.config import RunConfig, deepspeed_config, save_config, to_dict
 from lenext_dist.data.gpt_data import build_datasets, train_batches, valid_batches
+from lenext_dist.errors import UserError
 from lenext_dist.train import checkpoint, optim
 from lenext_dist.train.metrics import Metrics, measure_matmul_tflops
 from lenext_dist.train.signals import StopSignal
@@ -152,6 +155,7 @@ def train(cfg: RunConfig) -> dict:
     bar = _progress(cfg, step, rank)
     stopped = False
     loss_sum, n_loss = 0.0, 0
+    bad_steps, diverged = 0, None  # consecutive non-finite steps; the step training stopped at
 
     # DeepSpeed clips fp32 ZeRO-0 gradients but keeps no norm: measure it before the step then
     own_gnorm = cfg.parallel.zero_stage == 0 and cfg.train.precision == "fp32"
@@ -177,8 +181,21 @@ def train(cfg: RunConfig) -> dict:
         step += 1
         consumed += cfg.train.global_batch_size
         metrics.add_step(time.perf_counter() - t0, data_s)
-        loss_sum += _mean_over_ranks(step_loss, device)
+        mean_loss = _mean_over_ranks(step_loss, device)  # NaN on any rank -> NaN on all
+        loss_sum += mean_loss
         n_loss += 1
+        step_gnorm = gnorm if gnorm is not None else engine.get_global_grad_norm()
+        if _finite(mean_loss) and (step_gnorm is None or _finite(float(step_gnorm))):
+            bad_steps = 0
+        else:
+            bad_steps += 1
+            _print0(f"[lenext] step {step}: non-finite loss {mean_loss} / grad norm {step_gnorm} "
+                    f"({bad_steps} in a row, train.nonfinite_patience={cfg.train.nonfinite_patience})")
+            if bad_steps > cfg.train.nonfinite_patience:
+                metrics.log(step, {"loss": mean_loss, "lr": lr, "grad_norm": float(
+                    "nan" if step_gnorm is None else step_gnorm)})
+                diverged = step
+                break
         if bar:
             bar.update(1)
         if log_now:
@@ -190,22 +207,52 @@ def train(cfg: RunConfig) -> dict:
         if valid_ds is not None and cfg.train.eval_interval and step % cfg.train.eval_interval == 0:
             metrics.log_eval(step, evaluate(engine, valid_ds, cfg, rank, world,
                                             step // cfg.train.eval_interval - 1, device))
-        if stop.agreed(device):
-            _print0(f"[lenext] {stop.name} received: saving a checkpoint at step {step} and exiting")
+        signalled = stop.agreed(device)
+        interval = cfg.checkpoint.interval
+        if signalled or step == cfg.train.steps or (interval and step % interval == 0):
+            if not _weights_finite(engine, device):  # a finite loss, then an update with lr=inf
+                _print0(f"[lenext] step {step}: the weights hold NaN/inf after the update; not saved")
+                diverged = step
+                break
+            if signalled:
+                _print0(f"[lenext] {stop.name} received: saving a checkpoint at step {step} and exiting")
             checkpoint.save(engine, cfg, step, consumed)
+        if signalled:
             stopped = True
             break
-        interval = cfg.checkpoint.interval
-        if step == cfg.train.steps or (interval and step % interval == 0):
-            checkpoint.save(engine, cfg, step, consumed)
     if bar:
         bar.close()
     metrics.close()
     if trainable_scales:
         _write_head_scales(optim.head_scale_matrix(engine), cfg.run_dir, rank)
+    if diverged is not None:
+        shutdown_distributed()
+        good = checkpoint.latest_tag_name(Path(cfg.checkpoint.dir)) if os.path.isdir(cfg.checkpoint.dir) else None
+        raise Diverged(f"training diverged: non-finite loss, grad norm or weights at step {diverged} "
+                       f"(train.nonfinite_patience={cfg.train.nonfinite_patience}); nothing saved after "
+                       f"it, the last good checkpoint is {os.path.join(cfg.checkpoint.dir, good) if good else 'none'}. "
+                       "Lower optim.lr (or raise optim.warmup_steps / lower optim.grad_clip) and resume")
     _print0(f"[lenext] {'stopped' if stopped else 'done'} at step {step}; checkpoints in {cfg.checkpoint.dir}")
     shutdown_distributed()
     return {"step": step, "stopped_by_signal": stopped}
+
+
+class Diverged(UserError):
+    """The loss or gradient norm became NaN/inf (the message names the step and the last good
+    checkpoint)."""
+
+
+def _finite(x: float) -> bool:
+    return math.isfinite(x)
+
+
+@torch.no_grad()
+def _weights_finite(engine, device) -> bool:
+    """All ranks: every parameter this rank holds is finite (ZeRO-3: its partition, ds_tensor)."""
+    ok = all(bool(torch.isfinite(getattr(p, "ds_tensor", p)).all()) for p in engine.module.parameters())
+    t = torch.tensor([1.0 if ok else 0.0], device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MIN)
+    return bool(t.item())
 
 
 def shutdown_distributed() -> None:
