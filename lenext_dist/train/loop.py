@@ -37,6 +37,30 @@ def skip_deepspeed_shm_op() -> None:
     deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
 
 
+# Set by mpirun/mpiexec (Open MPI, MPICH/Intel MPI's Hydra PMI, PMIx, MVAPICH) and by srun
+_MPI_ENV = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MV2_COMM_WORLD_SIZE", "SLURM_STEP_NUM_TASKS")
+
+
+def one_process_env(environ=os.environ) -> bool:
+    """`python launch/pretrain.py` with no launcher: set the env:// variables of a one-rank group.
+
+    DeepSpeed's auto MPI discovery runs whenever RANK/WORLD_SIZE/... are missing and imports
+    mpi4py (a dev extra here), so a plain package install failed with ModuleNotFoundError. Only a
+    process started by MPI or srun (one of _MPI_ENV set) is left to that discovery."""
+    if "RANK" in environ or any(k in environ for k in _MPI_ENV):
+        return False
+    import socket
+
+    port = environ.get("MASTER_PORT")
+    if not port:  # a free port: several one-process runs may share a machine
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = str(s.getsockname()[1])
+    environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
+                   MASTER_ADDR=environ.get("MASTER_ADDR", "127.0.0.1"), MASTER_PORT=port)
+    return True
+
+
 def init_distributed(cfg: RunConfig) -> tuple[int, int]:
     """torch.distributed through DeepSpeed (env:// from any launcher, or MPI discovery)."""
     import deepspeed
@@ -53,6 +77,7 @@ def init_distributed(cfg: RunConfig) -> tuple[int, int]:
                       "OMPI_COMM_WORLD_LOCAL_SIZE", "SLURM_NTASKS_PER_NODE") if k in os.environ), 1)
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // local))
     if not dist.is_initialized():
+        one_process_env()
         # DeepSpeed's MPI discovery ignores MASTER_PORT unless it is passed as distributed_port
         deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=True, verbose=False,
                                    distributed_port=int(os.environ.get("MASTER_PORT", 29500)))
