@@ -68,7 +68,9 @@ def head_scales_from(path: Union[str, Path], num_layers: int, num_heads: int) ->
         data = json.loads(p.read_text())
         t = torch.tensor(data["head_scales"] if isinstance(data, dict) else data, dtype=torch.float32)
     elif p.suffix in (".pt", ".pth"):
-        data = torch.load(p, map_location="cpu", weights_only=True)
+        from lenext_dist.train.safe_load import load as safe_load
+
+        data = safe_load(p)
         t = (data["head_scales"] if isinstance(data, dict) else data).float()
     else:
         raise ExportError(f"{p}: head scales must be a checkpoint folder, .json or .pt")
