@@ -186,13 +186,19 @@ def check_resume(cfg: RunConfig, step_dir: str | os.PathLike) -> list[str]:
     return [f"{k}: {then.get(k)!r} -> {now.get(k)!r}" for k in changed if under(k, _DATA_KEYS)]
 
 
-def load(engine, root: str, tag: str) -> dict:
-    """Full resume: module, optimizer and our client state (step, samples, RNG)."""
+def load(engine, root: str, tag: str, reshard: bool = False) -> dict:
+    """Full resume: module, optimizer and our client state (step, samples, RNG). reshard: the
+    checkpoint's ZeRO-1/2 partitions are of another data-parallel size (train/reshard.py)."""
     from lenext_dist.train.safe_load import weights_only_loads
 
     with weights_only_loads(Path(root) / tag), _unreadable(Path(root) / tag):
-        _, client = engine.load_checkpoint(root, tag=tag, load_optimizer_states=True,
-                                           load_lr_scheduler_states=False)
+        if reshard:
+            from lenext_dist.train.reshard import load_resharded
+
+            client = load_resharded(engine, Path(root) / tag)
+        else:
+            _, client = engine.load_checkpoint(root, tag=tag, load_optimizer_states=True,
+                                               load_lr_scheduler_states=False)
     if client is None:
         raise CheckpointError(f"{root}/{tag}: DeepSpeed could not load this checkpoint")
     set_rng_state(client["rng"])

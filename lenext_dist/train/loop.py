@@ -20,6 +20,7 @@ from lenext_dist.data.gpt_data import build_datasets, train_batches, valid_batch
 from lenext_dist.errors import UserError
 from lenext_dist.train import checkpoint, optim
 from lenext_dist.train.metrics import Metrics, measure_matmul_tflops
+from lenext_dist.train.reshard import check_dp_size, saved_dp_size
 from lenext_dist.train.signals import StopSignal
 
 
@@ -148,9 +149,12 @@ def train(cfg: RunConfig) -> dict:
     init_megatron(cfg.train.seed)
     model = build_model(cfg)
     tag = checkpoint.latest_tag(cfg.checkpoint.dir) if cfg.checkpoint.resume else None
+    reshard = False
     if tag:
         for note in checkpoint.check_resume(cfg, os.path.join(cfg.checkpoint.dir, tag)):
             _print0(f"[lenext] warning: resuming with a changed data order: {note}")
+        # another data-parallel size: ZeRO-1/2 partitions are cut again, ZeRO-3 refused here
+        reshard = check_dp_size(Path(cfg.checkpoint.dir) / tag, cfg.parallel.zero_stage, world)
     if tag is None and cfg.checkpoint.init_from:
         src = checkpoint.load_weights(model, cfg.checkpoint.init_from, keep=optim.is_head_scale)
         _print0(f"[lenext] initialized weights from {src}; head scales start at {cfg.head_scale_init}")
@@ -165,9 +169,11 @@ def train(cfg: RunConfig) -> dict:
 
     step, consumed = 0, 0
     if tag:
-        client = checkpoint.load(engine, cfg.checkpoint.dir, tag)
+        client = checkpoint.load(engine, cfg.checkpoint.dir, tag, reshard=reshard)
         step, consumed = client["step"], client["consumed_samples"]
-        _print0(f"[lenext] resumed from {cfg.checkpoint.dir}/{tag}: step {step}, {consumed:,} samples")
+        _print0(f"[lenext] resumed from {cfg.checkpoint.dir}/{tag}: step {step}, {consumed:,} samples"
+                + (f" (ZeRO partitions of {saved_dp_size(Path(cfg.checkpoint.dir) / tag)} ranks "
+                   f"resharded to {world})" if reshard else ""))
     if rank == 0:
         save_config(cfg, os.path.join(cfg.run_dir, "config.yaml"))
         with open(os.path.join(cfg.run_dir, "deepspeed.json"), "w") as f:
