@@ -1,12 +1,14 @@
 """Hostile and careless input, fast tier (issue 15): YAML alias bombs and bad includes, the one
 error wrapper of every command (exit 2, one line, --debug for the traceback), eval flags, a
-truncated result JSON, a malicious pickle given as head scales, one-process runs without MPI."""
+truncated result JSON and shards, a malicious pickle given as head scales, one-process runs
+without MPI."""
 import json
 import os
 import subprocess
 import sys
 import textwrap
 
+import numpy as np
 import pytest
 import torch
 
@@ -180,3 +182,27 @@ def test_one_process_env_only_without_a_launcher_or_mpi():
                      {"SLURM_STEP_NUM_TASKS": "2"}):
         env = dict(launched)
         assert not one_process_env(env) and env == launched
+
+
+def test_a_truncated_shard_is_named_before_megatron_reads_it(tmp_path):
+    from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
+
+    from lenext_dist.config import BlendItem
+    from lenext_dist.data.gpt_data import _check_prefixes
+
+    prefix = str(tmp_path / "s_train")
+    b = IndexedDatasetBuilder(prefix + ".bin", dtype=np.uint16)
+    for n in (50, 70, 30):
+        b.add_item(torch.arange(n, dtype=torch.int64))
+        b.end_document()
+    b.finalize(prefix + ".idx")
+    items = [BlendItem(prefix=prefix)]
+    _check_prefixes(items, "data.blend")  # whole: fine
+    whole = {ext: open(prefix + ext, "rb").read() for ext in (".bin", ".idx")}
+    for ext in (".bin", ".idx"):
+        with open(prefix + ext, "wb") as f:
+            f.write(whole[ext][: len(whole[ext]) - 9])
+        with pytest.raises(ConfigError, match=rf"data.blend: {prefix}{ext}: .*truncated"):
+            _check_prefixes(items, "data.blend")
+        with open(prefix + ext, "wb") as f:
+            f.write(whole[ext])
