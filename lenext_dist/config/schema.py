@@ -298,9 +298,10 @@ class TrainConfig:
     activation_checkpointing: bool = False
     """Recompute each transformer layer in the backward pass (memory for long HeadScale lengths)."""
     nonfinite_patience: int = 0
-    """Consecutive steps with a NaN/inf loss or grad norm tolerated before training stops with an
-    error (exit 2, `latest` left on the last good checkpoint); 0: stop at the first. Only fp16's
-    loss scaler skips such a step; under fp32/bf16 its update already spoiled the weights."""
+    """Consecutive steps with a NaN/inf loss or grad norm (fp16: loss only, its loss scaler skips
+    overflowing steps) tolerated before training stops with an error (exit 2, `latest` left on
+    the last good checkpoint); 0: stop at the first. Weights holding NaN/inf stop it regardless
+    (checked before every save)."""
 
     def __post_init__(self):
         for k in ("steps", "micro_batch_size", "global_batch_size", "eval_iters"):

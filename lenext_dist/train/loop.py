@@ -215,7 +215,9 @@ def train(cfg: RunConfig) -> dict:
         mean_loss = _mean_over_ranks(step_loss, device)  # NaN on any rank -> NaN on all
         loss_sum += mean_loss
         n_loss += 1
-        step_gnorm = gnorm if gnorm is not None else engine.get_global_grad_norm()
+        # fp16: an inf grad norm is the loss scaler's overflow, a skipped step, not divergence
+        step_gnorm = (gnorm if gnorm is not None else engine.get_global_grad_norm()
+                      if cfg.train.precision != "fp16" else None)
         if _finite(mean_loss) and (step_gnorm is None or _finite(float(step_gnorm))):
             bad_steps = 0
         else:
