@@ -129,15 +129,18 @@ class Evil:
 
 @pytest.fixture
 def poisoned(run, tmp_path):
-    """A copy of the run whose module file also holds a pickled os.system call."""
-    from lenext_dist.train.safe_load import load as safe_load
+    """A copy of the run whose module file also holds a pickled os.system call (read with
+    weights_only and numpy's RNG-state types only: the same crafting works on any version)."""
+    import numpy as np
 
+    numpy_globals = [np.ndarray, np.dtype, np._core.multiarray._reconstruct, type(np.dtype(np.uint32))]
     dst = tmp_path / "r"
     shutil.copytree(run["dir"], dst)
     cfg = tmp_path / "r.yaml"
     cfg.write_text(run["cfg"].read_text().replace(str(run["dir"]), str(dst)))
     f = dst / "checkpoints" / "step_0000002" / "mp_rank_00_model_states.pt"
-    state = safe_load(f)
+    with torch.serialization.safe_globals(numpy_globals):
+        state = torch.load(f, weights_only=True)
     state["evil"] = Evil(tmp_path / "PWNED")
     torch.save(state, f)
     return {"cfg": cfg, "ckpt": dst / "checkpoints", "marker": tmp_path / "PWNED"}
