@@ -8,7 +8,8 @@ import sys
 # Run from a checkout without installing: put the repo root on sys.path.
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from lenext_dist.errors import entry_point  # noqa: E402
 from lenext_dist.prep.cli import shard_main  # noqa: E402
 
 if __name__ == "__main__":
-    sys.exit(shard_main())
+    sys.exit(entry_point(shard_main)())

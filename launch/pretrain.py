@@ -6,6 +6,7 @@
 
 Also runs under torchrun, mpirun (mpi4py) and srun: the rank comes from the environment.
 Every `--a.b=value` (or `--a.b value`) overrides a config key; see README.md for all keys.
+A user error prints one `error:` line and exits 2 (`--debug` or LENEXT_DEBUG=1: the traceback).
 """
 import argparse
 import os
@@ -13,9 +14,11 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from lenext_dist.config import ConfigError, load_config, split_cli_overrides  # noqa: E402
+from lenext_dist.config import load_config, split_cli_overrides  # noqa: E402
+from lenext_dist.errors import entry_point  # noqa: E402
 
 
+@entry_point
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", help="YAML under configs/ (default: built-in defaults)")
@@ -24,11 +27,7 @@ def main(argv=None) -> int:
     ap.add_argument("--local_rank", "--local-rank", type=int, default=None,
                     help=argparse.SUPPRESS)  # passed by the deepspeed launcher; LOCAL_RANK is used
     args, rest = ap.parse_known_args(argv)
-    try:
-        cfg = load_config(args.config, split_cli_overrides(rest))
-    except ConfigError as e:
-        print(f"config error: {e}", file=sys.stderr)
-        return 2
+    cfg = load_config(args.config, split_cli_overrides(rest))
     if args.dry_run:
         from lenext_dist.train.dryrun import dry_run
 
@@ -36,11 +35,7 @@ def main(argv=None) -> int:
         return 0
     from lenext_dist.train.loop import train
 
-    try:
-        train(cfg)
-    except ConfigError as e:
-        print(f"config error: {e}", file=sys.stderr)
-        return 2
+    train(cfg)  # a diverged run raises Diverged (a UserError: exit 2, `latest` on the last good step)
     return 0
 
 

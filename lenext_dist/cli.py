@@ -10,6 +10,8 @@ import argparse
 import sys
 from typing import Optional, Sequence
 
+from .errors import entry_point
+
 
 def _eval():
     from .eval import cli
@@ -49,6 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+@entry_point
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     args._run(args)

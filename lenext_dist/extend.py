@@ -25,6 +25,8 @@ from typing import Optional
 
 import yaml
 
+from lenext_dist.errors import UserError, entry_point
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -70,7 +72,9 @@ def build_parser(p: Optional[argparse.ArgumentParser] = None) -> argparse.Argume
 def _eval(*args: str) -> None:
     from lenext_dist.cli import main
 
-    main(["eval", *args])
+    rc = main(["eval", *args])  # the wrapped main: a user error is printed and returned as 2
+    if rc not in (0, None):
+        raise UserError(f"lenext eval {' '.join(args)} exited {rc} (its error is above)")
 
 
 def _done(path: Path) -> bool:
@@ -170,7 +174,8 @@ def _search(a, cfg, ckpt: Path, run_dir: Path, target: int, c_fit: float) -> Non
     cmd = [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", str(a.nproc),
            "--master_port", str(a.port), str(REPO / "launch" / "pretrain.py"), "--config", str(conf)]
     print(f"[extend] HeadScale search for T={target}: L'={Lp}, m_h init {init}: {' '.join(cmd)}", flush=True)
-    subprocess.run(cmd, check=True)
+    if subprocess.run(cmd).returncode:
+        raise UserError(f"the HeadScale search for T={target} failed (its error is above): {' '.join(cmd)}")
 
 
 def _ppl_by_length(folder: Path, c: Optional[float] = None) -> dict[int, float]:
@@ -209,6 +214,7 @@ def compare(out: Path, targets: list[int], L: int, best_c: dict) -> str:
     return "\n".join(lines)
 
 
+@entry_point
 def main(argv=None) -> int:
     run(build_parser().parse_args(argv))
     return 0

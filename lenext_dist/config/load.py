@@ -20,6 +20,46 @@ import yaml
 from .schema import ConfigError, RunConfig
 
 _MISSING = object()
+MAX_CONFIG_BYTES = 1 << 20
+"""A config file is a few kB; anything near this is not one."""
+MAX_EXPANDED_NODES = 100_000
+"""Nodes of a YAML document with every alias expanded (the walks below see that many): an
+890-byte nest of anchors ("billion laughs") expands to billions and would fill memory."""
+
+
+def _expanded_size(node, memo: dict, busy: set) -> int:
+    """Nodes of `node` with aliases expanded, memoized on the shared nodes (O(distinct nodes))."""
+    key = id(node)
+    if key in memo:
+        return memo[key]
+    if key in busy:  # `&a [*a]`: a node that contains itself never ends
+        return MAX_EXPANDED_NODES + 1
+    busy.add(key)
+    if isinstance(node, yaml.MappingNode):
+        n = 1 + sum(_expanded_size(k, memo, busy) + _expanded_size(v, memo, busy) for k, v in node.value)
+    elif isinstance(node, yaml.SequenceNode):
+        n = 1 + sum(_expanded_size(c, memo, busy) for c in node.value)
+    else:
+        n = 1
+    busy.discard(key)
+    memo[key] = n = min(n, MAX_EXPANDED_NODES + 1)
+    return n
+
+
+def safe_yaml(text: str, where: str) -> Any:
+    """yaml.safe_load, refusing documents over MAX_CONFIG_BYTES or whose aliases expand past
+    MAX_EXPANDED_NODES, before anything walks them."""
+    if len(text) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"{where}: {len(text):,} bytes, over the {MAX_CONFIG_BYTES:,}-byte limit "
+                          "for a config (is this a config file?)")
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        if node is not None and _expanded_size(node, {}, set()) > MAX_EXPANDED_NODES:
+            raise ConfigError(f"{where}: its anchors and aliases (&name / *name) expand to more than "
+                              f"{MAX_EXPANDED_NODES:,} values (a YAML alias bomb?); write the values out")
+        return yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{where}: not valid YAML: {e}") from None
 
 
 def _read_yaml(path: Path, stack: tuple[Path, ...] = ()) -> tuple[dict, dict]:
@@ -29,10 +69,14 @@ def _read_yaml(path: Path, stack: tuple[Path, ...] = ()) -> tuple[dict, dict]:
         raise ConfigError(f"{path}: include cycle: {' -> '.join(map(str, stack + (path,)))}")
     if not path.is_file():
         raise ConfigError(f"{path}: config file not found")
+    if path.stat().st_size > MAX_CONFIG_BYTES:
+        raise ConfigError(f"{path}: {path.stat().st_size:,} bytes, over the {MAX_CONFIG_BYTES:,}-byte "
+                          "limit for a config (is this a config file?)")
     try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{path}: not valid YAML: {e}") from None
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{path}: cannot be read as text ({e})") from None
+    data = safe_yaml(text, str(path)) or {}
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: top level must be a mapping, got {type(data).__name__}")
     merged: dict = {}
@@ -40,6 +84,9 @@ def _read_yaml(path: Path, stack: tuple[Path, ...] = ()) -> tuple[dict, dict]:
     includes = data.pop("include", [])
     if isinstance(includes, str):
         includes = [includes]
+    if not isinstance(includes, list) or not all(isinstance(i, str) for i in includes):
+        raise ConfigError(f"{path}: include: expected a file name or a list of file names, "
+                          f"got {includes!r}")
     for inc in includes:
         sub, sub_origin = _read_yaml(path.parent / inc, stack + (path,))
         deep_merge(merged, sub)
@@ -141,10 +188,7 @@ def parse_override(text: str) -> tuple[str, Any]:
         raise ConfigError(f"override {text!r}: expected key=value")
     key, raw = text.split("=", 1)
     key = key.strip().lstrip("-")
-    try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
-    except yaml.YAMLError as e:
-        raise ConfigError(f"override {key}: cannot parse {raw!r}: {e}") from None
+    value = safe_yaml(raw, f"override {key}") if raw.strip() else ""
     return key, value
 
 

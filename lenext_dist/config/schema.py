@@ -11,8 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal, Optional
 
+from lenext_dist.errors import UserError
 
-class ConfigError(ValueError):
+
+class ConfigError(UserError, ValueError):
     """A config value is wrong. The message names the key (and the file, when loaded from YAML)."""
 
 
@@ -305,10 +307,16 @@ class TrainConfig:
     fused_kernels: bool = True
     """On CUDA: megatron's torch.compile fusions (SwiGLU, bias-dropout-add, fused cross-entropy);
     false turns them off. CPU runs never fuse."""
+    nonfinite_patience: int = 0
+    """Consecutive steps with a NaN/inf loss or grad norm (fp16: loss only, its loss scaler skips
+    overflowing steps) tolerated before training stops with an error (exit 2, `latest` left on
+    the last good checkpoint); 0: stop at the first. Weights holding NaN/inf stop it regardless
+    (checked before every save)."""
 
     def __post_init__(self):
         for k in ("steps", "micro_batch_size", "global_batch_size", "eval_iters"):
             _check(getattr(self, k) > 0, f"train.{k}", "must be > 0")
+        _check(self.nonfinite_patience >= 0, "train.nonfinite_patience", "must be >= 0")
         _check(self.eval_interval >= 0, "train.eval_interval", "must be >= 0")
         _check(self.grad_accum is None or self.grad_accum > 0, "train.grad_accum", "must be > 0")
 

@@ -6,7 +6,10 @@ import json
 import os
 import sys
 
+from lenext_dist.errors import entry_point
 
+
+@entry_point
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(
         prog="python -m lenext_dist.convert",
@@ -32,7 +35,8 @@ def main(argv=None) -> int:
     p.add_argument("--no-tokenizer", action="store_true", help="do not ship a tokenizer")
     p.add_argument("--dtype", default="fp32", choices=["fp32", "bf16", "fp16"],
                    help="weight dtype in model.safetensors (head scales stay fp32)")
-    p.add_argument("--overwrite", action="store_true", help="replace a non-empty --out")
+    p.add_argument("--overwrite", action="store_true", help="replace a previous export in --out (only an export: a folder holding "
+                        "anything else, or the checkpoint/run folder, is refused)")
     p.add_argument("--verify", action="store_true",
                    help="reload the export with transformers and compare its logits with the "
                         "megatron model of the checkpoint (fp32); fail above --tolerance")
@@ -40,18 +44,12 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     os.environ.setdefault("DS_ACCELERATOR", "cpu") if a.verify else None
 
-    from lenext_dist.train.checkpoint import CheckpointError
-
     from .export import export, verify
 
-    try:
-        info = export(a.checkpoint, a.out, tag=a.tag, scale_c=a.scale_c,
-                      head_scales=a.head_scales_from,
-                      tokenizer="" if a.no_tokenizer else a.tokenizer,
-                      dtype=a.dtype, overwrite=a.overwrite, fmt=a.format)
-    except (CheckpointError, KeyError, FileNotFoundError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    info = export(a.checkpoint, a.out, tag=a.tag, scale_c=a.scale_c,
+                  head_scales=a.head_scales_from,
+                  tokenizer="" if a.no_tokenizer else a.tokenizer,
+                  dtype=a.dtype, overwrite=a.overwrite, fmt=a.format)
     hs = info.pop("head_scales")
     print(f"[lenext.convert] {info['checkpoint']} -> {info['out']}: {info['architecture']} "
           f"({info['format']}), position={info['position']}, "

@@ -44,6 +44,7 @@ from lenext_dist.train.checkpoint import run_config as load_run_config
 
 from . import stock
 from .keymap import HF_HEAD_SCALE, Shape, megatron_to_hf
+from .outdir import OutputError, _inside, check_out, staged
 
 HF_DIR = Path(__file__).resolve().parents[1] / "hf"
 ATTENTION_DIR = Path(__file__).resolve().parents[1] / "attention"
@@ -72,7 +73,9 @@ def head_scales_from(path: Union[str, Path], num_layers: int, num_heads: int) ->
         data = json.loads(p.read_text())
         t = torch.tensor(data["head_scales"] if isinstance(data, dict) else data, dtype=torch.float32)
     elif p.suffix in (".pt", ".pth"):
-        data = torch.load(p, map_location="cpu", weights_only=True)
+        from lenext_dist.train.safe_load import load as safe_load
+
+        data = safe_load(p)
         t = (data["head_scales"] if isinstance(data, dict) else data).float()
     else:
         raise ExportError(f"{p}: head scales must be a checkpoint folder, .json or .pt")
@@ -194,6 +197,13 @@ def export(checkpoint: Union[str, Path], out: Union[str, Path], *, tag: Optional
     why = stock.refusal(cfg) if fmt == "stock" else None
     if why:  # before reading any weights
         raise ExportError(f"{step_dir}: no stock export: {why}")
+    final = Path(out)
+    replaces = check_out(final, overwrite, [step_dir, step_dir.parent, Path(cfg.checkpoint.dir),
+                                            Path(cfg.run_dir)] + ([Path(head_scales)] if isinstance(
+                                                head_scales, (str, Path)) else []))
+    if any(_inside(final.resolve(), p.resolve()) for p in (step_dir.parent, Path(cfg.checkpoint.dir))):
+        raise OutputError(f"--out {final} lies inside the checkpoint folder {step_dir.parent}; "
+                          "choose an output folder outside it")
     m = cfg.model
     shape = Shape.from_run_config(cfg)
     state, weights_source = load_megatron_state(step_dir)
@@ -217,45 +227,37 @@ def export(checkpoint: Union[str, Path], out: Union[str, Path], *, tag: Optional
     else:
         scales = torch.full((m.num_layers, m.num_attention_heads), float(cfg.attention.scale_c))
         hs_source, c = "uniform", float(cfg.attention.scale_c)
-    final = Path(out)
-    if final.exists() and any(final.iterdir()) and not overwrite:
-        raise ExportError(f"{final} exists and is not empty (pass --overwrite)")
-    # Written beside the target and renamed at the end: a killed export never looks finished
-    # (config.json comes before the weights), to `lenext extend`'s resume or anyone else.
-    out = final.with_name(f".{final.name}.partial")
-    if out.exists():
-        shutil.rmtree(out)
-    out.mkdir(parents=True)
-
+    bad = [k for k, v in hf_state.items() if v.is_floating_point() and not torch.isfinite(v).all()]
+    if bad:
+        raise ExportError(f"{step_dir}: {len(bad)} weight tensors hold NaN or inf (e.g. {bad[0]}); "
+                          "the run diverged: export an earlier step (--tag step_NNNNNNN)")
     tok_path = cfg.data.tokenizer if tokenizer is None else tokenizer
     if tok_path:
         tok_path = Path(tok_path)
         if not tok_path.is_file():
             raise ExportError(f"tokenizer {tok_path} not found (the run's data.tokenizer is relative "
                               "to where it was launched; pass --tokenizer PATH)")
-
     source = {"checkpoint": str(step_dir.resolve()), "tag": step_dir.name, "run": cfg.name,
               "weights": weights_source, "zero_stage": cfg.parallel.zero_stage,
               "train_precision": cfg.train.precision, "exported_dtype": dtype}
-    hf_cfg, tensors = FORMATS[fmt](
-        out, cfg, hf_state, scales, tok_path or None, scale_c=c, head_scale_source=hs_source,
-        source=source, dtype=dtype)
-    hf_cfg.to_json_file(str(out / "config.json"), use_diff=False)
 
-    from transformers import GenerationConfig
+    # written beside the target and renamed at the end: a killed or failed export never looks
+    # finished (to `lenext extend`'s resume or anyone else) and replaces only a previous export
+    with staged(final, replaces) as out:
+        hf_cfg, tensors = FORMATS[fmt](
+            out, cfg, hf_state, scales, tok_path or None, scale_c=c, head_scale_source=hs_source,
+            source=source, dtype=dtype)
+        hf_cfg.to_json_file(str(out / "config.json"), use_diff=False)
 
-    gen = GenerationConfig(bos_token_id=hf_cfg.bos_token_id, eos_token_id=hf_cfg.eos_token_id,
-                           pad_token_id=hf_cfg.pad_token_id if hf_cfg.pad_token_id is not None
-                           else hf_cfg.eos_token_id, do_sample=False)
-    gen.save_pretrained(str(out))
+        from safetensors.torch import save_file
+        from transformers import GenerationConfig
 
-    from safetensors.torch import save_file
-
-    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
-    shutil.copyfile(step_dir / "config.yaml", out / "lenext_run_config.yaml")
-    if final.exists():
-        shutil.rmtree(final)
-    os.replace(out, final)
+        gen = GenerationConfig(bos_token_id=hf_cfg.bos_token_id, eos_token_id=hf_cfg.eos_token_id,
+                               pad_token_id=hf_cfg.pad_token_id if hf_cfg.pad_token_id is not None
+                               else hf_cfg.eos_token_id, do_sample=False)
+        gen.save_pretrained(str(out))
+        save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+        shutil.copyfile(step_dir / "config.yaml", out / "lenext_run_config.yaml")
     return {**source, "out": str(final), "format": fmt, "architecture": hf_cfg.architectures[0],
             "position": cfg.attention.position, "scale_c": c, "head_scale_source": hs_source,
             "head_scales": scales.tolist()}

@@ -20,10 +20,12 @@ attention mask.
 from __future__ import annotations
 
 import os
+import struct
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Optional
 
+import numpy as np
 import torch
 
 from lenext_dist.config import BlendItem, ConfigError, RunConfig
@@ -112,6 +114,36 @@ def _check_prefixes(items: list[BlendItem], key: str) -> None:
                 raise ConfigError(
                     f"{key}: shard {it.prefix}{ext} not found (make shards with "
                     f"`python data_prep/shard.py`, or fix the prefix)")
+        _check_sizes(it.prefix, key)
+
+
+# megatron's .idx (megatron/core/datasets/indexed_dataset.py): 9-byte magic, version <Q, dtype
+# code <B, sequence count S <Q, document count D <Q, then int32 lengths [S], int64 byte pointers
+# [S], int64 document indices [D]; dtype codes -> item sizes
+_IDX_MAGIC, _IDX_HEAD = b"MMIDIDX\x00\x00", 34
+_ITEMSIZE = {1: 1, 2: 1, 3: 2, 4: 4, 5: 8, 6: 8, 7: 4, 8: 2}
+
+
+def _check_sizes(prefix: str, key: str) -> None:
+    """A truncated shard (an interrupted copy) is named here, not by a numpy error in megatron."""
+    idx, bin_ = prefix + ".idx", prefix + ".bin"
+    again = "copy it again, or rebuild it with `python data_prep/shard.py`"
+    with open(idx, "rb") as f:
+        head = f.read(_IDX_HEAD)
+    if len(head) < _IDX_HEAD or head[:9] != _IDX_MAGIC or head[17] not in _ITEMSIZE:
+        raise ConfigError(f"{key}: {idx}: not a megatron index (truncated or another format); {again}")
+    seqs, docs = struct.unpack("<QQ", head[18:34])
+    need = _IDX_HEAD + 12 * seqs + 8 * docs
+    if os.path.getsize(idx) < need:
+        raise ConfigError(f"{key}: {idx}: {os.path.getsize(idx):,} bytes, its header needs {need:,} "
+                          f"(truncated); {again}")
+    if seqs:
+        lengths = np.memmap(idx, np.int32, "r", offset=_IDX_HEAD, shape=(seqs,))
+        pointers = np.memmap(idx, np.int64, "r", offset=_IDX_HEAD + 4 * seqs, shape=(seqs,))
+        end = int(pointers[-1]) + int(lengths[-1]) * _ITEMSIZE[head[17]]
+        if os.path.getsize(bin_) < end:
+            raise ConfigError(f"{key}: {bin_}: {os.path.getsize(bin_):,} bytes, its index {idx} needs "
+                              f"{end:,} (truncated); {again}")
 
 
 def _blend(items: list[BlendItem]) -> Optional[tuple[list[str], Optional[list[float]]]]:

@@ -21,9 +21,67 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+from lenext_dist.errors import UserError, entry_point
+
+
+# argparse `type=` checks: a bad value exits 2 with "argument --flag: ..." before any model loads
+def _int(s: str) -> int:
+    try:
+        return int(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {s!r}") from None
+
+
+def _float(s: str) -> float:
+    try:
+        v = float(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {s!r}") from None
+    if not np.isfinite(v):
+        raise argparse.ArgumentTypeError(f"must be finite, got {s!r}")
+    return v
+
+
+def _pos_int(s: str) -> int:
+    v = _int(s)
+    if v <= 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {v}")
+    return v
+
+
+def _nonneg_int(s: str) -> int:
+    v = _int(s)
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {v}")
+    return v
+
+
+def _pos_float(s: str) -> float:
+    v = _float(s)
+    if v <= 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {v:g}")
+    return v
+
 
 def _ints(s: str) -> list[int]:
-    return [int(x) for x in s.replace(" ", "").split(",") if x]
+    """'2048,4096' -> [2048, 4096]: a non-empty list of lengths > 0."""
+    out = [_pos_int(x) for x in s.replace(" ", "").split(",") if x]
+    if not out:
+        raise argparse.ArgumentTypeError("expected a comma-separated list of lengths > 0")
+    return out
+
+
+def _depths(s: str) -> str:
+    """'N' (N >= 1 evenly spaced depths) or a list of depths in [0, 1]."""
+    from .passkey import parse_depths
+
+    try:
+        d = parse_depths(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected N or a list of depths in [0, 1], got {s!r}") from None
+    if not d or not all(0.0 <= x <= 1.0 for x in d):
+        raise argparse.ArgumentTypeError(f"needs at least one depth, each in [0, 1], got {s!r}")
+    return s
 
 
 def _add_common(p: argparse.ArgumentParser, data: bool = True) -> None:
@@ -34,18 +92,18 @@ def _add_common(p: argparse.ArgumentParser, data: bool = True) -> None:
                    help="SentencePiece .model (default <model>/tokenizer.model)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--device", default=None, help="cpu / cuda / cuda:1 (default: cuda if any)")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
-    p.add_argument("--batch-size", type=int, default=1, help="windows (prompts) per forward")
-    p.add_argument("--scale-c", type=float, default=None,
+    p.add_argument("--threads", type=_pos_int, default=None, help="torch CPU threads")
+    p.add_argument("--batch-size", type=_pos_int, default=1, help="windows (prompts) per forward")
+    p.add_argument("--scale-c", type=_pos_float, default=None,
                    help="set a uniform scale lambda = c/sqrt(d) on every head before evaluating")
-    p.add_argument("--window", type=int, default=None,
+    p.add_argument("--window", type=_pos_int, default=None,
                    help="sliding-window (local) attention of W tokens at eval time, on any variant")
     p.add_argument("--rope-scaling", default=None, choices=["none", "pi", "ntk", "yarn"],
                    help="RoPE extension at eval time (RoPE models), with --rope-factor")
-    p.add_argument("--rope-factor", type=float, default=None, help="s = target / training length")
-    p.add_argument("--log-scale-a", type=float, default=None,
+    p.add_argument("--rope-factor", type=_pos_float, default=None, help="s = target / training length")
+    p.add_argument("--log-scale-a", type=_float, default=None,
                    help="position-dependent scale lambda_i = c (1 + a ln max(1, i/L)) / sqrt(d)")
-    p.add_argument("--train-length", type=int, default=None,
+    p.add_argument("--train-length", type=_pos_int, default=None,
                    help="training context L (default: from the model config)")
     p.add_argument("--no-progress", action="store_true", help="no tqdm progress bars")
     p.add_argument("--bos", action=argparse.BooleanOptionalAction, default=None,
@@ -55,7 +113,7 @@ def _add_common(p: argparse.ArgumentParser, data: bool = True) -> None:
         p.add_argument("--data", nargs="+", required=True,
                        help=".jsonl / .jsonl.zst / .txt files, globs or folders")
         p.add_argument("--text-key", default="text", help="JSON field holding the text")
-        p.add_argument("--max-docs", type=int, default=None, help="use the first N documents")
+        p.add_argument("--max-docs", type=_pos_int, default=None, help="use the first N documents")
 
 
 def build_parser(parser: Optional[argparse.ArgumentParser] = None) -> argparse.ArgumentParser:
@@ -66,41 +124,41 @@ def build_parser(parser: Optional[argparse.ArgumentParser] = None) -> argparse.A
     p = sub.add_parser("ppl", help="sliding-window perplexity at several lengths")
     _add_common(p)
     p.add_argument("--lengths", type=_ints, required=True, help="e.g. 2048,4096,8192")
-    p.add_argument("--stride", type=int, default=256, help="S (last-stride and yarn)")
+    p.add_argument("--stride", type=_pos_int, default=256, help="S (last-stride and yarn)")
     p.add_argument("--protocol", default="last-stride", choices=["last-stride", "yarn", "full"])
-    p.add_argument("--budget-tokens", type=int, default=None,
+    p.add_argument("--budget-tokens", type=_pos_int, default=None,
                    help="scored tokens per length (whole windows, interleaved across documents)")
     p.add_argument("--curve-all", action="store_true",
                    help="per-position curve over all window positions, not only scored ones")
     p.add_argument("--no-penalty", action="store_true",
                    help="skip the extrapolation penalty / context-use pass (lengths >= L)")
-    p.add_argument("--penalty-stride", type=int, default=None,
+    p.add_argument("--penalty-stride", type=_pos_int, default=None,
                    help="stride of the window-L baseline (default L/4; must divide W-L)")
 
     p = sub.add_parser("passkey", help="passkey retrieval, length x depth heatmap")
     _add_common(p, data=False)
     p.add_argument("--lengths", type=_ints, required=True)
-    p.add_argument("--depths", default="10", help="N evenly spaced depths in [0,1], or a list")
-    p.add_argument("--keys", type=int, default=10, help="random 5-digit keys per cell")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--max-new-tokens", type=int, default=8)
+    p.add_argument("--depths", type=_depths, default="10", help="N evenly spaced depths in [0,1], or a list")
+    p.add_argument("--keys", type=_pos_int, default=10, help="random 5-digit keys per cell")
+    p.add_argument("--seed", type=_nonneg_int, default=0)
+    p.add_argument("--max-new-tokens", type=_pos_int, default=8)
 
     p = sub.add_parser("entropy", help="per-position attention entropy per head and layer")
     _add_common(p)
-    p.add_argument("--length", type=int, required=True)
-    p.add_argument("--samples", type=int, default=8, help="windows averaged over")
-    p.add_argument("--chunk-size", type=int, default=None, help="query rows per chunk "
+    p.add_argument("--length", type=_pos_int, required=True)
+    p.add_argument("--samples", type=_pos_int, default=8, help="windows averaged over")
+    p.add_argument("--chunk-size", type=_pos_int, default=None, help="query rows per chunk "
                    "(default: from --mem-mb)")
-    p.add_argument("--mem-mb", type=int, default=256, help="memory for one chunk of probs")
+    p.add_argument("--mem-mb", type=_pos_int, default=256, help="memory for one chunk of probs")
 
     p = sub.add_parser("scale-sweep", help="uniform-scale grid, best c per position, log fit")
     _add_common(p)
-    p.add_argument("--length", type=int, required=True)
-    p.add_argument("--c-min", type=float, default=0.8)
-    p.add_argument("--c-max", type=float, default=2.0)
-    p.add_argument("--c-step", type=float, default=0.01)
-    p.add_argument("--budget-tokens", type=int, default=None, help="tokens per c")
-    p.add_argument("--samples", type=int, default=None, help="windows per c")
+    p.add_argument("--length", type=_pos_int, required=True)
+    p.add_argument("--c-min", type=_pos_float, default=0.8)
+    p.add_argument("--c-max", type=_pos_float, default=2.0)
+    p.add_argument("--c-step", type=_pos_float, default=0.01)
+    p.add_argument("--budget-tokens", type=_pos_int, default=None, help="tokens per c")
+    p.add_argument("--samples", type=_pos_int, default=None, help="windows per c")
     return ap
 
 
@@ -296,10 +354,12 @@ def cmd_scale_sweep(args) -> list[str]:
     from .scale_sweep import make_grid, run_scale_sweep
 
     if args.scale_c is not None:
-        raise SystemExit("--scale-c makes no sense with scale-sweep (it sets every c itself)")
+        raise EvalError("--scale-c makes no sense with scale-sweep (it sets every c itself)")
+    if args.c_min > args.c_max:
+        raise EvalError(f"--c-min {args.c_min:g} > --c-max {args.c_max:g}: swap them")
     model, L, out, meta = _setup(args)
     if not L:
-        raise SystemExit("the training length is unknown: pass --train-length")
+        raise EvalError("the training length is unknown: pass --train-length")
     docs = _docs(args, min_tokens=args.length + 1)
     grid = make_grid(args.c_min, args.c_max, args.c_step)
     res, loss = run_scale_sweep(model, docs, args.length, grid, L,
@@ -318,13 +378,25 @@ COMMANDS = {"ppl": cmd_ppl, "passkey": cmd_passkey, "entropy": cmd_entropy,
             "scale-sweep": cmd_scale_sweep}
 
 
+class EvalError(UserError, ValueError):
+    """An evaluation cannot run as asked (the message names the flag or file)."""
+
+
 def run(args) -> list[str]:
-    files = COMMANDS[args.eval_cmd](args)
+    try:
+        files = COMMANDS[args.eval_cmd](args)
+    except (ValueError, TypeError) as e:
+        # the eval library raises ValueError/TypeError for inputs it cannot use (documents too
+        # short, a model that is not Llama-shaped, a stride that does not divide): user errors
+        if isinstance(e, UserError):
+            raise
+        raise EvalError(f"lenext eval {args.eval_cmd}: {e}") from e
     for f in files:
         print(f"wrote {f}")
     return files
 
 
+@entry_point
 def main(argv: Optional[Sequence[str]] = None) -> int:
     run(build_parser().parse_args(argv))
     return 0

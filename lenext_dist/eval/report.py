@@ -17,11 +17,16 @@ from typing import Optional, Sequence
 
 
 def _load(path: str) -> Optional[dict]:
+    """A result JSON; None for other JSON files (no `kind`). A result file that does not parse
+    (truncated by a full disk or a killed copy) is an error, never silently left out."""
+    from lenext_dist.errors import UserError
+
     try:
         with open(path) as f:
             return json.load(f)
-    except (OSError, ValueError):
-        return None
+    except ValueError as e:
+        raise UserError(f"{path}: not valid JSON ({e}); it may be truncated: rerun the evaluation "
+                        "that wrote it, or move it out of the folder") from None
 
 
 def collect(runs: Sequence[str]) -> list[dict]:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from lenext_dist.errors import UserError
+
 # Reasons a document (or a whole file) is bad. Keys appear verbatim in the manifest.
 BAD_REASONS = {
     "bad_json": "a line is not valid JSON (or not a JSON object)",
@@ -29,7 +31,7 @@ EXCLUDED_SET = "excluded_set"  # dropped on purpose by --exclude-sets / --includ
 SKIP_BAD_HINT = "rerun with --skip-bad to skip and count such documents in the manifest"
 
 
-class PrepError(RuntimeError):
+class PrepError(UserError, RuntimeError):
     """A user-facing error: the message says what is wrong, where, and what to do."""
 
 

@@ -19,6 +19,8 @@ import time
 from pathlib import Path
 from typing import Optional, Sequence
 
+from lenext_dist.errors import entry_point
+
 from .jobs import REPO
 
 
@@ -81,6 +83,7 @@ def write_outputs(study) -> Path:
     return md
 
 
+@entry_point
 def main(argv: Optional[Sequence[str]] = None) -> int:
     a = build_parser().parse_args(argv)
     import os

@@ -19,11 +19,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
+from lenext_dist.errors import UserError
+
 REPO = Path(__file__).resolve().parents[2]
 
 
-class JobError(RuntimeError):
-    pass
+class JobError(UserError, RuntimeError):
+    """A study step failed; the message names its log file."""
 
 
 def child_env(threads: int = 1) -> dict:

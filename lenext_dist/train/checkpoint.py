@@ -17,7 +17,9 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import pickle
 import random
+import re
 import shutil
 from pathlib import Path
 from typing import Callable, Optional
@@ -27,6 +29,7 @@ import torch
 import torch.distributed as dist
 
 from lenext_dist.config import RunConfig, save_config
+from lenext_dist.errors import UserError
 
 LATEST = "latest"
 COMPLETE = "COMPLETE"
@@ -103,7 +106,7 @@ def _prune(root: Path, keep: int, newest: str) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(UserError, RuntimeError):
     """A checkpoint is missing, partial or not ours (the message says which and what to do)."""
 
 
@@ -184,10 +187,19 @@ def check_resume(cfg: RunConfig, step_dir: str | os.PathLike) -> list[str]:
     return [f"{k}: {then.get(k)!r} -> {now.get(k)!r}" for k in changed if under(k, _DATA_KEYS)]
 
 
-def load(engine, root: str, tag: str) -> dict:
-    """Full resume: module, optimizer and our client state (step, samples, RNG)."""
-    _, client = engine.load_checkpoint(root, tag=tag, load_optimizer_states=True,
-                                       load_lr_scheduler_states=False)
+def load(engine, root: str, tag: str, reshard: bool = False) -> dict:
+    """Full resume: module, optimizer and our client state (step, samples, RNG). reshard: the
+    checkpoint's ZeRO-1/2 partitions are of another data-parallel size (train/reshard.py)."""
+    from lenext_dist.train.safe_load import weights_only_loads
+
+    with weights_only_loads(Path(root) / tag), _unreadable(Path(root) / tag):
+        if reshard:
+            from lenext_dist.train.reshard import load_resharded
+
+            client = load_resharded(engine, Path(root) / tag)
+        else:
+            _, client = engine.load_checkpoint(root, tag=tag, load_optimizer_states=True,
+                                               load_lr_scheduler_states=False)
     if client is None:
         raise CheckpointError(f"{root}/{tag}: DeepSpeed could not load this checkpoint")
     set_rng_state(client["rng"])
@@ -218,7 +230,10 @@ def read_state(step_dir: str | os.PathLike) -> tuple[dict[str, torch.Tensor], st
     if any(step_dir.glob("*_optim_states.pt")):
         from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
-        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        from lenext_dist.train.safe_load import weights_only_loads
+
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()), \
+                weights_only_loads(step_dir), _unreadable(step_dir):
             state = get_fp32_state_dict_from_zero_checkpoint(str(step_dir.parent), tag=step_dir.name)
         if any(step_dir.glob("mp_rank_*_model_states.pt")):  # stages 1-2 (ZeRO-3: per-rank placeholders)
             for k, v in _module_state(step_dir).items():
@@ -242,7 +257,27 @@ def _module_state(step_dir: Path) -> dict:
         raise CheckpointError(f"{step_dir}: no DeepSpeed model states file")
     if len(files) > 1:
         raise CheckpointError(f"{step_dir}: {len(files)} model-parallel ranks; only TP=PP=1 is supported")
-    return torch.load(files[0], map_location="cpu", weights_only=False)["module"]
+    from lenext_dist.train.safe_load import load as safe_load
+
+    return safe_load(files[0])["module"]
+
+
+_READ_FAILED = re.compile(r"PytorchStreamReader|zip archive|invalid load key|Ran out of input|"
+                          r"unexpected EOF|truncated", re.IGNORECASE)
+
+
+@contextlib.contextmanager
+def _unreadable(step_dir: Path):
+    """DeepSpeed's own reads of a truncated or foreign file: a CheckpointError naming the folder."""
+    try:
+        yield
+    except (RuntimeError, EOFError, pickle.UnpicklingError) as e:
+        if isinstance(e, CheckpointError) or not (isinstance(e, EOFError) or _READ_FAILED.search(str(e))):
+            raise
+        raise CheckpointError(f"{step_dir}: a checkpoint file cannot be read ({type(e).__name__}: "
+                              f"{str(e).splitlines()[0][:160] if str(e) else ''}); it may be truncated "
+                              "(an interrupted copy?) or not a DeepSpeed file: copy it again or choose "
+                              "another step") from None
 
 
 def read_weights(checkpoint: str | os.PathLike) -> dict[str, torch.Tensor]:

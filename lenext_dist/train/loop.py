@@ -5,20 +5,24 @@ Run by launch/pretrain.py on every rank (deepspeed / torchrun / mpirun / srun se
 from __future__ import annotations
 
 import json
+import math
 import os
 import platform
 import sys
 import time
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
 from lenext_dist.config import RunConfig, deepspeed_config, save_config, to_dict
 from lenext_dist.data.gpt_data import build_datasets, train_batches, valid_batches
+from lenext_dist.errors import UserError
 from lenext_dist.train import checkpoint, fp32_params, optim
 from lenext_dist.train.device import check_gpu_visible, local_rank, visible_device_index
 from lenext_dist.train.metrics import Metrics
 from lenext_dist.train.peak import peak_tflops
+from lenext_dist.train.reshard import check_dp_size, saved_dp_size
 from lenext_dist.train.signals import StopSignal
 
 
@@ -34,6 +38,30 @@ def skip_deepspeed_shm_op() -> None:
     import deepspeed.ops
 
     deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+
+
+# Set by mpirun/mpiexec (Open MPI, MPICH/Intel MPI's Hydra PMI, PMIx, MVAPICH) and by srun
+_MPI_ENV = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MV2_COMM_WORLD_SIZE", "SLURM_STEP_NUM_TASKS")
+
+
+def one_process_env(environ=os.environ) -> bool:
+    """`python launch/pretrain.py` with no launcher: set the env:// variables of a one-rank group.
+
+    DeepSpeed's auto MPI discovery runs whenever RANK/WORLD_SIZE/... are missing and imports
+    mpi4py (a dev extra here), so a plain package install failed with ModuleNotFoundError. Only a
+    process started by MPI or srun (one of _MPI_ENV set) is left to that discovery."""
+    if "RANK" in environ or any(k in environ for k in _MPI_ENV):
+        return False
+    import socket
+
+    port = environ.get("MASTER_PORT")
+    if not port:  # a free port: several one-process runs may share a machine
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = str(s.getsockname()[1])
+    environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
+                   MASTER_ADDR=environ.get("MASTER_ADDR", "127.0.0.1"), MASTER_PORT=port)
+    return True
 
 
 def init_distributed(cfg: RunConfig) -> tuple[int, int]:
@@ -56,6 +84,7 @@ def init_distributed(cfg: RunConfig) -> tuple[int, int]:
         # set before the process group so NCCL binds each rank to its own device
         acc.set_device(visible_device_index(local_rank(), acc.device_count()))
     if not dist.is_initialized():
+        one_process_env()
         # DeepSpeed's MPI discovery ignores MASTER_PORT unless it is passed as distributed_port
         deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=True, verbose=False,
                                    distributed_port=int(os.environ.get("MASTER_PORT", 29500)))
@@ -128,9 +157,12 @@ def train(cfg: RunConfig) -> dict:
     init_megatron(cfg.train.seed)
     model = build_model(cfg)
     tag = checkpoint.latest_tag(cfg.checkpoint.dir) if cfg.checkpoint.resume else None
+    reshard = False
     if tag:
         for note in checkpoint.check_resume(cfg, os.path.join(cfg.checkpoint.dir, tag)):
             _print0(f"[lenext] warning: resuming with a changed data order: {note}")
+        # another data-parallel size: ZeRO-1/2 partitions are cut again, ZeRO-3 refused here
+        reshard = check_dp_size(Path(cfg.checkpoint.dir) / tag, cfg.parallel.zero_stage, world)
     if tag is None and cfg.checkpoint.init_from:
         src = checkpoint.load_weights(model, cfg.checkpoint.init_from, keep=optim.is_head_scale)
         _print0(f"[lenext] initialized weights from {src}; head scales start at {cfg.head_scale_init}")
@@ -148,10 +180,12 @@ def train(cfg: RunConfig) -> dict:
 
     step, consumed = 0, 0
     if tag:
-        client = checkpoint.load(engine, cfg.checkpoint.dir, tag)
+        client = checkpoint.load(engine, cfg.checkpoint.dir, tag, reshard=reshard)
         step, consumed = client["step"], client["consumed_samples"]
         fp32_params.refresh(engine)  # the loaded fp32 masters into the forward's fp32 values
-        _print0(f"[lenext] resumed from {cfg.checkpoint.dir}/{tag}: step {step}, {consumed:,} samples")
+        _print0(f"[lenext] resumed from {cfg.checkpoint.dir}/{tag}: step {step}, {consumed:,} samples"
+                + (f" (ZeRO partitions of {saved_dp_size(Path(cfg.checkpoint.dir) / tag)} ranks "
+                   f"resharded to {world})" if reshard else ""))
     if rank == 0:
         save_config(cfg, os.path.join(cfg.run_dir, "config.yaml"))
         with open(os.path.join(cfg.run_dir, "deepspeed.json"), "w") as f:
@@ -163,9 +197,11 @@ def train(cfg: RunConfig) -> dict:
     trainable_scales = hs_cfg.enabled and hs_cfg.trainable
     bar = _progress(cfg, step, rank)
     stopped = False
-    # the loss stays on the device between log lines: no host sync or all-reduce per step
+    # one scalar all-reduce per step: a NaN on any rank stops every rank at the same step
+    # (train.nonfinite_patience); the micro-batch losses stay on the device until then
     zero = torch.zeros((), dtype=torch.float64, device=device)
-    loss_sum, n_loss = zero, 0
+    loss_sum, n_loss = 0.0, 0
+    bad_steps, diverged = 0, None  # consecutive non-finite steps; the step training stopped at
 
     # DeepSpeed clips fp32 ZeRO-0 gradients but keeps no norm: measure it before the step then
     own_gnorm = cfg.parallel.zero_stage == 0 and cfg.train.precision == "fp32"
@@ -194,35 +230,80 @@ def train(cfg: RunConfig) -> dict:
         step += 1
         consumed += cfg.train.global_batch_size
         metrics.add_step(time.perf_counter() - t0, data_s)
-        loss_sum = loss_sum + step_loss
+        mean_loss = _mean_over_ranks(step_loss, device)  # NaN on any rank -> NaN on all
+        loss_sum += mean_loss
         n_loss += 1
+        # fp16: an inf grad norm is the loss scaler's overflow, a skipped step, not divergence
+        step_gnorm = (gnorm if gnorm is not None else engine.get_global_grad_norm()
+                      if cfg.train.precision != "fp16" else None)
+        if _finite(mean_loss) and (step_gnorm is None or _finite(float(step_gnorm))):
+            bad_steps = 0
+        else:
+            bad_steps += 1
+            _print0(f"[lenext] step {step}: non-finite loss {mean_loss} / grad norm {step_gnorm} "
+                    f"({bad_steps} in a row, train.nonfinite_patience={cfg.train.nonfinite_patience})")
+            if bad_steps > cfg.train.nonfinite_patience:
+                metrics.log(step, {"loss": mean_loss, "lr": lr, "grad_norm": float(
+                    "nan" if step_gnorm is None else step_gnorm)})
+                diverged = step
+                break
         if bar:
             bar.update(1)
         if log_now:
             gnorm = engine.get_global_grad_norm() if gnorm is None else gnorm
             scales = optim.head_scale_stats(optim.head_scale_matrix(engine)) if trainable_scales else None
-            metrics.log(step, {"loss": _mean_over_ranks(loss_sum / n_loss, device), "lr": lr,
+            metrics.log(step, {"loss": loss_sum / n_loss, "lr": lr,
                                "grad_norm": float(gnorm) if gnorm is not None else float("nan")}, scales)
-            loss_sum, n_loss = zero, 0
+            loss_sum, n_loss = 0.0, 0
         if valid_ds is not None and cfg.train.eval_interval and step % cfg.train.eval_interval == 0:
             metrics.log_eval(step, evaluate(engine, valid_ds, cfg, rank, world,
                                             step // cfg.train.eval_interval - 1, device))
-        if stop.agreed(device):
-            _print0(f"[lenext] {stop.name} received: saving a checkpoint at step {step} and exiting")
+        signalled = stop.agreed(device)
+        interval = cfg.checkpoint.interval
+        if signalled or step == cfg.train.steps or (interval and step % interval == 0):
+            if not _weights_finite(engine, device):  # a finite loss, then an update with lr=inf
+                _print0(f"[lenext] step {step}: the weights hold NaN/inf after the update; not saved")
+                diverged = step
+                break
+            if signalled:
+                _print0(f"[lenext] {stop.name} received: saving a checkpoint at step {step} and exiting")
             checkpoint.save(engine, cfg, step, consumed)
+        if signalled:
             stopped = True
             break
-        interval = cfg.checkpoint.interval
-        if step == cfg.train.steps or (interval and step % interval == 0):
-            checkpoint.save(engine, cfg, step, consumed)
     if bar:
         bar.close()
     metrics.close()
     if trainable_scales:
         _write_head_scales(optim.head_scale_matrix(engine), cfg.run_dir, rank)
+    if diverged is not None:
+        shutdown_distributed()
+        good = checkpoint.latest_tag_name(Path(cfg.checkpoint.dir)) if os.path.isdir(cfg.checkpoint.dir) else None
+        raise Diverged(f"training diverged: non-finite loss, grad norm or weights at step {diverged} "
+                       f"(train.nonfinite_patience={cfg.train.nonfinite_patience}); nothing saved after "
+                       f"it, the last good checkpoint is {os.path.join(cfg.checkpoint.dir, good) if good else 'none'}. "
+                       "Lower optim.lr (or raise optim.warmup_steps / lower optim.grad_clip) and resume")
     _print0(f"[lenext] {'stopped' if stopped else 'done'} at step {step}; checkpoints in {cfg.checkpoint.dir}")
     shutdown_distributed()
     return {"step": step, "stopped_by_signal": stopped}
+
+
+class Diverged(UserError):
+    """The loss or gradient norm became NaN/inf (the message names the step and the last good
+    checkpoint)."""
+
+
+def _finite(x: float) -> bool:
+    return math.isfinite(x)
+
+
+@torch.no_grad()
+def _weights_finite(engine, device) -> bool:
+    """All ranks: every parameter this rank holds is finite (ZeRO-3: its partition, ds_tensor)."""
+    ok = all(bool(torch.isfinite(getattr(p, "ds_tensor", p)).all()) for p in engine.module.parameters())
+    t = torch.tensor([1.0 if ok else 0.0], device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MIN)
+    return bool(t.item())
 
 
 def shutdown_distributed() -> None:

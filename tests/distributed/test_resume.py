@@ -101,3 +101,43 @@ def test_sigusr1_to_one_rank_checkpoints_and_exits_cleanly(sample_shards, tmp_pa
     assert (tmp_path / "sig" / "checkpoints" / "latest").read_text().strip() == f"step_{stopped:07d}"
     p = run(pretrain_cmd(cfg, "deepspeed", 2, free_port(), "--train.steps=%d" % (stopped + 2)))
     assert f"step {stopped}, " in p.stdout and "done at step %d" % (stopped + 2) in p.stdout
+
+
+def _rewind(ckpt: Path, tag: str) -> None:
+    """Leave `ckpt` as a kill after step `tag` would: later steps gone, `latest` on `tag`."""
+    import shutil
+
+    for d in ckpt.glob("step_*"):
+        if d.name > tag:
+            shutil.rmtree(d)
+    (ckpt / "latest").write_text(tag + "\n")
+
+
+def test_resume_at_another_data_parallel_size_continues_the_curve(sample_shards, tmp_path):
+    """ZeRO-2, global batch 4: a 2-rank run resumed on 1 rank and a 1-rank run resumed on 2 go on
+    with the loss curve of the uninterrupted run (float tolerance: the ranks sum in another order);
+    their fp32 masters and Adam moments are cut again for the new size (train/reshard.py)."""
+    common = dict(train={"steps": 6, "eval_interval": 0}, parallel={"zero_stage": 2},
+                  checkpoint={"interval": 3, "keep_last": 0})
+    cfg = {n: write_config(tmp_path, sample_shards, f"dp{n}", **common) for n in (1, 2)}
+    for n in (1, 2):
+        run(pretrain_cmd(cfg[n], "deepspeed", n, free_port()))
+    ref = losses(tmp_path / "dp1")
+    assert sorted(ref) == list(range(1, 7))
+    assert losses(tmp_path / "dp2") == pytest.approx(ref, rel=1e-5)  # same global batch, same curve
+    for saved, now in ((2, 1), (1, 2)):
+        _rewind(tmp_path / f"dp{saved}" / "checkpoints", "step_0000003")
+        p = run(pretrain_cmd(cfg[saved], "deepspeed", now, free_port()))
+        assert f"ZeRO partitions of {saved} ranks resharded to {now}" in p.stdout
+        got = losses(tmp_path / f"dp{saved}")
+        assert got == pytest.approx(ref, rel=1e-5), (saved, now, got, ref)
+
+
+def test_resume_of_zero3_at_another_size_is_refused_before_any_work(sample_shards, tmp_path):
+    cfg = write_config(tmp_path, sample_shards, "z3", train={"steps": 2, "eval_interval": 0},
+                       parallel={"zero_stage": 3}, checkpoint={"interval": 0})
+    run(pretrain_cmd(cfg, "deepspeed", 2, free_port()))
+    p = run(pretrain_cmd(cfg, "deepspeed", 1, free_port(), "--train.steps=3"), check=False)
+    assert p.returncode != 0 and "Traceback" not in p.stderr
+    assert "holds ZeRO-3 optimizer partitions of 2 ranks; this run has 1" in p.stderr
+    assert "step 3" not in p.stdout  # refused before training

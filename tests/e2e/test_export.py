@@ -85,9 +85,14 @@ def megatron_model(ckpt, scale_c=None):
     cfg = load_config(ckpt / tag / "config.yaml", overrides)
     module_file = ckpt / tag / "mp_rank_00_model_states.pt"
     if module_file.exists():
-        state = torch.load(module_file, map_location="cpu", weights_only=False)["module"]
+        from lenext_dist.train.safe_load import load as safe_load
+
+        state = safe_load(module_file)["module"]
     else:
-        state = get_fp32_state_dict_from_zero_checkpoint(str(ckpt), tag)
+        from lenext_dist.train.safe_load import weights_only_loads
+
+        with weights_only_loads(ckpt / tag):
+            state = get_fp32_state_dict_from_zero_checkpoint(str(ckpt), tag)
     init_megatron(cfg.train.seed)
     model = build_model(cfg, device="cpu")
     model.load_state_dict({k: v for k, v in state.items() if isinstance(v, torch.Tensor)},

@@ -1,0 +1,122 @@
+"""The export's output folder: written beside the target, renamed at the end, and never replacing
+anything the exporter did not write.
+
+`--overwrite` replaces only a previous export, recognized by its marker file (MARKER, which lists
+the files that export wrote) or, for exports made before the marker existed, by a config.json
+with `lenext_source` and nothing but the file names an export writes. It refuses:
+- an `--out` that is or contains the checkpoint folder, the step folder or the run folder, or lies
+  inside the checkpoint folder (replacing it would delete checkpoints);
+- an `--out` holding any file an export did not write (a user's documents, a half-copied export
+  with notes added, a home folder): the message names them;
+- an `--out` that is a symbolic link (the rename would replace the link, not its target).
+What a replacement deletes is printed before it happens.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import sys
+from pathlib import Path
+from typing import Iterable, Iterator
+
+from lenext_dist.train.checkpoint import CheckpointError
+
+MARKER = "lenext_export.json"
+# names a pre-marker export may hold (see export.py's module docstring)
+_LEGACY = re.compile(r"(model\.safetensors|config\.json|generation_config\.json|"
+                     r"(configuration|modeling|tokenization)_lenext\.py|lenext_attention(_\w+)?\.py|"
+                     r"tokenizer\.model|tokenizer_config\.json|special_tokens_map\.json|"
+                     r"lenext_run_config\.yaml)")
+
+
+class OutputError(CheckpointError):
+    """--out cannot be written or replaced safely (the message says why and what to do)."""
+
+
+def _inside(p: Path, root: Path) -> bool:
+    return p == root or root in p.parents
+
+
+def _foreign(folder: Path) -> list[str]:
+    """Entries of `folder` that no export wrote ([] for a previous export of ours)."""
+    entries = sorted(e.name for e in folder.iterdir())
+    marker = folder / MARKER
+    if marker.is_file():
+        try:
+            ours = set(json.loads(marker.read_text())["files"]) | {MARKER}
+        except (ValueError, KeyError, TypeError):
+            ours = set()
+        return [e for e in entries if e not in ours or (folder / e).is_dir()]
+    try:
+        legacy = "lenext_source" in json.loads((folder / "config.json").read_text())
+    except (OSError, ValueError):
+        legacy = False
+    if not legacy:
+        return entries
+    return [e for e in entries if not _LEGACY.fullmatch(e) or (folder / e).is_dir()]
+
+
+def check_out(out: Path, overwrite: bool, protected: Iterable[Path]) -> list[Path]:
+    """Raise OutputError unless `out` may be (re)written; return what writing it would delete."""
+    if out.is_symlink():
+        raise OutputError(f"--out {out} is a symbolic link; name the folder it points to "
+                          f"({os.path.realpath(out)}) or another path")
+    real = out.resolve()
+    for p in protected:
+        p = Path(p).resolve()
+        if _inside(p, real):
+            raise OutputError(f"--out {out} contains {p}, which this export reads; "
+                              "choose an output folder outside the run")
+    if not out.exists():
+        return []
+    if not out.is_dir():
+        raise OutputError(f"--out {out} is a file, not a folder; choose another path")
+    entries = sorted(out.iterdir())
+    if not entries:
+        return []
+    if not overwrite:
+        raise OutputError(f"--out {out} exists and is not empty (pass --overwrite to replace a "
+                          "previous export there, or choose another folder)")
+    foreign = _foreign(out)
+    if foreign:
+        more = f" and {len(foreign) - 5} more" if len(foreign) > 5 else ""
+        raise OutputError(f"--out {out} holds files that are not from an export "
+                          f"({', '.join(foreign[:5])}{more}); --overwrite replaces only a previous "
+                          "export: move them away or choose another folder")
+    return entries
+
+
+@contextlib.contextmanager
+def staged(out: Path, replaces: list[Path]) -> Iterator[Path]:
+    """Yield `.{name}.partial` beside `out` to write into; on success it becomes `out` (after
+    removing `replaces`, the previous export), on any error it is removed, `out` untouched."""
+    tmp = out.with_name(f".{out.name}.partial")
+    try:
+        if tmp.is_symlink() or tmp.is_file():
+            tmp.unlink()
+        elif tmp.exists():  # a killed export's leftover (our own name)
+            shutil.rmtree(tmp)
+        tmp.mkdir(parents=True)
+    except OSError as e:
+        raise OutputError(f"cannot create {tmp}: {e.strerror or e}; choose a writable --out") from None
+    try:
+        yield tmp
+        files = sorted(p.name for p in tmp.iterdir())
+        (tmp / MARKER).write_text(json.dumps({"files": files}, indent=1) + "\n")
+        if replaces:
+            print(f"[lenext.convert] --overwrite: replacing the previous export {out} "
+                  f"({len(replaces)} files: {', '.join(p.name for p in replaces[:8])}"
+                  f"{' ...' if len(replaces) > 8 else ''})", file=sys.stderr)
+            shutil.rmtree(out)
+        elif out.exists():
+            out.rmdir()  # empty
+        os.replace(tmp, out)
+    except BaseException as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(e, OSError):
+            raise OutputError(f"writing {out} failed: {e.strerror or e} ({e.filename or tmp}); "
+                              "nothing was written; free space or choose a writable --out") from None
+        raise

@@ -1,0 +1,59 @@
+"""User errors, and the one wrapper every command runs under.
+
+A `UserError` (ConfigError, CheckpointError, PrepError, eval's EvalError... derive from it) says
+what is wrong, where (the file, line or flag) and what to do. `entry_point(main)` runs a command's
+main: a UserError (or a missing/unreadable file the user named) prints `error: <message>` on one
+line and exits 2, with no traceback; `--debug` on the command line or LENEXT_DEBUG=1 in the
+environment shows the traceback instead. Any other exception is a bug and keeps its traceback.
+Used by launch/pretrain.py, data_prep/shard.py, `python -m lenext_dist.convert`, `lenext ...`
+(eval, report, extend) and `python -m lenext_dist.study`.
+"""
+from __future__ import annotations
+
+import functools
+import os
+import sys
+from typing import Callable, Optional, Sequence
+
+EXIT_USER_ERROR = 2
+DEBUG_ENV = "LENEXT_DEBUG"
+
+
+class UserError(Exception):
+    """Bad input from the user: the message names the file/flag and what to do."""
+
+
+def _debug(argv: Sequence[str]) -> bool:
+    return "--debug" in argv or os.environ.get(DEBUG_ENV, "") not in ("", "0")
+
+
+def entry_point(main: Callable[[Optional[Sequence[str]]], int]) -> Callable[..., int]:
+    """Wrap `main(argv) -> exit code`: user errors -> one `error:` line and exit 2. `--debug` is
+    taken out of argv before `main` sees it."""
+
+    @functools.wraps(main)
+    def wrapped(argv: Optional[Sequence[str]] = None) -> int:
+        argv = list(sys.argv[1:] if argv is None else argv)
+        debug = _debug(argv)
+        argv = [a for a in argv if a != "--debug"]
+        if debug:
+            os.environ[DEBUG_ENV] = "1"  # child commands (study, extend) show theirs too
+        try:
+            return main(argv)
+        except (UserError, FileNotFoundError, NotADirectoryError, IsADirectoryError,
+                PermissionError) as e:
+            if debug:
+                raise
+            print(f"error: {message(e)}", file=sys.stderr, flush=True)
+            return EXIT_USER_ERROR
+
+    return wrapped
+
+
+def message(e: BaseException) -> str:
+    """The message; an OSError names its file (a study's JobError goes on with a log's tail)."""
+    if isinstance(e, OSError) and not isinstance(e, UserError) and e.filename:
+        text = f"{e.filename}: {e.strerror or e}"
+    else:
+        text = str(e) or type(e).__name__
+    return text.strip()

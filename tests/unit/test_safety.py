@@ -1,0 +1,208 @@
+"""Hostile and careless input, fast tier (issue 15): YAML alias bombs and bad includes, the one
+error wrapper of every command (exit 2, one line, --debug for the traceback), eval flags, a
+truncated result JSON and shards, a malicious pickle given as head scales, one-process runs
+without MPI."""
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import torch
+
+from lenext_dist.config import ConfigError, load_config
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _limited(code: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    """Run `code` in a child with 1.5 GB of address space: an expanding alias bomb dies there
+    (MemoryError / timeout) instead of filling the shared machine."""
+    prelude = "import resource; resource.setrlimit(resource.RLIMIT_AS, (3 << 29, 3 << 29))\n"
+    return subprocess.run([sys.executable, "-c", prelude + code], cwd=REPO, capture_output=True,
+                          text=True, timeout=timeout, env={**os.environ, "PYTHONPATH": REPO})
+
+
+# 10 levels of 9 references: 9**9 (387 million) leaves once expanded, in under 1 kB of YAML
+BOMB = "a: &a {k0: 1, k1: 1, k2: 1, k3: 1, k4: 1, k5: 1, k6: 1, k7: 1, k8: 1}\n" + "".join(
+    f"{chr(98 + i)}: &{chr(98 + i)} {{" + ", ".join(f"k{j}: *{chr(97 + i)}" for j in range(9)) + "}\n"
+    for i in range(8))
+
+
+def test_yaml_alias_bomb_is_refused_before_any_walk(tmp_path):
+    assert len(BOMB) < 1000
+    (tmp_path / "bomb.yaml").write_text(BOMB)
+    code = textwrap.dedent(f"""
+        import time
+        from lenext_dist.config import ConfigError, load_config
+        t = time.time()
+        try:
+            load_config({str(tmp_path / 'bomb.yaml')!r})
+        except ConfigError as e:
+            print("REFUSED", round(time.time() - t, 2), e)
+    """)
+    try:
+        p = _limited(code, timeout=30)
+    except subprocess.TimeoutExpired:
+        pytest.fail("the alias bomb was expanded (still running after 30 s)")
+    assert "REFUSED" in p.stdout, p.stderr[-2000:]
+    assert "alias" in p.stdout and "bomb.yaml" in p.stdout
+    assert float(p.stdout.split()[1]) < 5
+
+
+def test_alias_bomb_in_an_override_and_a_huge_file_are_refused(tmp_path):
+    flow = "{" + BOMB.replace("\n", ", ").rstrip(", ") + "}"
+    with pytest.raises(ConfigError, match="override train: .*alias"):
+        load_config(None, [f"train={flow}"])
+    big = tmp_path / "big.yaml"
+    big.write_text("# " + "x" * (2 << 20) + "\n")
+    with pytest.raises(ConfigError, match="big.yaml: .*bytes, over"):
+        load_config(big)
+    # a few ordinary anchors still work
+    ok = tmp_path / "ok.yaml"
+    ok.write_text("optim: &o {lr: 0.01}\n")
+    assert load_config(ok).optim.lr == 0.01
+
+
+@pytest.mark.parametrize("value", ["5", "[3]", "{a: b}"])
+def test_include_of_a_non_file_name_is_a_config_error(tmp_path, value):
+    p = tmp_path / "inc.yaml"
+    p.write_text(f"include: {value}\n")
+    with pytest.raises(ConfigError, match="inc.yaml: include: expected a file name"):
+        load_config(p)
+
+
+def _cmd(*args, env=None):
+    e = {**os.environ, "PYTHONPATH": REPO, "OMP_NUM_THREADS": "1", **(env or {})}
+    e.pop("LENEXT_DEBUG", None) if not env or "LENEXT_DEBUG" not in env else None
+    return subprocess.run([sys.executable, *args], cwd=REPO, capture_output=True, text=True,
+                          timeout=120, env=e)
+
+
+def test_user_errors_are_one_line_exit_2_and_debug_shows_the_traceback(tmp_path):
+    missing = str(tmp_path / "nope.yaml")
+    p = _cmd("launch/pretrain.py", "--config", missing, "--dry-run")
+    assert p.returncode == 2 and "Traceback" not in p.stderr
+    assert p.stderr.strip() == f"error: {missing}: config file not found"
+    p = _cmd("launch/pretrain.py", "--config", missing, "--dry-run", "--debug")
+    assert p.returncode != 0 and "Traceback" in p.stderr and "ConfigError" in p.stderr
+    p = _cmd("launch/pretrain.py", "--config", missing, "--dry-run", env={"LENEXT_DEBUG": "1"})
+    assert "Traceback" in p.stderr
+    # convert and lenext: a missing checkpoint / model folder
+    p = _cmd("-m", "lenext_dist.convert", "--checkpoint", str(tmp_path), "--out", str(tmp_path / "o"))
+    assert p.returncode == 2 and "Traceback" not in p.stderr and str(tmp_path) in p.stderr
+    p = _cmd("-m", "lenext_dist", "eval", "ppl", "--model", str(tmp_path), "--data", missing,
+             "--lengths", "64")
+    assert p.returncode == 2 and "Traceback" not in p.stderr and "no config.json" in p.stderr
+
+
+# every numeric eval flag of finding 6 (and their kin): exit 2 naming the flag, before any work
+BAD_FLAGS = [
+    ("passkey", ["--depths", "0"], "--depths"), ("passkey", ["--depths", "0.5,1.5"], "--depths"),
+    ("passkey", ["--keys", "0"], "--keys"), ("passkey", ["--batch-size", "-1"], "--batch-size"),
+    ("passkey", ["--batch-size", "0"], "--batch-size"),
+    ("passkey", ["--max-new-tokens", "0"], "--max-new-tokens"),
+    ("ppl", ["--budget-tokens", "0"], "--budget-tokens"), ("ppl", ["--max-docs", "0"], "--max-docs"),
+    ("ppl", ["--stride", "0"], "--stride"), ("entropy", ["--samples", "0"], "--samples"),
+    ("scale-sweep", ["--c-step", "0"], "--c-step"), ("scale-sweep", ["--c-step", "-0.1"], "--c-step"),
+    ("scale-sweep", ["--samples", "0"], "--samples"), ("ppl", ["--scale-c", "nan"], "--scale-c"),
+    ("passkey", ["--lengths", "0"], "--lengths"), ("ppl", ["--lengths", "64,0"], "--lengths"),
+]
+
+
+@pytest.mark.parametrize("cmd,flag,name", BAD_FLAGS, ids=[f"{c}{' '.join(f)}" for c, f, _ in BAD_FLAGS])
+def test_bad_eval_flags_exit_2_naming_the_flag(tmp_path, capsys, cmd, flag, name):
+    from lenext_dist.cli import main
+
+    need = {"ppl": ["--data", "x", "--lengths", "64"], "passkey": ["--lengths", "256"],
+            "entropy": ["--data", "x", "--length", "64"], "scale-sweep": ["--data", "x", "--length", "64"]}
+    base = [a for a in need[cmd] if a not in flag] if "--lengths" in flag else need[cmd]
+    with pytest.raises(SystemExit) as e:
+        main(["eval", cmd, "--model", str(tmp_path), *base, *flag])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert f"argument {name}" in err and "Traceback" not in err
+
+
+def test_c_min_above_c_max_names_both_flags(tmp_path, capsys):
+    from lenext_dist.cli import main
+
+    assert main(["eval", "scale-sweep", "--model", str(tmp_path), "--data", "x", "--length", "64",
+                 "--c-min", "3", "--c-max", "2"]) == 2
+    assert capsys.readouterr().err.strip() == "error: --c-min 3 > --c-max 2: swap them"
+
+
+def test_report_refuses_a_truncated_result_json(tmp_path, capsys):
+    from lenext_dist.cli import main
+
+    run = tmp_path / "run"
+    run.mkdir()
+    full = json.dumps({"kind": "passkey", "lengths": [256], "accuracy_by_length": [1.0]})
+    (run / "passkey.json").write_text(full[: len(full) // 2])
+    assert main(["report", "--runs", str(run), "--out", str(tmp_path / "r.md")]) == 2
+    err = capsys.readouterr().err
+    assert "passkey.json: not valid JSON" in err and "truncated" in err
+    assert not (tmp_path / "r.md").exists()
+
+
+class Evil:
+    """Unpickling this runs `touch <marker>`."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_a_malicious_head_scales_pt_is_refused_and_runs_nothing(tmp_path):
+    from lenext_dist.convert.export import head_scales_from
+    from lenext_dist.train.checkpoint import CheckpointError
+
+    marker = tmp_path / "PWNED"
+    f = tmp_path / "scales.pt"
+    torch.save({"head_scales": torch.ones(2, 4), "x": Evil(marker)}, f)
+    with pytest.raises(CheckpointError, match=r"scales.pt: refused to load: .*posix.system"):
+        head_scales_from(f, 2, 4)
+    assert not marker.exists()
+    f.write_bytes(f.read_bytes()[:100])  # truncated: named, no traceback from torch
+    with pytest.raises(CheckpointError, match="scales.pt: cannot be read .* truncated"):
+        head_scales_from(f, 2, 4)
+
+
+def test_one_process_env_only_without_a_launcher_or_mpi():
+    from lenext_dist.train.loop import one_process_env
+
+    env = {}
+    assert one_process_env(env)
+    assert env["RANK"] == "0" and env["WORLD_SIZE"] == "1" and int(env["MASTER_PORT"]) > 0
+    for launched in ({"RANK": "1"}, {"OMPI_COMM_WORLD_SIZE": "2"}, {"PMI_SIZE": "2"},
+                     {"SLURM_STEP_NUM_TASKS": "2"}):
+        env = dict(launched)
+        assert not one_process_env(env) and env == launched
+
+
+def test_a_truncated_shard_is_named_before_megatron_reads_it(tmp_path):
+    from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
+
+    from lenext_dist.config import BlendItem
+    from lenext_dist.data.gpt_data import _check_prefixes
+
+    prefix = str(tmp_path / "s_train")
+    b = IndexedDatasetBuilder(prefix + ".bin", dtype=np.uint16)
+    for n in (50, 70, 30):
+        b.add_item(torch.arange(n, dtype=torch.int64))
+        b.end_document()
+    b.finalize(prefix + ".idx")
+    items = [BlendItem(prefix=prefix)]
+    _check_prefixes(items, "data.blend")  # whole: fine
+    whole = {ext: open(prefix + ext, "rb").read() for ext in (".bin", ".idx")}
+    for ext in (".bin", ".idx"):
+        with open(prefix + ext, "wb") as f:
+            f.write(whole[ext][: len(whole[ext]) - 9])
+        with pytest.raises(ConfigError, match=rf"data.blend: {prefix}{ext}: .*truncated"):
+            _check_prefixes(items, "data.blend")
+        with open(prefix + ext, "wb") as f:
+            f.write(whole[ext])
