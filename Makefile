@@ -71,6 +71,7 @@ study-quick: setup
 	$(BIN)/python -m lenext_dist.study --quick
 
 bench: setup
+	$(BIN)/pip install -q --no-deps mistral-common  # the 32K Mistral v1 model of bench_data_prep
 	$(BIN)/python benchmarks/run_all.py
 
 clean:

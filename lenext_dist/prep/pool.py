@@ -43,6 +43,16 @@ def _worker(tasks, fn, todo, results) -> None:
     results.join_thread()
 
 
+def _unit_from_temps(tasks, tmp_dir: str, pid: int):
+    # worker.py names a unit's partials <key>.<split>.tmp-<pid>.bin
+    keys = {os.path.basename(f).split(".tmp-")[0].rsplit(".", 1)[0]
+            for f in glob.glob(os.path.join(tmp_dir, f"*.tmp-{pid}.bin"))}
+    for i, (_, args) in enumerate(tasks):
+        if args[0].get("key") in keys:
+            return i
+    return None
+
+
 def _death(code: int) -> str:
     if code < 0:
         try:
@@ -103,6 +113,8 @@ def run_pool(tasks: Sequence[tuple], fn: Callable, workers: int, on_progress: Ca
                     break
                 p = (dead or procs)[0]
                 unit = holding.get(p.pid)
+                if unit is None:  # killed before its "start" left: its temp files tell
+                    unit = _unit_from_temps(tasks, tmp_dir, p.pid)
                 where = tasks[unit][0] if unit is not None else "between units"
                 raise PrepError(
                     f"worker process {p.pid} {_death(p.exitcode or 0)} while tokenizing {where}; "
