@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import sentencepiece as spm
 
-from prep_helpers import REPO, SAMPLE, SLIMPAJAMA, TOKENIZER, file_bytes, load_docs, shard
+from prep_helpers import REPO, SLIMPAJAMA, TOKENIZER, file_bytes, load_docs, shard
 from lenext_dist.prep import tokenizer as tokmod
 from lenext_dist.prep.errors import PrepError
 from lenext_dist.prep.lock import RunLock
