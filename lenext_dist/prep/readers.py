@@ -194,8 +194,11 @@ class JsonlReader:
             )
             pos = self.start
             if pos > 0:  # the line we land in belongs to the previous unit
-                raw.seek(pos - 1)
-                pos += len(raw.readline()) - 1
+                pos = self._next_line_start(raw)
+                if pos is None:  # no line starts in this range (one long line spans it)
+                    self.bytes_done = self.end - self.start
+                    return
+                raw.seek(pos)
             lineno = 0
             try:
                 for lineno, line in enumerate(stream, 1):
@@ -212,6 +215,21 @@ class JsonlReader:
                     f"{e.detail} after {lineno} complete lines; the rest of the file is lost",
                 )
             self.bytes_done = (self.end or raw.tell()) - self.start
+
+    def _next_line_start(self, raw) -> Optional[int]:
+        """The first line start in [start, end), found by chunks (a huge line is never read
+        whole), or None."""
+        p = self.start - 1
+        raw.seek(p)
+        while p < self.end - 1:
+            b = raw.read(min(_READ_CHUNK, self.end - 1 - p))
+            if not b:
+                return None
+            i = b.find(b"\n")
+            if i >= 0:
+                return p + i + 1
+            p += len(b)
+        return None
 
     def _where(self, lineno: int) -> str:
         if self.start and self._first_line is None:
