@@ -227,24 +227,31 @@ def main() -> None:
     p.add_argument("--workers", type=int, nargs="+", default=[1, 2])
     p.add_argument("--rounds", type=int, default=2, help="rounds (best time of each side kept)")
     p.add_argument("--tokenizer", default=None, help="32K model (default: mistral-common's v1)")
+    p.add_argument("--corpora", nargs="+", default=["real-1x12MB", "real-4x12MB", "sample"],
+                   choices=["real-1x12MB", "real-4x12MB", "sample"])
     p.add_argument("--out", default=os.path.join(REPO, "results", "bench_data_prep.json"))
     args = p.parse_args()
 
     model = args.tokenizer or mistral_model()
     results = []
     with tempfile.TemporaryDirectory(prefix="bench-prep-") as work:
-        if model is None:
+        real = [c for c in args.corpora if c.startswith("real")]
+        if real and model is None:
             print("note: no 32K model (pip install --no-deps mistral-common, or --tokenizer): "
                   "real corpora skipped", file=sys.stderr)
-        else:
-            files = make_real(os.path.join(work, "real"), 4)
-            results.append(bench("real-1x12MB", files[:1], "jsonl", model, args.workers,
-                                 args.rounds, work, check=True))
-            results.append(bench("real-4x12MB", files, "jsonl", model, args.workers,
+        elif real:
+            files = make_real(os.path.join(work, "real"), 4 if "real-4x12MB" in real else 1)
+            if "real-1x12MB" in real:
+                results.append(bench("real-1x12MB", files[:1], "jsonl", model, args.workers,
+                                     args.rounds, work, check=True))
+            if "real-4x12MB" in real:
+                results.append(bench("real-4x12MB", files, "jsonl", model, args.workers,
+                                     args.rounds, work, check=False))
+        if "sample" in args.corpora:
+            sample = sorted(glob.glob(os.path.join(SAMPLE, "slimpajama", "chunk*", "*.jsonl.zst")))
+            results.append(bench("sample", sample, "slimpajama",
+                                 os.path.join(SAMPLE, "tokenizer.model"), args.workers,
                                  args.rounds, work, check=False))
-        sample = sorted(glob.glob(os.path.join(SAMPLE, "slimpajama", "chunk*", "*.jsonl.zst")))
-        results.append(bench("sample", sample, "slimpajama", os.path.join(SAMPLE, "tokenizer.model"),
-                             args.workers, args.rounds, work, check=False))
     result = {"benchmark": "data_prep", "machine": machine(), "rounds": args.rounds,
               "target_ratio": 0.9, "corpora": results}
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
