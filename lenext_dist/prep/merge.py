@@ -19,6 +19,7 @@ from .lock import RunLock
 from .manifest import (
     build_manifest,
     check_inputs_unchanged,
+    check_name,
     load_done,
     load_plan,
     manifest_path,
@@ -55,6 +56,7 @@ def merge(
 ) -> dict:
     """Merge all partials of run `name` in `out_dir`; return the manifest. `locked`: the
     caller (a single-task shard run) already holds the run's lock."""
+    check_name(name)
     plan = load_plan(out_dir, name)
     try:
         if locked:

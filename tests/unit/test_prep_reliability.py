@@ -185,6 +185,8 @@ def test_a_second_run_on_the_same_out_is_refused_while_the_first_holds_it(tmp_pa
 def test_names_that_leave_out_are_refused(tmp_path, name):
     with pytest.raises(PrepError, match="outputs must stay inside --out"):
         shard(SLIMPAJAMA[:1], tmp_path / "o", name)
+    with pytest.raises(PrepError, match="outputs must stay inside --out"):
+        merge(str(tmp_path / "o"), name, "merge")
     assert not os.path.exists(tmp_path / "o")
 
 
