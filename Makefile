@@ -77,6 +77,7 @@ study-quick: setup
 	$(BIN)/python -m lenext_dist.study --quick
 
 bench: setup
+	$(BIN)/pip install -q --no-deps mistral-common  # the 32K Mistral v1 model of bench_data_prep
 	$(BIN)/python benchmarks/run_all.py
 
 # What CPU tests cannot see, on this machine's GPUs (variants x HeadScale in bf16, ZeRO-2 on all

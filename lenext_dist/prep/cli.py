@@ -53,9 +53,9 @@ def shard_parser(prog: str = "shard.py") -> argparse.ArgumentParser:
         description=(
             "Tokenize SlimPajama / Starcoderdata / jsonl / txt files into megatron-core indexed "
             "shards (<out>/<name>_train.bin/.idx, <name>_valid.* with --valid-fraction) and "
-            "<out>/<name>.manifest.json.\nEach input file is one unit of work: output is "
-            "byte-identical for any --workers/--num-tasks, and a rerun after a kill skips "
-            "finished files.\nSubcommand: `merge --out DIR --name N` (after a Slurm array)."
+            "<out>/<name>.manifest.json.\nUnits of work are files, 1-64 MB byte ranges of "
+            ".jsonl files and parquet row groups: output is byte-identical for any "
+            "--workers/--num-tasks, and a rerun after a kill skips finished units.\nSubcommand: `merge --out DIR --name N` (after a Slurm array)."
         ),
         epilog="Bad input stops the run with file and line unless --skip-bad; reasons:\n"
         + reasons
@@ -155,7 +155,7 @@ def shard_main(argv: Optional[Sequence[str]] = None, prog: str = "data_prep/shar
             print(_summary_line(args.name, summary["manifest"]), file=sys.stderr)
         else:
             print(f"[shard {args.name}] task {args.task_index + 1}/{args.num_tasks} finished "
-                  f"{summary['inputs_done_now']} files ({summary['tokens_now']:,} tokens). "
+                  f"{summary['inputs_done_now']} units of work ({summary['tokens_now']:,} tokens). "
                   f"When all tasks are done: {prog} merge --out {shlex.quote(args.out)} "
                   f"--name {shlex.quote(args.name)}", file=sys.stderr)
 

@@ -14,11 +14,12 @@ from lenext_dist.errors import UserError
 # Reasons a document (or a whole file) is bad. Keys appear verbatim in the manifest.
 BAD_REASONS = {
     "bad_json": "a line is not valid JSON (or not a JSON object)",
+    "too_deep": "a line's JSON is nested deeper than the parser can follow",
     "missing_text": "the text field is missing or null",
     "text_not_string": "the text field is not a string",
     "invalid_utf8": "the bytes are not valid UTF-8 (or the text holds lone surrogates)",
     "truncated_stream": "the .zst stream ends in the middle of a frame (file cut short?)",
-    "corrupt_stream": "the .zst stream cannot be decompressed",
+    "corrupt_stream": "the .zst stream or a parquet page cannot be decompressed/decoded",
     "missing_column": "the parquet file has no such column",
     "column_not_string": "the parquet column is not a string/binary column",
     "missing_set_name": "meta.redpajama_set_name is missing but a set filter was given",

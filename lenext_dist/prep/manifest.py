@@ -1,9 +1,10 @@
 """On-disk bookkeeping of a sharding run: the plan, done-records, and the final manifest.
 
 Layout under `--out`:
-  <name>.parts/plan.json              inputs (sorted) + settings, shared by all tasks
-  <name>.parts/<key>.<split>.bin/.idx  one partial shard per input file and split
-  <name>.parts/<key>.done.json         written last, atomically: the input is finished
+  <name>.parts/plan.json              inputs (sorted, with size + mtime), units, settings
+  <name>.parts/lock                   flock'ed by every run (see lock.py)
+  <name>.parts/<key>.<split>.bin/.idx  one partial shard per unit of work and split
+  <name>.parts/<key>.done.json         written last, atomically: the unit is finished
   <name>_<split>.bin/.idx              merged output, one prefix per split
   <name>.manifest.json                 inputs, counts, tokenizer, commands, checksums
 
@@ -22,14 +23,29 @@ from typing import Iterable, Optional
 
 from .errors import PrepError
 
-PLAN_VERSION = 1
+PLAN_VERSION = 2  # 2: units finer than a file, input size + mtime recorded
+_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*")
+
+
+def check_name(name: str) -> None:
+    """--name becomes file names directly under --out: it must not leave that directory."""
+    if not _NAME_RE.fullmatch(name) or ".." in name:
+        raise PrepError(
+            f"--name {name!r} is not a plain file-name prefix (letters, digits, '.', '_', '+', "
+            "'-'; no '/' or '..'): outputs must stay inside --out. Pick e.g. --name slimpajama"
+        )
 
 
 def write_json_atomic(path: str, obj) -> None:
     tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(obj, f, indent=2, sort_keys=True)
-        f.write("\n")
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(obj, f, indent=2, sort_keys=True)
+            f.write("\n")
+    except BaseException:  # disk full: leave nothing behind
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
     # No fsync: the promise is safety against a killed process (the page cache survives
     # kill -9), and fsync per input file cost ~5% of throughput.
     os.replace(tmp, path)
@@ -76,12 +92,14 @@ def settings_fingerprint(settings: dict) -> str:
 
 
 def make_plan(name: str, inputs: list[str], settings: dict, tokenizer: dict) -> dict:
+    from .units import plan_units, stat_of
+
+    files = [{"path": p, "key": input_key(p), **stat_of(p)} for p in inputs]
     return {
         "version": PLAN_VERSION,
         "name": name,
-        "inputs": [
-            {"path": p, "key": input_key(p), "size": os.path.getsize(p)} for p in inputs
-        ],
+        "inputs": files,
+        "units": plan_units(files, settings["format"]),
         "settings": settings,
         "tokenizer": tokenizer,
         "fingerprint": settings_fingerprint(
@@ -93,10 +111,15 @@ def make_plan(name: str, inputs: list[str], settings: dict, tokenizer: dict) -> 
 def write_or_check_plan(out_dir: str, name: str, plan: dict) -> None:
     """Every task of a run computes the same plan; a different one means the user changed
     inputs or settings under an existing --out, which would silently mix two runs."""
-    os.makedirs(parts_dir(out_dir, name), exist_ok=True)
     path = plan_path(out_dir, name)
     if os.path.exists(path):
         old = read_json(path)
+        if old.get("version") != PLAN_VERSION:
+            raise PrepError(
+                f"{path!r} was written by another version of shard.py (plan version "
+                f"{old.get('version')}, this one reads {PLAN_VERSION}). Delete "
+                f"{parts_dir(out_dir, name)!r} to start over, or use another --out."
+            )
         if old.get("fingerprint") != plan["fingerprint"]:
             diff = [k for k in ("settings", "tokenizer") if old.get(k) != plan.get(k)]
             old_in = [i["path"] for i in old.get("inputs", [])]
@@ -108,8 +131,32 @@ def write_or_check_plan(out_dir: str, name: str, plan: dict) -> None:
                 f"{', '.join(diff) or 'settings'}. Use another --out or --name, or delete "
                 f"{parts_dir(out_dir, name)!r} (and the {name}_* outputs) to start over."
             )
+        check_inputs_unchanged(old, out_dir)
         return
     write_json_atomic(path, plan)
+
+
+def check_inputs_unchanged(plan: dict, out_dir: str, missing_ok: bool = False) -> None:
+    """Refuse to continue (or merge) a run whose inputs changed after it began: finished
+    units hold tokens of the old bytes, so the output would mix two versions of the data."""
+    for f in plan["inputs"]:
+        try:
+            st = os.stat(f["path"])
+        except FileNotFoundError:
+            if missing_ok:
+                continue
+            now = "it is gone"
+        else:
+            if (st.st_size, st.st_mtime_ns) == (f["size"], f["mtime_ns"]):
+                continue
+            now = f"size {f['size']} -> {st.st_size}, mtime changed" if st.st_size != f["size"] \
+                else "same size, but modified since (mtime changed)"
+        raise PrepError(
+            f"input {f['path']!r} changed after the run in {out_dir!r} began ({now}): its "
+            "finished parts would be stale. Restore the file, or start over: delete "
+            f"{parts_dir(out_dir, plan['name'])!r} (and the {plan['name']}_* outputs) or use "
+            "another --out."
+        )
 
 
 def load_plan(out_dir: str, name: str) -> dict:
@@ -122,9 +169,9 @@ def load_plan(out_dir: str, name: str) -> dict:
     return read_json(path)
 
 
-def load_done(out_dir: str, name: str, entry: dict, fingerprint: str) -> Optional[dict]:
-    """The done-record of an input if it is finished under this plan, else None."""
-    path = done_path(out_dir, name, entry["key"])
+def load_done(out_dir: str, name: str, unit: dict, fingerprint: str) -> Optional[dict]:
+    """The done-record of a unit if it is finished under this plan, else None."""
+    path = done_path(out_dir, name, unit["key"])
     if not os.path.exists(path):
         return None
     rec = read_json(path)
@@ -142,7 +189,7 @@ def sum_counts(records: Iterable[dict], field: str) -> dict:
 
 def build_manifest(plan: dict, records: list[dict], outputs: dict, commands: list[str]) -> dict:
     """The manifest promised to users: every document read is accounted for as written
-    (per split) or skipped (per reason)."""
+    (per split) or skipped (per reason). `records` are the units' done-records in plan order."""
     docs_read = sum(r["docs_read"] for r in records)
     written = sum_counts(records, "docs_written")
     skipped = sum_counts(records, "skipped")
@@ -151,18 +198,7 @@ def build_manifest(plan: dict, records: list[dict], outputs: dict, commands: lis
         "commands": commands,
         "settings": plan["settings"],
         "tokenizer": plan["tokenizer"],
-        "inputs": [
-            {
-                "path": r["input"]["path"],
-                "size": r["input"]["size"],
-                "sha256": r["input"]["sha256"],
-                "docs_read": r["docs_read"],
-                "docs_written": r["docs_written"],
-                "skipped": r["skipped"],
-                "problems": r.get("problems", []),
-            }
-            for r in records
-        ],
+        "inputs": _per_input(plan, records),
         "documents": {
             "read": docs_read,
             "written": written,
@@ -172,3 +208,24 @@ def build_manifest(plan: dict, records: list[dict], outputs: dict, commands: lis
         "tokens": sum_counts(records, "tokens"),
         "outputs": outputs,
     }
+
+
+def _per_input(plan: dict, records: list[dict]) -> list[dict]:
+    """Unit records summed per input file (a file's first unit carries its sha256)."""
+    by_input: dict = {}
+    for unit, r in zip(plan["units"], records):
+        by_input.setdefault(unit["input"], []).append(r)
+    out = []
+    for i, f in enumerate(plan["inputs"]):
+        recs = by_input.get(i, [])
+        out.append({
+            "path": f["path"],
+            "size": f["size"],
+            "sha256": next((r["input"]["sha256"] for r in recs if "sha256" in r["input"]), None),
+            "units": len(recs),
+            "docs_read": sum(r["docs_read"] for r in recs),
+            "docs_written": sum_counts(recs, "docs_written"),
+            "skipped": sum_counts(recs, "skipped"),
+            "problems": [p for r in recs for p in r.get("problems", [])][:20],
+        })
+    return out

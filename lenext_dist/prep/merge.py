@@ -1,7 +1,8 @@
 """Merge per-input partial shards into one megatron prefix per split, and write the manifest.
 
-Partials are concatenated with megatron's own `IndexedDatasetBuilder.add_index` in the
-plan's sorted input order, which is what makes the output independent of the number of
+Partials are concatenated with megatron's own `IndexedDatasetBuilder.add_index` (loaded
+without the megatron.core package: mcore_io.py) in the plan's order of units (sorted input
+files, each file's units in file order), which is what makes the output independent of the number of
 workers and Slurm tasks. Outputs are written under temporary names and renamed, so a
 killed merge leaves no half-written `<name>_<split>.bin`.
 """
@@ -14,8 +15,11 @@ import os
 import shutil
 import sys
 from .errors import PrepError
+from .lock import RunLock
 from .manifest import (
     build_manifest,
+    check_inputs_unchanged,
+    check_name,
     load_done,
     load_plan,
     manifest_path,
@@ -24,17 +28,20 @@ from .manifest import (
     partial_prefix,
     write_json_atomic,
 )
+from .mcore_io import indexed_dataset
 from .tokenizer import sha256_file, token_dtype
 from .worker import splits_for
 
 
 def finished_records(out_dir: str, name: str, plan: dict) -> tuple[list[dict], list[str]]:
-    """Done-records in plan order, and the inputs that are not finished yet."""
+    """Done-records of the units in plan order, and the unfinished units' labels."""
+    from .worker import unit_label
+
     records, missing = [], []
-    for entry in plan["inputs"]:
-        rec = load_done(out_dir, name, entry, plan["fingerprint"])
+    for unit in plan["units"]:
+        rec = load_done(out_dir, name, unit, plan["fingerprint"])
         if rec is None:
-            missing.append(entry["path"])
+            missing.append(unit_label(unit, plan["inputs"][unit["input"]]["path"]))
         else:
             records.append(rec)
     return records, missing
@@ -45,17 +52,33 @@ def merge(
     name: str,
     command: str,
     remove_parts: bool = False,
+    locked: bool = False,
 ) -> dict:
-    """Merge all partials of run `name` in `out_dir`; return the manifest."""
+    """Merge all partials of run `name` in `out_dir`; return the manifest. `locked`: the
+    caller (a single-task shard run) already holds the run's lock."""
+    check_name(name)
     plan = load_plan(out_dir, name)
-    from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder  # slow import: after checks
+    try:
+        if locked:
+            return _merge(out_dir, name, command, remove_parts, plan)
+        with RunLock(parts_dir(out_dir, name), "merge"):
+            return _merge(out_dir, name, command, remove_parts, plan)
+    except OSError as e:  # disk full while merging: the temporaries are gone already
+        raise PrepError(f"merge of {name!r} in {out_dir!r} failed: {e.strerror or e} "
+                        f"({e.filename or out_dir}). Free disk space, then rerun merge "
+                        "(or the same shard command).") from None
 
+
+def _merge(out_dir: str, name: str, command: str, remove_parts: bool, plan: dict) -> dict:
+    IndexedDatasetBuilder = indexed_dataset().IndexedDatasetBuilder
+    # Inputs gone by now are fine (merged on another machine); changed ones are not.
+    check_inputs_unchanged(plan, out_dir, missing_ok=True)
     records, missing = finished_records(out_dir, name, plan)
     if missing:
         raise PrepError(
-            f"cannot merge {name!r}: {len(missing)} of {len(plan['inputs'])} input files are not "
+            f"cannot merge {name!r}: {len(missing)} of {len(plan['units'])} units of work are not "
             f"finished (first: {missing[0]!r}). Rerun the shard step (same command; finished "
-            "files are not redone) for every --task-index, then merge again."
+            "units are not redone) for every --task-index, then merge again."
         )
     dtype = token_dtype(plan["tokenizer"]["vocab_size"])
     for stale in glob.glob(os.path.join(out_dir, glob.escape(name) + "_*.tmp-*")):
@@ -70,11 +93,14 @@ def merge(
         # existing objects first makes each collection only look at new ones.
         gc.freeze()
         try:
-            for entry in plan["inputs"]:
-                builder.add_index(partial_prefix(out_dir, name, entry["key"], split))
+            for unit in plan["units"]:
+                builder.add_index(partial_prefix(out_dir, name, unit["key"], split))
             builder.finalize(tmp + ".idx")
         except BaseException:
-            builder.data_file.close()
+            try:
+                builder.data_file.close()
+            except OSError:  # the final flush fails again on a full disk
+                pass
             for ext in (".bin", ".idx"):
                 if os.path.exists(tmp + ext):
                     os.remove(tmp + ext)

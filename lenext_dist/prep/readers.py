@@ -54,7 +54,9 @@ def discover_inputs(
     """Expand globs/directories/files into a sorted, de-duplicated list of absolute paths.
 
     Sorted order is the order of documents in the merged output, so it must not depend on
-    the file system's listing order or on how the list is split across workers.
+    the file system's listing order or on how the list is split across workers. Symlinked
+    files and directories are followed (each directory once, so a link cycle ends), and a
+    file reached by several paths is read once, under its first path in sorted order.
     """
     if fmt not in FORMATS:
         raise PrepError(f"unknown --format {fmt!r}; choose one of {', '.join(FORMATS)}")
@@ -62,12 +64,7 @@ def discover_inputs(
     found: set[str] = set()
     for pat in patterns:
         if os.path.isdir(pat):
-            matches = [
-                os.path.join(root, f)
-                for root, _, files in os.walk(pat)
-                for f in files
-                if f.endswith(exts)
-            ]
+            matches = _walk(pat, exts)
         else:
             matches = [m for m in glob.glob(pat, recursive=True) if os.path.isfile(m)]
         if not matches:
@@ -76,7 +73,10 @@ def discover_inputs(
                 "(quote globs so the shell does not expand them) and --format."
             )
         found.update(os.path.abspath(m) for m in matches)
-    paths = sorted(found)
+    real: dict = {}
+    for p in sorted(found):
+        real.setdefault(os.path.realpath(p), p)
+    paths = sorted(real.values())
     bad_ext = [p for p in paths if not p.endswith(exts)]
     if bad_ext:
         raise PrepError(
@@ -91,6 +91,20 @@ def discover_inputs(
         if not paths:
             raise PrepError(f"no input file is under a language directory in {sorted(wanted)}")
     return paths
+
+
+def _walk(top: str, exts: tuple) -> list[str]:
+    seen: set = set()
+    out = []
+    for root, dirs, files in os.walk(top, followlinks=True):
+        if os.path.realpath(root) in seen:
+            dirs[:] = []  # reached again through a link: already listed (or a cycle)
+            continue
+        seen.add(os.path.realpath(root))
+        dirs.sort()
+        out.extend(os.path.join(root, f) for f in files
+                   if f.endswith(exts) and os.path.isfile(os.path.join(root, f)))
+    return out
 
 
 def starcoder_language(path: str) -> str:
@@ -156,13 +170,20 @@ class _StreamError(Exception):
 
 # ----------------------------------------------------------------------------- readers
 class JsonlReader:
-    """`.jsonl` / `.jsonl.zst`: one JSON object per line, text under `text_key`."""
+    """`.jsonl` / `.jsonl.zst`: one JSON object per line, text under `text_key`.
 
-    def __init__(self, path: str, text_key: str = "text", want_set_name: bool = False):
+    `start`/`end` (plain .jsonl only) select the lines that start in that byte range (see
+    units.py); line numbers in messages are still counted from the top of the file.
+    """
+
+    def __init__(self, path: str, text_key: str = "text", want_set_name: bool = False,
+                 start: int = 0, end: Optional[int] = None):
         self.path = path
         self.text_key = text_key
         self.want_set_name = want_set_name
+        self.start, self.end = start, end
         self.bytes_done = 0
+        self._first_line = None  # line number of the unit's first line, counted on demand
 
     def __iter__(self) -> Iterator[Record]:
         with open(self.path, "rb") as raw:
@@ -171,10 +192,21 @@ class JsonlReader:
                 if self.path.endswith(".zst")
                 else raw
             )
+            pos = self.start
+            if pos > 0:  # the line we land in belongs to the previous unit
+                pos = self._next_line_start(raw)
+                if pos is None:  # no line starts in this range (one long line spans it)
+                    self.bytes_done = self.end - self.start
+                    return
+                raw.seek(pos)
             lineno = 0
             try:
                 for lineno, line in enumerate(stream, 1):
-                    self.bytes_done = raw.tell()
+                    if self.end is not None:
+                        if pos >= self.end:
+                            break
+                        pos += len(line)
+                    self.bytes_done = raw.tell() - self.start
                     yield self._parse(line, lineno)
             except _StreamError as e:
                 yield Bad(
@@ -182,32 +214,61 @@ class JsonlReader:
                     self.path,
                     f"{e.detail} after {lineno} complete lines; the rest of the file is lost",
                 )
-            self.bytes_done = raw.tell()
+            self.bytes_done = (self.end or raw.tell()) - self.start
+
+    def _next_line_start(self, raw) -> Optional[int]:
+        """The first line start in [start, end), found by chunks (a huge line is never read
+        whole), or None."""
+        p = self.start - 1
+        raw.seek(p)
+        while p < self.end - 1:
+            b = raw.read(min(_READ_CHUNK, self.end - 1 - p))
+            if not b:
+                return None
+            i = b.find(b"\n")
+            if i >= 0:
+                return p + i + 1
+            p += len(b)
+        return None
+
+    def _where(self, lineno: int) -> str:
+        if self.start and self._first_line is None:
+            # Only on a bad line: count the newlines before this unit (memchr speed).
+            n, left = 0, self.start
+            with open(self.path, "rb") as f:
+                while left > 0:
+                    b = f.read(min(left, 1 << 24))
+                    n, left = n + b.count(b"\n"), left - len(b)
+                if self.start and f.seek(self.start - 1) >= 0 and f.read(1) != b"\n":
+                    n += 1  # the unit starts after the line it landed in
+            self._first_line = n
+        return f"{self.path}:line {(self._first_line or 0) + lineno}"
 
     def _parse(self, line: bytes, lineno: int) -> Record:
-        where = f"{self.path}:line {lineno}"
         try:
             s = line.decode("utf-8")
         except UnicodeDecodeError as e:
-            return Bad("invalid_utf8", where, str(e))
+            return Bad("invalid_utf8", self._where(lineno), str(e))
         try:
             obj = json.loads(s)
         except ValueError as e:
-            return Bad("bad_json", where, f"{e}: {s[:80]!r}")
+            return Bad("bad_json", self._where(lineno), f"{e}: {s[:80]!r}")
+        except RecursionError:  # valid JSON nested deeper than Python's parser follows
+            return Bad("too_deep", self._where(lineno), f"nested too deeply: {s[:40]!r}...")
         if not isinstance(obj, dict):
-            return Bad("bad_json", where, f"expected a JSON object, got {type(obj).__name__}")
+            return Bad("bad_json", self._where(lineno), f"expected a JSON object, got {type(obj).__name__}")
         text = obj.get(self.text_key)
         if text is None:
-            return Bad("missing_text", where, f"no {self.text_key!r} field (keys: {list(obj)[:8]})")
+            return Bad("missing_text", self._where(lineno), f"no {self.text_key!r} field (keys: {list(obj)[:8]})")
         if not isinstance(text, str):
-            return Bad("text_not_string", where, f"{self.text_key!r} is a {type(text).__name__}")
+            return Bad("text_not_string", self._where(lineno), f"{self.text_key!r} is a {type(text).__name__}")
         # JSON escapes can smuggle lone surrogates (\ud800) that have no UTF-8 form and would
         # make the tokenizer fail later; only escaped text can hold them, so check only then.
         if "\\ud" in s or "\\uD" in s:
             try:
                 text.encode("utf-8")
             except UnicodeEncodeError as e:
-                return Bad("invalid_utf8", where, f"lone surrogate in JSON escape: {e}")
+                return Bad("invalid_utf8", self._where(lineno), f"lone surrogate in JSON escape: {e}")
         set_name = None
         if self.want_set_name:
             meta = obj.get("meta")
@@ -216,11 +277,16 @@ class JsonlReader:
 
 
 class ParquetReader:
-    """Parquet read by batches of rows; text in `column` (Starcoderdata: `content`)."""
+    """Parquet read by batches of rows; text in `column` (Starcoderdata: `content`).
 
-    def __init__(self, path: str, column: str = "content"):
+    `row_groups` = [first, stop) reads only those row groups (one unit of work, units.py);
+    rows in messages are counted from the top of the file.
+    """
+
+    def __init__(self, path: str, column: str = "content", row_groups: Optional[list] = None):
         self.path = path
         self.column = column
+        self.row_groups = row_groups
         self.bytes_done = 0
 
     def __iter__(self) -> Iterator[Record]:
@@ -233,7 +299,10 @@ class ParquetReader:
         except (pa.ArrowException, OSError) as e:
             yield Bad("corrupt_stream", self.path, f"cannot open as parquet: {e}")
             return
-        nrows = pf.metadata.num_rows
+        md = pf.metadata
+        groups = list(range(*self.row_groups)) if self.row_groups else list(range(md.num_row_groups))
+        first_row = sum(md.row_group(g).num_rows for g in range(groups[0])) if groups else 0
+        nrows = sum(md.row_group(g).num_rows for g in groups)
         schema = pf.schema_arrow
         if schema.get_field_index(self.column) < 0:
             yield Bad(
@@ -254,11 +323,23 @@ class ParquetReader:
                       docs=max(nrows, 1))
             self.bytes_done = size
             return
-        row = 0
-        for batch in pf.iter_batches(batch_size=_PARQUET_BATCH_ROWS, columns=[self.column]):
+        row = 0  # rows of this unit consumed
+        batches = pf.iter_batches(batch_size=_PARQUET_BATCH_ROWS, columns=[self.column],
+                                  row_groups=groups)
+        while True:
+            try:
+                batch = next(batches, None)
+                values = None if batch is None else batch.column(0).cast(as_bytes).to_pylist()
+            except (pa.ArrowException, OSError) as e:  # a corrupt page: the rest is lost
+                yield Bad("corrupt_stream", f"{self.path}:row {first_row + row}",
+                          f"{e}; rows {first_row + row}..{first_row + nrows - 1} not readable",
+                          docs=max(nrows - row, 1))
+                break
+            if values is None:
+                break
             # Read as bytes and decode here, so invalid UTF-8 is reported with its row.
-            for value in batch.column(0).cast(as_bytes).to_pylist():
-                where = f"{self.path}:row {row}"
+            for value in values:
+                where = f"{self.path}:row {first_row + row}"
                 row += 1
                 if value is None:
                     yield Bad("missing_text", where, f"{self.column!r} is null")
@@ -288,15 +369,16 @@ class TxtReader:
             yield Bad("invalid_utf8", self.path, str(e))
 
 
-def open_reader(path: str, fmt: str, text_key: Optional[str] = None):
-    """The reader for one input file of format `fmt`."""
+def open_reader(path: str, fmt: str, text_key: Optional[str] = None, **unit):
+    """The reader for one input file of format `fmt`; `unit` = a unit's reader arguments
+    (start/end for .jsonl, row_groups for parquet; units.py)."""
     key = text_key or DEFAULT_TEXT_KEY[fmt]
     if fmt == "slimpajama":
-        return JsonlReader(path, key, want_set_name=True)
+        return JsonlReader(path, key, want_set_name=True, **unit)
     if fmt == "jsonl":
-        return JsonlReader(path, key)
+        return JsonlReader(path, key, **unit)
     if fmt == "starcoder":
-        return ParquetReader(path, key)
+        return ParquetReader(path, key, **unit)
     if fmt == "txt":
         return TxtReader(path)
     raise PrepError(f"unknown format {fmt!r}")

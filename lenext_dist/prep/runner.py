@@ -1,27 +1,28 @@
-"""Run the shard step: plan, pick this task's inputs, process them in parallel, merge.
+"""Run the shard step: plan, pick this task's units, process them in parallel, merge.
 
-Parallelism is over input files (see worker.py for why). Worker processes are forked
-after megatron and sentencepiece are imported, so each starts in milliseconds instead
-of re-importing torch; they report progress deltas through a queue that the parent
-turns into one tqdm bar (input MB, MB/s, ETA, documents, tokens, tokens/s).
+Parallelism is over units of work (a file, a byte range of a .jsonl, a parquet row group;
+see units.py). Nothing here imports torch or the megatron.core package (mcore_io.py loads
+megatron's writer alone), so a run starts in ~0.3 s; worker processes are forked after
+sentencepiece is loaded (pool.py) and report progress deltas that the parent turns into
+one tqdm bar (input MB, MB/s, ETA, documents, tokens, tokens/s).
 """
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import os
-import queue
 import sys
 import time
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
 from .errors import PrepError
-from .manifest import load_done, make_plan, write_or_check_plan
+from .lock import RunLock
+from .manifest import check_name, load_done, make_plan, parts_dir, read_json, plan_path, \
+    write_or_check_plan
 from .merge import merge
 from .readers import DEFAULT_TEXT_KEY, discover_inputs
 from .tokenizer import SpmTokenizer
-from .worker import get_tokenizer, process_input
+from .worker import get_tokenizer, process_unit, unit_label
 
 
 @dataclass
@@ -80,40 +81,43 @@ def _fingerprinted(settings: dict) -> dict:
 
 class _Progress:
     def __init__(self, total_bytes: int, name: str, enabled: bool):
-        from tqdm import tqdm
+        self.bar = None
+        self.docs = self.tokens = 0
+        self.t0 = time.time()
+        if not enabled:
+            return
+        from tqdm import tqdm  # only when shown
 
         self.bar = tqdm(
             total=total_bytes, unit="B", unit_scale=True, unit_divisor=1024, desc=name,
             file=sys.stderr, disable=not enabled, mininterval=0.5 if sys.stderr.isatty() else 10,
             dynamic_ncols=True,
         )
-        self.docs = self.tokens = 0
-        self.t0 = time.time()
 
     def __call__(self, nbytes: int, docs: int, tokens: int) -> None:
         self.docs += docs
         self.tokens += tokens
+        if self.bar is None:
+            return
         rate = self.tokens / max(time.time() - self.t0, 1e-9)
         self.bar.set_postfix_str(f"docs={self.docs:,} tok={self.tokens:,} tok/s={rate:,.0f}",
                                  refresh=False)
         self.bar.update(nbytes)
 
     def close(self):
-        self.bar.close()
+        if self.bar is not None:
+            self.bar.close()
 
 
-_QUEUE = None
-
-
-def _pool_init(q):
-    global _QUEUE
-    _QUEUE = q
-
-
-def _pool_task(args):
-    entry, out, name, settings, fingerprint, command = args
-    return process_input(entry, out, name, settings, fingerprint, command,
-                         progress=lambda *d: _QUEUE.put(d))
+def _make_out(out: str, name: str) -> str:
+    try:
+        os.makedirs(parts_dir(out, name), exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        raise PrepError(f"--out {out!r} is (or is under) a file, not a directory: "
+                        "pass a directory path") from None
+    except OSError as e:
+        raise PrepError(f"cannot create --out {out!r}: {e.strerror}") from None
+    return parts_dir(out, name)
 
 
 def run_shard(job: ShardJob) -> dict:
@@ -121,34 +125,54 @@ def run_shard(job: ShardJob) -> dict:
 
     Returns a summary dict (and the manifest under "manifest" when merged).
     """
+    check_name(job.name)
     paths = discover_inputs(job.inputs, job.fmt, job.languages)
     tok = get_tokenizer(os.path.abspath(job.tokenizer), job.threads)
     settings = _settings(job, tok)
-    plan = make_plan(job.name, paths, _fingerprinted(settings), tok.describe())
-    os.makedirs(job.out, exist_ok=True)
-    write_or_check_plan(job.out, job.name, plan)
-    fp = plan["fingerprint"]
+    parts = _make_out(job.out, job.name)
+    with RunLock(parts, "shard", (job.task_index, job.num_tasks)):
+        plan = make_plan(job.name, paths, _fingerprinted(settings), tok.describe())
+        write_or_check_plan(job.out, job.name, plan)
+        plan = read_json(plan_path(job.out, job.name))  # the first task's, which all share
+        summary = _shard_units(job, plan, settings, len(paths))
+        if job.num_tasks == 1:
+            summary["manifest"] = merge(job.out, job.name, job.command, job.remove_parts,
+                                        locked=True)
+    return summary
 
-    mine = plan["inputs"][job.task_index :: job.num_tasks]
-    todo = [e for e in mine if load_done(job.out, job.name, e, fp) is None]
+
+def _shard_units(job: ShardJob, plan: dict, settings: dict, n_files: int) -> dict:
+    fp = plan["fingerprint"]
+    units = plan["units"]
+    mine = units[job.task_index :: job.num_tasks]
+    todo = [u for u in mine if load_done(job.out, job.name, u, fp) is None]
     print(
         f"[shard {job.name}] task {job.task_index + 1}/{job.num_tasks}: {len(mine)} of "
-        f"{len(paths)} input files, {len(mine) - len(todo)} already done, {len(todo)} to do, "
-        f"{job.workers} worker(s)",
+        f"{len(units)} units of {n_files} input files, {len(mine) - len(todo)} already done, "
+        f"{len(todo)} to do, {job.workers} worker(s)",
         file=sys.stderr,
     )
     t0 = time.time()
-    bar = _Progress(sum(e["size"] for e in todo), job.name, job.progress)
+    bar = _Progress(sum(u["bytes"] for u in todo), job.name, job.progress)
+    # Biggest units first, so no worker idles at the end; the order of completion does not
+    # matter since merge follows the plan's order.
+    tasks = []
+    for u in sorted(todo, key=lambda u: -u["bytes"]):
+        f = plan["inputs"][u["input"]]
+        tasks.append((unit_label(u, f["path"]),
+                      (u, f, job.out, job.name, settings, fp, job.command)))
     try:
-        args = [(e, job.out, job.name, settings, fp, job.command) for e in todo]
-        if job.workers == 1 or len(todo) <= 1:
-            for a in args:
-                process_input(*a, progress=bar)
+        if job.workers == 1 or len(tasks) <= 1:
+            for _, a in tasks:
+                process_unit(*a, progress=bar)
         else:
-            _run_pool(args, job.workers, bar)
+            from .pool import run_pool
+
+            run_pool(tasks, process_unit, min(job.workers, len(tasks)), bar,
+                     parts_dir(job.out, job.name))
     finally:
         bar.close()
-    summary = {
+    return {
         "task_index": job.task_index,
         "num_tasks": job.num_tasks,
         "inputs_done_now": len(todo),
@@ -156,34 +180,3 @@ def run_shard(job: ShardJob) -> dict:
         "tokens_now": bar.tokens,
         "docs_now": bar.docs,
     }
-    if job.num_tasks == 1:
-        summary["manifest"] = merge(job.out, job.name, job.command, job.remove_parts)
-    return summary
-
-
-def _run_pool(args: list, workers: int, bar: _Progress) -> None:
-    # fork: children inherit the imported megatron/sentencepiece (importing torch again
-    # would cost ~4 s per worker). Biggest files first, so no worker idles at the end;
-    # order of completion does not matter since merge follows the plan's order.
-    ctx = mp.get_context("fork" if hasattr(os, "fork") else "spawn")
-    q = ctx.Queue()
-    args = sorted(args, key=lambda a: -a[0]["size"])
-    with ctx.Pool(min(workers, len(args)), initializer=_pool_init, initargs=(q,)) as pool:
-        pending = [pool.apply_async(_pool_task, (a,)) for a in args]
-        while pending:
-            try:
-                bar(*q.get(timeout=0.2))
-            except queue.Empty:
-                pass
-            still = []
-            for r in pending:
-                if r.ready():
-                    r.get()  # re-raises a worker's PrepError here, in the parent
-                else:
-                    still.append(r)
-            pending = still
-        while True:  # drain progress sent just before the last task returned
-            try:
-                bar(*q.get_nowait())
-            except queue.Empty:
-                break

@@ -9,6 +9,11 @@ Speed: texts are encoded in batches with `return_type="numpy"`, so no token ever
 a Python int; `threads` bounds SentencePiece's own thread pool (1 per worker process by
 default, so N workers use N cores and the per-worker rate is comparable to a bare
 single-threaded encode).
+
+Memory: SentencePiece needs ~50 bytes per character of one input string (measured: a
+50 MB one-line document peaked at 2.8 GB). Documents longer than CHUNK_CHARS are encoded
+in pieces cut only where the result is provably the same as one `sp.encode(text)` call
+(see `_safe_cuts`), so memory stays ~CHUNK_CHARS x 50 bytes whatever the document size.
 """
 
 from __future__ import annotations
@@ -63,13 +68,31 @@ class SpmTokenizer:
 
     def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
         """Token ids of each text followed by EOS, one numpy array per text."""
-        return self.sp.encode(
-            list(texts),
-            add_bos=False,
-            add_eos=True,
-            num_threads=self.threads,
-            return_type="numpy",
-        )
+        texts = list(texts)
+        if max(map(len, texts), default=0) <= CHUNK_CHARS or self._chunking() is None:
+            return self._encode(texts, eos=True)
+        return [self._encode([t], eos=True)[0] if len(t) <= CHUNK_CHARS else self._encode_long(t)
+                for t in texts]
+
+    def _encode(self, texts: list, eos: bool) -> list:
+        return self.sp.encode(texts, add_bos=False, add_eos=eos, num_threads=self.threads,
+                              return_type="numpy")
+
+    def _encode_long(self, text: str) -> np.ndarray:
+        cuts = _safe_cuts(text, self._chunking())
+        # Piece k > 0 starts at a space that we drop: the model's dummy prefix puts the
+        # same "▁" back, so the normalized piece equals that span of the normalized text.
+        bounds = list(zip([0, *cuts], [*cuts, len(text)]))
+        ids = [self._encode([text[a + (a > 0):b]], eos=False)[0] for a, b in bounds]
+        ids.append(np.array([self.eos_id], dtype=ids[0].dtype))
+        return np.concatenate(ids)
+
+    def _chunking(self):
+        """The characters after which a cut before a space is unsafe, or None when this
+        model cannot be cut at all (its normalization is not character by character)."""
+        if not hasattr(self, "_unsafe"):
+            self._unsafe = chunkable_model(self.sp.serialized_model_proto())
+        return self._unsafe
 
     def describe(self) -> dict:
         return {
@@ -84,9 +107,62 @@ class SpmTokenizer:
 
 def token_dtype(vocab_size: int):
     """megatron's own choice (uint16 below 65500 ids, else int32), so merge/load agree."""
-    from megatron.core.datasets.indexed_dataset import DType
+    from .mcore_io import indexed_dataset
 
-    return DType.optimal_dtype(vocab_size)
+    return indexed_dataset().DType.optimal_dtype(vocab_size)
+
+
+CHUNK_CHARS = 1 << 20  # longer documents are encoded in pieces of about this many chars
+_SPACE = "\u2581"  # SentencePiece's visible space
+
+
+def chunkable_model(proto: bytes):
+    """For a model whose encoding can be cut at some spaces, the set of characters c such
+    that a vocabulary piece contains c followed by the space mark; else None.
+
+    Why a cut before a space s (text = A + s + B) is exact when no piece contains the pair
+    (last char of A, space): the normalizer must map characters one by one (identity rule,
+    no charsmap, whitespace kept as is) and add the dummy-prefix space, so normalize(s+B)
+    is "▁"+B' = normalize(B) and normalize(A+s+B) = normalize(A) + normalize(B) with
+    the cut at a symbol boundary. BPE only ever joins adjacent symbols into a
+    vocabulary piece; no piece spans the cut, so no merge crosses it, and the merges on
+    each side happen in the same relative order (SentencePiece breaks score ties by
+    position), so both sides segment exactly as they do in the whole text.
+    """
+    try:
+        from sentencepiece import sentencepiece_model_pb2 as pb
+    except ImportError:  # protobuf missing: no proof, no cutting
+        return None
+    m = pb.ModelProto()
+    m.ParseFromString(proto)
+    ns = m.normalizer_spec
+    if (ns.name != "identity" or ns.precompiled_charsmap or not ns.add_dummy_prefix
+            or ns.remove_extra_whitespaces or m.trainer_spec.treat_whitespace_as_suffix
+            or m.trainer_spec.model_type != 2):  # BPE only (unigram's Viterbi: not proven here)
+        return None
+    unsafe = set()
+    for p in m.pieces:
+        s = p.piece
+        unsafe.update(s[i] for i in range(len(s) - 1) if s[i + 1] == _SPACE)
+    # In the text the mark is a plain space; a space before a space may merge ("▁▁").
+    if _SPACE in unsafe:
+        unsafe.add(" ")
+    return frozenset(unsafe)
+
+
+def _safe_cuts(text: str, unsafe: frozenset) -> list[int]:
+    """Positions of spaces, about CHUNK_CHARS apart, whose left neighbour is not in `unsafe`.
+    With no such space for a while, the piece just grows (correctness over memory)."""
+    cuts, pos = [], CHUNK_CHARS
+    while pos < len(text):
+        i = text.find(" ", pos)
+        while i > 0 and text[i - 1] in unsafe:
+            i = text.find(" ", i + 1)
+        if i <= 0 or len(text) - i < 2:
+            break
+        cuts.append(i)
+        pos = i + CHUNK_CHARS
+    return cuts
 
 
 def stable_fraction(text: str, salt: bytes) -> float:

@@ -1,8 +1,9 @@
-"""One unit of work: one input file -> one partial shard per split + a done-record.
+"""One unit of work (a file, a byte range of a .jsonl, a parquet row group: units.py) ->
+one partial shard per split + a done-record.
 
-Why one file per unit: the result of a file does not depend on which process or Slurm
-task handled it, so merging partials in sorted input order gives the same bytes for any
-number of workers or tasks, and a rerun after a kill only redoes unfinished files.
+The result of a unit does not depend on which process or Slurm task handled it, so merging
+partials in plan order gives the same bytes for any number of workers or tasks, and a rerun
+after a kill only redoes unfinished units.
 
 Crash safety: partials are written under temporary names, renamed into place, and only
 then is the done-record written (atomically). A done-record therefore implies complete
@@ -11,6 +12,7 @@ partials; a file without one is simply redone, overwriting whatever a killed run
 
 from __future__ import annotations
 
+import errno
 import glob
 import os
 import time
@@ -21,6 +23,7 @@ from .errors import EMPTY, EXCLUDED_SET, Bad, PrepError
 from .manifest import done_path, partial_prefix, parts_dir, write_json_atomic
 from .readers import open_reader
 from .tokenizer import SpmTokenizer, in_valid_split, sha256_file
+from .units import stat_of
 
 # Texts per encode call: large enough that SentencePiece's batch call amortizes its
 # per-call overhead, small enough that memory stays bounded (~ this many chars in flight).
@@ -47,11 +50,13 @@ class _SplitWriters:
     """megatron IndexedDatasetBuilders for each split of one input, under temp names."""
 
     def __init__(self, out_dir: str, name: str, key: str, splits: list[str], dtype):
-        from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
+        from .mcore_io import indexed_dataset  # megatron's writer, without megatron.core's init
 
         self.final = {s: partial_prefix(out_dir, name, key, s) for s in splits}
         self.tmp = {s: f"{p}.tmp-{os.getpid()}" for s, p in self.final.items()}
-        self.builders = {s: IndexedDatasetBuilder(self.tmp[s] + ".bin", dtype=dtype) for s in splits}
+        self.builders = {}
+        for s in splits:
+            self.builders[s] = indexed_dataset().IndexedDatasetBuilder(self.tmp[s] + ".bin", dtype=dtype)
 
     def add(self, split: str, tokens) -> None:
         # One document = one sequence, as megatron's preprocess_data.py writes it.
@@ -66,7 +71,10 @@ class _SplitWriters:
 
     def discard(self) -> None:
         for s, b in self.builders.items():
-            b.data_file.close()
+            try:
+                b.data_file.close()
+            except OSError:  # its final flush fails again on a full disk; the file goes anyway
+                pass
             for ext in (".bin", ".idx"):
                 try:
                     os.remove(self.tmp[s] + ext)
@@ -74,7 +82,30 @@ class _SplitWriters:
                     pass
 
 
-def process_input(
+def unit_label(unit: dict, path: str) -> str:
+    """Where a unit is, for messages: the file, and the part of it."""
+    if "start" in unit:
+        return f"{path} (bytes {unit['start']}-{unit['end']})"
+    if "row_groups" in unit:
+        return f"{path} (row group {unit['row_groups'][0]})"
+    return path
+
+
+def _check_unchanged(path: str, entry: dict) -> None:
+    try:
+        now = stat_of(path)
+    except FileNotFoundError:
+        raise PrepError(f"input {path!r} disappeared since the run began") from None
+    if now != {"size": entry["size"], "mtime_ns": entry["mtime_ns"]}:
+        raise PrepError(
+            f"input {path!r} changed since the run began (size {entry['size']} -> "
+            f"{now['size']}, or modified): start a fresh run (new --out, or delete its "
+            "parts) so the output matches one version of the data"
+        )
+
+
+def process_unit(
+    unit: dict,
     entry: dict,
     out_dir: str,
     name: str,
@@ -83,19 +114,26 @@ def process_input(
     command: str,
     progress: Optional[ProgressFn] = None,
 ) -> dict:
-    """Tokenize one input file into partial shards; return (and write) its done-record."""
+    """Tokenize one unit of input file `entry` into partial shards; return (and write) its
+    done-record. Disk errors become a PrepError saying where, with nothing half-written left."""
+    try:
+        return _process_unit(unit, entry, out_dir, name, settings, fingerprint, command, progress)
+    except OSError as e:
+        full = e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+        raise PrepError(
+            f"{unit_label(unit, entry['path'])}: {e.strerror or e} "
+            f"({e.filename or out_dir}). "
+            + ("Free disk space under --out (or use another --out); " if full else "")
+            + "finished units are kept: rerun the same command to resume."
+        ) from None
+
+
+def _process_unit(unit, entry, out_dir, name, settings, fingerprint, command, progress):
     t0 = time.time()
     path = entry["path"]
-    if not os.path.isfile(path):
-        raise PrepError(f"input {path!r} disappeared since the plan was made")
-    size = os.path.getsize(path)
-    if size != entry["size"]:
-        raise PrepError(
-            f"input {path!r} changed size since the plan was made ({entry['size']} -> {size}); "
-            "start a fresh run (new --out) so the output matches one version of the data"
-        )
-    # A killed run may have left temp files of this input; only its owner task touches them.
-    for stale in glob.glob(os.path.join(parts_dir(out_dir, name), glob.escape(entry["key"]) + ".*tmp-*")):
+    _check_unchanged(path, entry)
+    # A killed run may have left temp files of this unit; only its owner task touches them.
+    for stale in glob.glob(os.path.join(parts_dir(out_dir, name), glob.escape(unit["key"]) + ".*tmp-*")):
         os.remove(stale)
     tok = get_tokenizer(settings["tokenizer"], settings["threads"])
     splits = splits_for(settings)
@@ -112,8 +150,9 @@ def process_input(
     by_set: Counter = Counter()
     problems: list[str] = []  # first few bad locations, so a user can look at them
 
-    writers = _SplitWriters(out_dir, name, entry["key"], splits, tok.dtype)
-    reader = open_reader(path, settings["format"], settings["text_key"])
+    writers = _SplitWriters(out_dir, name, unit["key"], splits, tok.dtype)
+    reader = open_reader(path, settings["format"], settings["text_key"],
+                         **{k: unit[k] for k in ("start", "end", "row_groups") if k in unit})
     batch_texts: list[str] = []
     batch_splits: list[str] = []
     batch_chars = 0
@@ -153,7 +192,7 @@ def process_input(
                 by_set[set_name] += 1
             if filtering:
                 if set_name is None:
-                    count_bad(Bad("missing_set_name", f"{path} (document {stats_read})",
+                    count_bad(Bad("missing_set_name", f"{unit_label(unit, path)} (document {stats_read})",
                                   "cannot apply --include-sets/--exclude-sets"))
                     continue
                 if set_name in exclude or (include and set_name not in include):
@@ -170,14 +209,18 @@ def process_input(
             if batch_chars >= BATCH_CHARS or len(batch_texts) >= BATCH_DOCS:
                 flush()
         flush()
+        _check_unchanged(path, entry)  # edited while we read it: these tokens are of neither
         writers.commit()
     except BaseException:
         writers.discard()
         raise
 
+    info = {"path": path, "size": entry["size"], "mtime_ns": entry["mtime_ns"]}
+    if unit.get("start", 0) == 0 and unit.get("row_groups", [0])[0] == 0:
+        info["sha256"] = sha256_file(path)  # the file's first unit hashes the whole file
     record = {
-        "input": {"path": path, "size": size, "sha256": sha256_file(path)},
-        "key": entry["key"],
+        "input": info,
+        "key": unit["key"],
         "fingerprint": fingerprint,
         "command": command,
         "docs_read": stats_read,
@@ -188,5 +231,5 @@ def process_input(
         "problems": problems,
         "seconds": round(time.time() - t0, 3),
     }
-    write_json_atomic(done_path(out_dir, name, entry["key"]), record)
+    write_json_atomic(done_path(out_dir, name, unit["key"]), record)
     return record

@@ -82,7 +82,7 @@ def test_slurm_array_env_then_merge(tmp_path):
                            SLURM_ARRAY_TASK_COUNT="2", SLURM_ARRAY_TASK_MIN="5"),
                            capture_output=True, text=True)
         assert r.returncode == 0, r.stderr
-        assert f"task {int(task) - 4}/2: 2 of 4 input files" in r.stderr and "merge" in r.stderr
+        assert f"task {int(task) - 4}/2: 2 of 4 units of 4 input files" in r.stderr and "merge" in r.stderr
     assert not os.path.exists(out / "sp_train.bin")
     r = subprocess.run([sys.executable, SHARD, "merge", "--out", str(out), "--name", "sp"],
                        env=_env(), capture_output=True, text=True)

@@ -37,6 +37,21 @@ def _no_column(d):
     return "starcoder", p
 
 
+def _corrupt_page(d):
+    """3 row groups of 1000 rows; the data page of the middle one overwritten with garbage."""
+    p = os.path.join(d, "python", "a.parquet")
+    os.makedirs(os.path.dirname(p))
+    rows = [f"def f{i}():\n    return {i}  # " + "x" * 50 for i in range(3000)]
+    pq.write_table(pa.table({"content": rows}), p, compression="zstd", row_group_size=1000,
+                   use_dictionary=False)
+    col = pq.ParquetFile(p).metadata.row_group(1).column(0)
+    data = bytearray(open(p, "rb").read())
+    a, n = col.data_page_offset, col.total_compressed_size
+    data[a + 40 : a + n - 8] = b"\xab" * (n - 48)
+    open(p, "wb").write(bytes(data))
+    return "starcoder", p
+
+
 CASES = {
     "bad_json": (_jsonl_case(b'{"text": "unterminated'), "line 2", 1),
     "missing_text": (_jsonl_case(b'{"content": "wrong key"}'), "line 2", 1),
@@ -44,6 +59,8 @@ CASES = {
     "invalid_utf8": (_jsonl_case(b'{"text": "\xc3\x28 bad"}'), "line 2", 1),
     "truncated_stream": (_truncated, "a.jsonl.zst", 1),
     "missing_column": (_no_column, "a.parquet", 2),
+    "too_deep": (_jsonl_case(b'{"text": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"), "line 2", 1),
+    "corrupt_stream": (_corrupt_page, "a.parquet:row 1000", 1000),
 }
 
 
@@ -58,8 +75,11 @@ def test_bad_input_stops_with_location_and_hint(tmp_path, reason):
     assert "rerun with --skip-bad" in msg
     # nothing half-done is left behind as if finished
     assert not os.path.exists(tmp_path / "out" / "t_train.bin")
-    assert not [f for f in os.listdir(parts_dir(str(tmp_path / "out"), "t")) if "tmp-" in f
-                or f.endswith(".done.json")]
+    files = os.listdir(parts_dir(str(tmp_path / "out"), "t"))
+    assert not [f for f in files if "tmp-" in f]
+    # only units before the bad one (the corrupt page is in row group 1) are finished
+    done = [f for f in files if f.endswith(".done.json")]
+    assert done == [] or (reason == "corrupt_stream" and all(".u00000." in f for f in done))
 
 
 @pytest.mark.parametrize("reason", sorted(CASES))

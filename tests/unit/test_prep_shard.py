@@ -90,7 +90,7 @@ def test_one_and_two_workers_and_slurm_tasks_give_identical_bytes(tmp_path):
 
 def test_merge_refuses_unfinished_inputs_and_resume_skips_done(tmp_path):
     shard(SUBSET, tmp_path, "r", task_index=0, num_tasks=2)
-    with pytest.raises(PrepError, match=r"1 of 3 input files are not finished"):
+    with pytest.raises(PrepError, match=r"1 of 3 units of work are not finished"):
         merge(str(tmp_path), "r", "merge")
     # rerunning task 0 redoes nothing: its done-record stays untouched
     rec = done_path(str(tmp_path), "r", input_key(SUBSET[0]))

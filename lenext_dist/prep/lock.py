@@ -1,0 +1,57 @@
+"""A lock on one run's directory (`<out>/<name>.parts/lock`), so two runs never interleave.
+
+A run clears temporary files left by killed runs and renames partials into place: a second
+run on the same --out/--name at the same time would delete the first's temporary files or
+merge half of its output. flock (released by the kernel when the process dies, so a kill -9
+leaves no stale lock) makes the second run fail at once with a clear message:
+
+  single run / merge      exclusive lock on the run
+  Slurm array task i/n    shared lock on the run (tasks run side by side on disjoint units)
+                          + exclusive lock on `lock.task-i-of-n` (the same task twice is refused)
+
+On NFS, Linux maps flock to byte-range locks, which NFSv4 supports.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+
+from .errors import PrepError
+
+
+class RunLock:
+    def __init__(self, parts: str, what: str, task: tuple[int, int] | None = None):
+        """Lock run directory `parts` for `what` ("shard" or "merge"); `task` = (index, count)
+        of a Slurm array task, else the whole run is locked exclusively."""
+        self.fds: list[int] = []
+        shared = task is not None and task[1] > 1
+        self._take(os.path.join(parts, "lock"), shared, what)
+        if shared:
+            self._take(os.path.join(parts, f"lock.task-{task[0]}-of-{task[1]}"), False,
+                       f"task {task[0]} of {task[1]}")
+
+    def _take(self, path: str, shared: bool, what: str) -> None:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            self.release()
+            raise PrepError(
+                f"another shard.py run is using {os.path.dirname(path)!r} ({what} refused: "
+                f"{path} is locked). Wait for it to finish (or stop it), or use another "
+                "--out/--name."
+            ) from None
+        self.fds.append(fd)
+
+    def release(self) -> None:
+        for fd in self.fds:
+            os.close(fd)  # closing the descriptor drops the flock
+        self.fds = []
+
+    def __enter__(self) -> "RunLock":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
