@@ -113,7 +113,8 @@ def process_input(
     problems: list[str] = []  # first few bad locations, so a user can look at them
 
     writers = _SplitWriters(out_dir, name, entry["key"], splits, tok.dtype)
-    reader = open_reader(path, settings["format"], settings["text_key"])
+    reader = open_reader(path, settings["format"], settings["text_key"],
+                         tasks=settings.get("tasks"), tokenizer=tok)
     batch_texts: list[str] = []
     batch_splits: list[str] = []
     batch_chars = 0
