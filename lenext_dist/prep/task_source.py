@@ -151,6 +151,7 @@ def generate(path: str, text_key: Optional[str], spec: dict, tok,
     weights /= weights.sum()
     rng = np.random.default_rng([int(spec["seed"]), int(sha256_file(path)[:16], 16)])
     bad: list[Bad] = []
+    checked = 0  # documents whose planned ids were checked against one encode of their text
     for pass_i in range(int(spec["passes"])):
         src = source_reader(path, text_key)
         if reader_box is not None:
@@ -180,6 +181,12 @@ def generate(path: str, text_key: Optional[str], spec: dict, tok,
             if doc is None:
                 break
             if doc:
+                checked += 1
+                if checked <= 16 and tok.sp.encode(doc.text) != doc.ids:
+                    raise PrepError(
+                        f"{tok.path}: this SentencePiece model merges pieces across a space, so "
+                        "task documents' token positions cannot be planned; --format tasks needs "
+                        "a model trained with split_by_whitespace (the default)")
                 yield doc
 
 
