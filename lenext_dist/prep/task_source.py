@@ -15,6 +15,7 @@ sha256, never with its path or the worker that runs it. So the bytes are the sam
 """
 from __future__ import annotations
 
+import os
 from typing import Iterator, Optional, Sequence, Union
 
 import numpy as np
@@ -201,8 +202,6 @@ class TaskReader:
         self._box: list = []
 
     def __iter__(self):
-        import os
-
         size, passes = os.path.getsize(self.path), int(self.spec["passes"])
         for item in generate(self.path, self.text_key, self.spec, self.tok, self._box):
             if self._box:  # progress: bytes of the source file over all passes
@@ -255,8 +254,6 @@ def checked_task_spec(tasks: str, sets: Sequence[str], seed: int, passes: int,
                       tokenizer: str) -> dict:
     """task_spec, with every generator built once on the tokenizer (so a document length too
     short for its parameters is a one-line error before any work starts)."""
-    import os
-
     from .worker import get_tokenizer
 
     spec = task_spec(tasks, sets, seed, passes)
