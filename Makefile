@@ -11,7 +11,7 @@ PYTEST_ARGS ?=
 # Where DeepSpeed JIT-builds its ops (cpu_adam for ZeRO-Offload): per checkout, never shared.
 export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.cache/torch_extensions
 
-.PHONY: setup system-deps demo shards test test-fast mutation dry-run bench study study-quick gpu-check clean
+.PHONY: setup system-deps demo shards task-shards test test-fast mutation dry-run bench study study-quick gpu-check clean
 
 setup: $(VENV)/.installed
 
@@ -45,6 +45,16 @@ shards/sample/.done: data/sample/tokenizer.model
 	    --valid-fraction 0.02 --workers $(NPROC)
 	$(BIN)/python data_prep/shard.py --input 'data/sample/starcoderdata/*/*.parquet' --format starcoder \
 	    --tokenizer data/sample/tokenizer.model --out shards/sample --name starcoder --workers $(NPROC)
+	touch $@
+
+# Generated task documents (passkey, recall, repeat) over the sample's prose, for
+# configs/data/sample-tasks.yaml (README: Data preparation, Task documents).
+task-shards: setup shards/sample/.tasks-done
+
+shards/sample/.tasks-done: data/sample/tokenizer.model
+	$(BIN)/python data_prep/shard.py --format tasks --tasks passkey,recall,repeat \
+	    --input 'data/sample/slimpajama/chunk*/*.jsonl.zst' --tokenizer data/sample/tokenizer.model \
+	    --out shards/sample --name tasks --task-passes 2 --workers $(NPROC)
 	touch $@
 
 dry-run: setup

@@ -20,6 +20,7 @@ from typing import Optional, Sequence
 
 from .errors import BAD_REASONS, PrepError
 from .readers import FORMATS
+from .tasks import TASKS
 
 
 def _csv(s: str) -> list[str]:
@@ -65,7 +66,8 @@ def shard_parser(prog: str = "shard.py") -> argparse.ArgumentParser:
                    help="files, directories or quoted globs, e.g. 'SlimPajama/train/chunk*/*.jsonl.zst'")
     p.add_argument("--format", required=True, choices=FORMATS,
                    help="slimpajama: jsonl(.zst) with meta.redpajama_set_name; starcoder: "
-                        "<language>/*.parquet with `content`; jsonl; txt (one doc per file)")
+                        "<language>/*.parquet with `content`; jsonl; txt (one doc per file); "
+                        "tasks: documents of --tasks over the real text of such files")
     p.add_argument("--tokenizer", required=True, help="SentencePiece .model file")
     p.add_argument("--out", required=True, help="output directory")
     p.add_argument("--name", required=True, help="output prefix, e.g. slimpajama -> slimpajama_train")
@@ -93,6 +95,16 @@ def shard_parser(prog: str = "shard.py") -> argparse.ArgumentParser:
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--remove-parts", action="store_true",
                    help="delete <name>.parts/ after a successful merge (saves disk; no later resume)")
+    t = p.add_argument_group("generated task documents (--format tasks; README: Task documents)")
+    t.add_argument("--tasks", default="", metavar="T[:W],...",
+                   help=f"generators and their weights, e.g. passkey,recall,repeat:2 "
+                        f"(tasks: {', '.join(TASKS)})")
+    t.add_argument("--task-set", action="append", default=[], metavar="[TASK.]FIELD=VALUE",
+                   help="a generator parameter, e.g. length=48:64 (every task) or "
+                        "passkey.distractors=3; repeatable")
+    t.add_argument("--task-seed", type=int, default=0, help="generator seed (default 0)")
+    t.add_argument("--task-passes", type=int, default=1,
+                   help="passes over each input file's text (default 1)")
     return p
 
 
@@ -139,6 +151,12 @@ def shard_main(argv: Optional[Sequence[str]] = None, prog: str = "data_prep/shar
     def go():
         from .runner import ShardJob, run_shard
 
+        tasks = None
+        if args.format == "tasks" or args.tasks:
+            from .task_source import checked_task_spec
+
+            tasks = checked_task_spec(args.tasks, args.task_set, args.task_seed,
+                                      args.task_passes, args.tokenizer)
         job = ShardJob(
             inputs=args.input, fmt=args.format, tokenizer=args.tokenizer, out=args.out,
             name=args.name, workers=args.workers, threads=args.threads, text_key=args.text_key,
@@ -146,6 +164,7 @@ def shard_main(argv: Optional[Sequence[str]] = None, prog: str = "data_prep/shar
             languages=args.languages, valid_fraction=args.valid_fraction,
             skip_bad=args.skip_bad, task_index=args.task_index, num_tasks=args.num_tasks,
             progress=not args.no_progress, remove_parts=args.remove_parts,
+            tasks=tasks,
             # the task comes from the environment under Slurm: record it with the command
             command=_command_line(prog, argv)
             + (f"  # task {args.task_index}/{args.num_tasks}" if args.num_tasks > 1 else ""),

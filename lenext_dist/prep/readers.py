@@ -7,6 +7,8 @@ Formats (`--format`):
   starcoder   Starcoderdata's `<language>/*.parquet` with a `content` column; the language
               is the parent directory's name (used by --languages).
   txt         `.txt` files, one document per file (read whole: a file is one document).
+  tasks       generated task documents over the real text of any of the above files
+              (task_source.py: the text is filler, the documents come from --tasks).
 
 Memory stays flat however large a file is: `.zst` is decompressed chunk by chunk
 (zstandard's decompressobj, which unlike stream_reader lets us notice a stream that ends
@@ -27,14 +29,16 @@ from typing import Iterator, NamedTuple, Optional, Sequence, Union
 
 from .errors import Bad, PrepError
 
-FORMATS = ("slimpajama", "jsonl", "starcoder", "txt")
+FORMATS = ("slimpajama", "jsonl", "starcoder", "txt", "tasks")
 _EXTENSIONS = {
     "slimpajama": (".jsonl.zst", ".jsonl"),
     "jsonl": (".jsonl.zst", ".jsonl"),
     "starcoder": (".parquet",),
     "txt": (".txt",),
+    "tasks": (".jsonl.zst", ".jsonl", ".parquet", ".txt"),
 }
-DEFAULT_TEXT_KEY = {"slimpajama": "text", "jsonl": "text", "starcoder": "content", "txt": None}
+DEFAULT_TEXT_KEY = {"slimpajama": "text", "jsonl": "text", "starcoder": "content", "txt": None,
+                    "tasks": None}  # tasks: by extension, as the source format reads it
 _READ_CHUNK = 1 << 20  # compressed bytes per read: big enough to amortize calls, small for memory
 _PARQUET_BATCH_ROWS = 512
 
@@ -369,9 +373,15 @@ class TxtReader:
             yield Bad("invalid_utf8", self.path, str(e))
 
 
-def open_reader(path: str, fmt: str, text_key: Optional[str] = None, **unit):
+def open_reader(path: str, fmt: str, text_key: Optional[str] = None, tasks: Optional[dict] = None,
+                tokenizer=None, **unit):
     """The reader for one input file of format `fmt`; `unit` = a unit's reader arguments
-    (start/end for .jsonl, row_groups for parquet; units.py)."""
+    (start/end for .jsonl, row_groups for parquet; units.py); `tasks`: the task spec and the
+    SpmTokenizer, used by --format tasks only (whole files: units.py)."""
+    if fmt == "tasks":
+        from .task_source import TaskReader
+
+        return TaskReader(path, text_key, tasks, tokenizer)
     key = text_key or DEFAULT_TEXT_KEY[fmt]
     if fmt == "slimpajama":
         return JsonlReader(path, key, want_set_name=True, **unit)

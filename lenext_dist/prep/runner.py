@@ -45,6 +45,7 @@ class ShardJob:
     progress: bool = True
     remove_parts: bool = False
     command: str = ""
+    tasks: Optional[dict] = None  # --format tasks: task_source.task_spec(...)
 
     def __post_init__(self):
         if not 0.0 <= self.valid_fraction < 1.0:
@@ -55,6 +56,8 @@ class ShardJob:
             raise PrepError(
                 f"--task-index {self.task_index} is not in [0, --num-tasks {self.num_tasks})"
             )
+        if (self.fmt == "tasks") != bool(self.tasks):
+            raise PrepError("--tasks goes with --format tasks, and --format tasks needs --tasks")
         if (self.include_sets or self.exclude_sets) and self.fmt not in ("slimpajama",):
             raise PrepError("--include-sets/--exclude-sets only apply to --format slimpajama")
 
@@ -72,6 +75,8 @@ def _settings(job: ShardJob, tok: SpmTokenizer) -> dict:
         "tokenizer": tok.path,
         # threads only changes speed, not bytes, but workers read it from here
         "threads": job.threads,
+        # only when set, so the fingerprint of every other run stays what it was
+        **({"tasks": job.tasks} if job.tasks else {}),
     }
 
 

@@ -7,6 +7,8 @@
   .jsonl.zst one unit per file: a zstd stream cannot be entered in the middle (SlimPajama's
              ~60K files of ~15 MB are fine-grained already).
   .txt       one unit per file (a file is one document).
+  --format tasks: one unit per input file, whatever its kind (the generators draw filler from the
+             whole file and seed by its sha256: tasks.py).
 
 Units depend only on the input files (sizes, row groups) and `unit_bytes`, which is a
 function of the total input size alone, never of --workers or --num-tasks: the plan, the
@@ -31,6 +33,8 @@ def unit_bytes(total: int) -> int:
 
 def split_file(path: str, fmt: str, size: int, step: int) -> list[dict]:
     """The units of one input file: reader arguments (none for a whole file) + "bytes"."""
+    if fmt == "tasks":  # task documents draw filler from the whole file (tasks.py): one unit
+        return [{"bytes": size}]
     if fmt == "starcoder":
         import pyarrow.parquet as pq
 

@@ -152,6 +152,7 @@ def _process_unit(unit, entry, out_dir, name, settings, fingerprint, command, pr
 
     writers = _SplitWriters(out_dir, name, unit["key"], splits, tok.dtype)
     reader = open_reader(path, settings["format"], settings["text_key"],
+                         tasks=settings.get("tasks"), tokenizer=tok,
                          **{k: unit[k] for k in ("start", "end", "row_groups") if k in unit})
     batch_texts: list[str] = []
     batch_splits: list[str] = []

@@ -1,0 +1,411 @@
+"""Generated long-context task documents (`shard.py --format tasks`): the generators.
+
+Why: a small model trained on text alone uses a few tokens of context, so length-extension methods
+have nothing to fix (DESIGN.md section 9). Documents that pay for ordered, far-back copying of
+several tokens (not retrieval of one token by content, which needs no position) are the lever:
+
+  passkey  a code of digits hidden in real-text filler among distractor codes, asked for at the end
+  recall   several key -> value pairs (values several words long) scattered in filler, queried at
+           the end
+  repeat   a real-text span recurs at the end of the document (an induction head pays)
+
+Every generator is a registry entry (`TASKS`) with a typed parameter dataclass (docstring under
+each field, rendered into README.md by `task_reference`). A document is a list of segments joined
+by one space; each segment is stripped text that SentencePiece encodes alone to the same tokens it
+gets inside the document (pieces never span a space), so token positions are sums of segment
+lengths and the lengths are exact. The wording ("vault", "code", "Entry", "Recall") is a format
+family of its own: none of the passkey evaluation's template (lenext_dist/eval/passkey.py) occurs.
+"""
+from __future__ import annotations
+
+import dataclasses
+import re
+import typing
+from dataclasses import dataclass, field
+from typing import Callable, NamedTuple, Optional
+
+import numpy as np
+
+from .errors import PrepError
+
+
+@dataclass(frozen=True)
+class IntRange:
+    """Inclusive integer range, drawn uniformly per document; `64:128` or `96` on the CLI."""
+    lo: int
+    hi: int
+
+    def draw(self, rng: np.random.Generator) -> int:
+        return int(rng.integers(self.lo, self.hi + 1))
+
+    def __str__(self) -> str:
+        return f"{self.lo}:{self.hi}" if self.lo != self.hi else str(self.lo)
+
+
+@dataclass(frozen=True)
+class FloatRange:
+    """Closed float range, drawn uniformly per document; `0:1` or `0.5` on the CLI."""
+    lo: float
+    hi: float
+
+    def draw(self, rng: np.random.Generator) -> float:
+        return float(rng.uniform(self.lo, self.hi))
+
+    def __str__(self) -> str:
+        return f"{self.lo:g}:{self.hi:g}" if self.lo != self.hi else f"{self.lo:g}"
+
+
+def _require(cond: bool, task: str, key: str, value, msg: str) -> None:
+    if not cond:
+        raise PrepError(f"--task-set {task}.{key}={value}: {msg}")
+
+
+def _check_common(p, task: str) -> None:
+    _require(p.length.lo >= 1, task, "length", p.length, "must be >= 1")
+    _require(p.depth.hi <= 1.0, task, "depth", p.depth, "must lie in [0, 1]")
+
+
+class Segment(NamedTuple):
+    text: str        # stripped, non-empty
+    ids: list[int]   # SentencePiece ids of `text` alone (= its ids inside the document)
+    role: str        # filler | needle | distractor | question | answer | pair | span | repeat
+
+
+@dataclass
+class TaskDoc:
+    """One generated document and where its answers are (token indices into `ids`)."""
+    task: str
+    segments: list[Segment]
+    answers: list[tuple[int, int, int]] = field(default_factory=list)
+    """(source start, answer start, length): the tokens at `answer start` copy those at `source
+    start` (passkey: the code in the needle; recall: a value; repeat: the span)."""
+    depth: float = 0.0
+    """Requested relative depth of the (first) source in the filler."""
+    actual_depth: float = 0.0
+    """Filler tokens before the source / all filler tokens (cut where the text has whitespace)."""
+
+    @property
+    def text(self) -> str:
+        return " ".join(s.text for s in self.segments)
+
+    @property
+    def ids(self) -> list[int]:
+        return [i for s in self.segments for i in s.ids]
+
+    def start_of(self, index: int) -> int:
+        return sum(len(s.ids) for s in self.segments[:index])
+
+
+class Toolkit:
+    """What generators need of the tokenizer: encode, and a pool of whole-word pieces."""
+
+    def __init__(self, sp):
+        self.sp = sp
+        pieces = [sp.id_to_piece(i) for i in range(sp.vocab_size())]
+        # Filler may be cut between two tokens where the text has whitespace (the cut becomes
+        # one space): before a piece that starts with it, after one that ends with it.
+        ws = {f"<0x{b:02X}>" for b in (9, 10, 11, 12, 13, 32)}
+        self.ws_before = np.array([p.startswith("▁") or p in ws for p in pieces])
+        self.ws_after = np.array([p.endswith("▁") or p in ws for p in pieces])
+        # lower-case alphabetic whole words of >= 4 letters: one token each, for labels/values;
+        # none of the passkey evaluation's words, so its wording never appears in a template
+        from ..eval import passkey as ev
+
+        taken = set(re.findall(r"[a-z]+", " ".join((ev.PREFIX, ev.FILLER, ev.KEY, ev.QUESTION))
+                                              .lower()))
+        self.words = [p[1:] for p in pieces
+                      if p.startswith("▁") and len(p) >= 5 and p[1:].isascii() and p[1:].isalpha()
+                      and p[1:].islower() and p[1:] not in taken]
+        # tokens of the longest pool word alone (1 when every pool word is its own piece)
+        self.label_tokens = max(len(self.encode(w)) for w in self.words) if self.words else 0
+        if len(self.words) < 64:
+            raise PrepError(f"the tokenizer has only {len(self.words)} whole-word pieces of >= 4 "
+                            "letters; the task generators need at least 64 (a larger vocabulary)")
+
+    def encode(self, text: str) -> list[int]:
+        return self.sp.encode(text)
+
+    def seg(self, text: str, role: str) -> Segment:
+        text = text.strip()
+        return Segment(text, self.encode(text), role)
+
+    def pick_words(self, rng: np.random.Generator, n: int) -> list[str]:
+        return [self.words[i] for i in rng.choice(len(self.words), n, replace=False)]
+
+
+# ----------------------------------------------------------------------------- registry
+class Generator:
+    """A task: `make(rng, take)` builds one document from filler got by `take(n)` (None when
+    the input's text is used up). `overhead()` bounds its non-filler tokens, checked once."""
+    name: str
+    Params: type
+
+    def __init__(self, params, tk: Toolkit):
+        self.p, self.tk = params, tk
+        need = self.overhead() + MIN_FILLER + 1 + 4  # + EOS + slack of the bound
+        if params.length.lo < need:
+            raise PrepError(f"--task-set {self.name}.length={params.length}: a {self.name} "
+                            f"document with these parameters needs at least {need} tokens")
+
+    def overhead(self) -> int:
+        raise NotImplementedError
+
+    def make(self, rng, take: Callable) -> Optional[TaskDoc]:
+        raise NotImplementedError
+
+
+class SkipDocument(Exception):
+    """This filler cannot hold the task (e.g. no whitespace where a cut is needed): the filler is
+    spent and the next document is drawn."""
+
+
+TASKS: dict[str, type[Generator]] = {}
+MIN_FILLER = 8  # real-text tokens a document holds at least
+
+
+def register(cls):
+    TASKS[cls.name] = cls
+    return cls
+
+
+def _digits(rng, n: int) -> str:
+    return "".join(str(d) for d in rng.integers(0, 10, n))
+
+
+def _interleave(filler_parts, inserts):
+    """filler_0 insert_0 filler_1 insert_1 ... filler_n (empty filler parts dropped)."""
+    out = []
+    for i, part in enumerate(filler_parts):
+        if part is not None:
+            out.append(part)
+        if i < len(inserts):
+            out.extend(inserts[i])
+    return out
+
+
+def _depth(filler, cut_index: int) -> float:
+    """Filler tokens before cut `cut_index` of the last split / all filler tokens."""
+    return filler.cuts[cut_index] / max(len(filler), 1)
+
+
+def _index(segs: list, seg: Segment) -> int:
+    return next(i for i, s in enumerate(segs) if s is seg)  # by identity: texts may repeat
+
+
+@dataclass(frozen=True)
+class PasskeyParams:
+    length: IntRange = IntRange(64, 96)
+    """Document tokens, EOS included: <= L, and well below it so that most documents land whole
+    in one packed training sequence of L tokens."""
+    key_digits: IntRange = IntRange(4, 7)
+    """Digits of the code (one token each with split digits)."""
+    depth: FloatRange = FloatRange(0.0, 1.0)
+    """Relative depth of the code in the filler (0 = first, 1 = just before the question)."""
+    distractors: int = 1
+    """Other vaults with other codes, at random depths."""
+
+    def __post_init__(self):
+        _check_common(self, "passkey")
+        _require(self.key_digits.lo >= 1, "passkey", "key_digits", self.key_digits, "must be >= 1")
+
+
+@register
+class Passkey(Generator):
+    """`Vault <label> opens with code <digits>.` in real text (+ distractor vaults); the document
+    ends `Which code opens vault <label>? <digits>.`"""
+    name, Params = "passkey", PasskeyParams
+
+    def overhead(self) -> int:
+        p, lab = self.p, self.tk.label_tokens
+        # label '<word>' is `lab` tokens, without it the template has a lone '▁' (the - 1);
+        # the code is '▁' + digits + '.'
+        code = p.key_digits.hi + 2
+        needle = len(self.tk.encode("Vault opens with code")) + lab + code
+        question = len(self.tk.encode("Which code opens vault ?")) - 1 + lab + code
+        return needle * (1 + p.distractors) + question
+
+    def make(self, rng, take):
+        p, tk = self.p, self.tk
+        labels = tk.pick_words(rng, 1 + p.distractors)
+        codes = [_digits(rng, p.key_digits.draw(rng)) for _ in labels]
+        depth = p.depth.draw(rng)
+        statements = [[tk.seg(f"Vault {lab} opens with code", "needle" if i == 0 else "distractor"),
+                       tk.seg(f"{code}.", "needle" if i == 0 else "distractor")]
+                      for i, (lab, code) in enumerate(zip(labels, codes))]
+        tail = [tk.seg(f"Which code opens vault {labels[0]}?", "question"),
+                tk.seg(f"{codes[0]}.", "answer")]
+        fixed = sum(len(s.ids) for st in statements + [tail] for s in st)
+        filler = take(p.length.draw(rng) - 1 - fixed)
+        if filler is None:
+            return None
+        where = [depth] + [float(rng.uniform()) for _ in range(p.distractors)]
+        order = sorted(range(len(where)), key=lambda i: (where[i], i))
+        parts = filler.split([where[i] for i in order])
+        segs = _interleave(parts, [statements[i] for i in order]) + tail
+        doc = TaskDoc(self.name, segs, depth=depth,
+                      actual_depth=_depth(filler, order.index(0)))
+        needle = _index(segs, statements[0][1])
+        # the answer: '▁' and the digits (the segment's ids less its final '.')
+        doc.answers.append((doc.start_of(needle), doc.start_of(len(segs) - 1), len(tail[1].ids) - 1))
+        return doc
+
+
+@dataclass(frozen=True)
+class RecallParams:
+    length: IntRange = IntRange(64, 96)
+    """Document tokens, EOS included: <= L, and well below it so that most documents land whole
+    in one packed training sequence of L tokens."""
+    pairs: int = 3
+    """Key -> value entries scattered in the filler."""
+    queries: int = 2
+    """Entries asked for at the end (distinct, random order; <= pairs)."""
+    value_words: int = 3
+    """Words per value (one token each): the answer is this many tokens, in order."""
+    depth: FloatRange = FloatRange(0.0, 1.0)
+    """Relative depths of the entries in the filler (each drawn uniformly)."""
+
+    def __post_init__(self):
+        _check_common(self, "recall")
+        _require(1 <= self.queries <= self.pairs, "recall", "queries", self.queries,
+                 f"must be in 1..pairs ({self.pairs})")
+        _require(self.value_words >= 1, "recall", "value_words", self.value_words, "must be >= 1")
+
+
+@register
+class Recall(Generator):
+    """`Entry <key>: <w1 w2 w3>.` x pairs in real text; the document ends with
+    `Recall <key>: <w1 w2 w3>.` for `queries` of them."""
+    name, Params = "recall", RecallParams
+
+    def overhead(self) -> int:
+        p, lab = self.p, self.tk.label_tokens
+        value = lab * p.value_words + 1  # words + '.'
+        entry = len(self.tk.encode("Entry :")) - 1 + lab + value
+        query = len(self.tk.encode("Recall :")) - 1 + lab + value
+        return entry * p.pairs + query * p.queries
+
+    def make(self, rng, take):
+        p, tk = self.p, self.tk
+        words = tk.pick_words(rng, p.pairs * (1 + p.value_words))
+        keys = words[:p.pairs]
+        values = [" ".join(words[p.pairs + i * p.value_words:p.pairs + (i + 1) * p.value_words])
+                  for i in range(p.pairs)]
+        entries = [[tk.seg(f"Entry {k}:", "pair"), tk.seg(f"{v}.", "pair")]
+                   for k, v in zip(keys, values)]
+        asked = [int(i) for i in rng.choice(p.pairs, p.queries, replace=False)]
+        tail = [[tk.seg(f"Recall {keys[i]}:", "question"), tk.seg(f"{values[i]}.", "answer")]
+                for i in asked]
+        fixed = sum(len(s.ids) for st in entries + tail for s in st)
+        filler = take(p.length.draw(rng) - 1 - fixed)
+        if filler is None:
+            return None
+        where = [p.depth.draw(rng) for _ in range(p.pairs)]
+        order = sorted(range(p.pairs), key=lambda i: (where[i], i))
+        parts = filler.split([where[i] for i in order])
+        segs = _interleave(parts, [entries[i] for i in order])
+        value_at = {i: doc_i for i in range(p.pairs) for doc_i, s in enumerate(segs)
+                    if s is entries[i][1]}
+        first = asked[0]
+        doc = TaskDoc(self.name, segs + [s for q in tail for s in q], depth=where[first],
+                      actual_depth=_depth(filler, order.index(first)))
+        for qi, i in enumerate(asked):
+            ans = len(segs) + 2 * qi + 1
+            doc.answers.append((doc.start_of(value_at[i]), doc.start_of(ans),
+                                len(entries[i][1].ids) - 1))  # the words, less the final '.'
+        return doc
+
+
+@dataclass(frozen=True)
+class RepeatParams:
+    length: IntRange = IntRange(64, 96)
+    """Document tokens, EOS included: <= L, and well below it so that most documents land whole
+    in one packed training sequence of L tokens."""
+    span: IntRange = IntRange(8, 16)
+    """Tokens of the repeated real-text span (cut at whitespace: may come out a word shorter)."""
+    depth: FloatRange = FloatRange(0.0, 0.5)
+    """Relative depth of the span's first occurrence in the filler; the repeat ends the document."""
+
+    def __post_init__(self):
+        _check_common(self, "repeat")
+        _require(self.span.lo >= 1, "repeat", "span", self.span, "must be >= 1")
+
+
+@register
+class Repeat(Generator):
+    """Real text in which a span (at `depth`) recurs verbatim at the end, with no marker."""
+    name, Params = "repeat", RepeatParams
+
+    def overhead(self) -> int:
+        return self.p.span.hi
+
+    def make(self, rng, take):
+        p = self.p
+        span = p.span.draw(rng)
+        depth = p.depth.draw(rng)
+        filler = take(p.length.draw(rng) - 1 - span)
+        if filler is None or len(filler) <= span:
+            return None
+        cut = filler.span_near(int(round(depth * (len(filler) - span))), span)
+        if cut is None:  # no whole word of <= span tokens in this filler (a run without spaces)
+            raise SkipDocument
+        start, end = cut
+        before, first, after = filler.split_at([start, end])
+        if first is None:  # the span is whitespace only
+            raise SkipDocument
+        first = Segment(first.text, first.ids, "span")
+        segs = [s for s in (before, first, after) if s is not None] + \
+            [Segment(first.text, first.ids, "repeat")]
+        doc = TaskDoc(self.name, segs, depth=depth,
+                      actual_depth=start / max(len(filler) - span, 1))
+        src = _index(segs, first)
+        doc.answers.append((doc.start_of(src), doc.start_of(len(segs) - 1), len(first.ids)))
+        return doc
+
+
+# ----------------------------------------------------------------------------- parameters
+def parse_value(tp, raw: str, where: str):
+    """A CLI string as the field's type (int, float, IntRange, FloatRange)."""
+    try:
+        if tp in (IntRange, FloatRange):
+            conv = int if tp is IntRange else float
+            lo, _, hi = raw.partition(":")
+            lo_v, hi_v = conv(lo), conv(hi if hi else lo)
+            if lo_v > hi_v or lo_v < 0:
+                raise ValueError("need 0 <= lo <= hi")
+            return tp(lo_v, hi_v)
+        v = tp(raw)
+        if v < 0:
+            raise ValueError("must be >= 0")
+        return v
+    except ValueError as e:
+        raise PrepError(f"{where}: {raw!r} is not a valid {getattr(tp, '__name__', tp)} ({e})") \
+            from None
+
+
+def make_params(name: str, overrides: dict[str, str]):
+    """The typed parameters of task `name` with `field=value` strings applied."""
+    cls = TASKS[name].Params
+    hints = typing.get_type_hints(cls)
+    kw = {}
+    for key, raw in overrides.items():
+        if key not in hints:
+            raise PrepError(f"--task-set {name}.{key}: {name} has no parameter {key!r} "
+                            f"(it has {', '.join(hints)})")
+        kw[key] = parse_value(hints[key], raw, f"--task-set {name}.{key}")
+    return cls(**kw)
+
+
+def params_to_json(params) -> dict:
+    return {f.name: str(getattr(params, f.name)) for f in dataclasses.fields(params)}
+
+
+def task_reference() -> str:
+    """The README table of every task's parameters, from the dataclass field docstrings."""
+    from ..config.docs import _field_docs
+
+    lines = ["| task | parameter | default | meaning |", "|---|---|---|---|"]
+    for name, gen in TASKS.items():
+        docs = _field_docs(gen.Params)
+        for f in dataclasses.fields(gen.Params):
+            lines.append(f"| `{name}` | `{f.name}` | `{f.default}` | {docs.get(f.name, '')} |")
+    return "\n".join(lines)
