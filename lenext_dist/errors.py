@@ -23,6 +23,11 @@ class UserError(Exception):
     """Bad input from the user: the message names the file/flag and what to do."""
 
 
+class CheckpointError(UserError, RuntimeError):
+    """A checkpoint is missing, partial or not ours (the message says which and what to do);
+    lenext_dist.train.checkpoint, safe_load and reshard raise it."""
+
+
 def _debug(argv: Sequence[str]) -> bool:
     return "--debug" in argv or os.environ.get(DEBUG_ENV, "") not in ("", "0")
 

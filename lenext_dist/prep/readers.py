@@ -373,15 +373,10 @@ class TxtReader:
             yield Bad("invalid_utf8", self.path, str(e))
 
 
-def open_reader(path: str, fmt: str, text_key: Optional[str] = None, tasks: Optional[dict] = None,
-                tokenizer=None, **unit):
+def open_reader(path: str, fmt: str, text_key: Optional[str] = None, **unit):
     """The reader for one input file of format `fmt`; `unit` = a unit's reader arguments
-    (start/end for .jsonl, row_groups for parquet; units.py); `tasks`: the task spec and the
-    SpmTokenizer, used by --format tasks only (whole files: units.py)."""
-    if fmt == "tasks":
-        from .task_source import TaskReader
-
-        return TaskReader(path, text_key, tasks, tokenizer)
+    (start/end for .jsonl, row_groups for parquet; units.py). `--format tasks` generates
+    documents over a file instead: task_source.TaskReader, chosen by the worker."""
     key = text_key or DEFAULT_TEXT_KEY[fmt]
     if fmt == "slimpajama":
         return JsonlReader(path, key, want_set_name=True, **unit)

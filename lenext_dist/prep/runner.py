@@ -21,8 +21,8 @@ from .manifest import check_name, load_done, make_plan, parts_dir, read_json, pl
     write_or_check_plan
 from .merge import merge
 from .readers import DEFAULT_TEXT_KEY, discover_inputs
-from .tokenizer import SpmTokenizer
-from .worker import get_tokenizer, process_unit, unit_label
+from .tokenizer import SpmTokenizer, get_tokenizer
+from .worker import process_unit, unit_label
 
 
 @dataclass

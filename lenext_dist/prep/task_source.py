@@ -24,7 +24,7 @@ from .errors import Bad, PrepError
 from .readers import Doc, JsonlReader, ParquetReader, TxtReader
 from .tasks import (MIN_FILLER, TASKS, SkipDocument, TaskDoc, Toolkit, make_params,
                     params_to_json)
-from .tokenizer import sha256_file
+from .tokenizer import get_tokenizer, sha256_file
 
 
 class Filler:
@@ -254,8 +254,6 @@ def checked_task_spec(tasks: str, sets: Sequence[str], seed: int, passes: int,
                       tokenizer: str) -> dict:
     """task_spec, with every generator built once on the tokenizer (so a document length too
     short for its parameters is a one-line error before any work starts)."""
-    from .worker import get_tokenizer
-
     spec = task_spec(tasks, sets, seed, passes)
     generators(spec, toolkit(get_tokenizer(os.path.abspath(tokenizer), 1)))
     return spec

@@ -180,3 +180,13 @@ def in_valid_split(text: str, fraction: float) -> bool:
     """Document-level train/validation split by a stable hash of the text: exact
     duplicates never straddle the two splits."""
     return fraction > 0.0 and stable_fraction(text, b"valid") < fraction
+
+
+_TOKENIZERS: dict = {}  # one loaded model per (path, threads) per process
+
+
+def get_tokenizer(path: str, threads: int) -> SpmTokenizer:
+    key = (path, threads)
+    if key not in _TOKENIZERS:
+        _TOKENIZERS[key] = SpmTokenizer(path, threads)
+    return _TOKENIZERS[key]

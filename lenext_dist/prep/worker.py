@@ -22,7 +22,8 @@ from typing import Callable, Optional
 from .errors import EMPTY, EXCLUDED_SET, Bad, PrepError
 from .manifest import done_path, partial_prefix, parts_dir, write_json_atomic
 from .readers import open_reader
-from .tokenizer import SpmTokenizer, in_valid_split, sha256_file
+from .task_source import TaskReader
+from .tokenizer import SpmTokenizer, get_tokenizer, in_valid_split, sha256_file
 from .units import stat_of
 
 # Texts per encode call: large enough that SentencePiece's batch call amortizes its
@@ -31,15 +32,6 @@ BATCH_CHARS = 1 << 21
 BATCH_DOCS = 2048
 
 ProgressFn = Callable[[int, int, int], None]  # (input bytes, documents, tokens) deltas
-
-_TOKENIZERS: dict = {}  # one loaded model per (path, threads) per process
-
-
-def get_tokenizer(path: str, threads: int) -> SpmTokenizer:
-    key = (path, threads)
-    if key not in _TOKENIZERS:
-        _TOKENIZERS[key] = SpmTokenizer(path, threads)
-    return _TOKENIZERS[key]
 
 
 def splits_for(settings: dict) -> list[str]:
@@ -151,9 +143,11 @@ def _process_unit(unit, entry, out_dir, name, settings, fingerprint, command, pr
     problems: list[str] = []  # first few bad locations, so a user can look at them
 
     writers = _SplitWriters(out_dir, name, unit["key"], splits, tok.dtype)
-    reader = open_reader(path, settings["format"], settings["text_key"],
-                         tasks=settings.get("tasks"), tokenizer=tok,
-                         **{k: unit[k] for k in ("start", "end", "row_groups") if k in unit})
+    if settings["format"] == "tasks":  # documents generated over the file's text (one unit)
+        reader = TaskReader(path, settings["text_key"], settings["tasks"], tok)
+    else:
+        reader = open_reader(path, settings["format"], settings["text_key"],
+                             **{k: unit[k] for k in ("start", "end", "row_groups") if k in unit})
     batch_texts: list[str] = []
     batch_splits: list[str] = []
     batch_chars = 0

@@ -29,7 +29,7 @@ import torch
 import torch.distributed as dist
 
 from lenext_dist.config import RunConfig, save_config
-from lenext_dist.errors import UserError
+from lenext_dist.errors import CheckpointError, UserError
 
 LATEST = "latest"
 COMPLETE = "COMPLETE"
@@ -106,8 +106,6 @@ def _prune(root: Path, keep: int, newest: str) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
-class CheckpointError(UserError, RuntimeError):
-    """A checkpoint is missing, partial or not ours (the message says which and what to do)."""
 
 
 def latest_tag(root: str | os.PathLike) -> Optional[str]:

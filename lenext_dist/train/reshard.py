@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from lenext_dist.train.checkpoint import CheckpointError
+from lenext_dist.errors import CheckpointError
 
 _RANK = re.compile(r"zero_pp_rank_(\d+)_mp_rank_00_optim_states\.pt$")
 

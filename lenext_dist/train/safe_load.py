@@ -24,6 +24,8 @@ from typing import Iterator
 import numpy as np
 import torch
 
+from lenext_dist.errors import CheckpointError
+
 _FORCE = "TORCH_FORCE_WEIGHTS_ONLY_LOAD"
 
 
@@ -44,8 +46,6 @@ def allowed_globals() -> list:
 def weights_only_loads(what: str | os.PathLike) -> Iterator[None]:
     """Every torch.load inside (ours and DeepSpeed's) is weights_only with our allow-list; a file
     needing other globals raises CheckpointError naming `what` (a checkpoint file or folder)."""
-    from lenext_dist.train.checkpoint import CheckpointError
-
     old = os.environ.get(_FORCE)
     os.environ[_FORCE] = "1"
     try:
@@ -68,8 +68,6 @@ def weights_only_loads(what: str | os.PathLike) -> Iterator[None]:
 def load(path: str | os.PathLike, **kw):
     """torch.load(path, weights_only=True) with our allow-list; CheckpointError naming the file
     for a malicious or truncated one."""
-    from lenext_dist.train.checkpoint import CheckpointError
-
     with weights_only_loads(path):
         try:
             return torch.load(path, map_location="cpu", weights_only=True, **kw)
