@@ -8,7 +8,6 @@ from types import SimpleNamespace as NS
 
 import pytest
 import torch
-import torch.distributed as dist
 
 from lenext_dist.attention import POSITIONS, Documents, attend, build_position, document_ids
 from lenext_dist.config import AttentionConfig, ModelConfig, RunConfig, XposConfig
@@ -166,16 +165,6 @@ def test_kv_cache_and_explicit_positions_are_refused_with_documents():
 VOCAB, SEQ = 97, 16
 
 
-@pytest.fixture(scope="module")
-def megatron_1rank():
-    from lenext_dist.model import destroy_megatron, init_megatron, init_single_process_group
-
-    own = init_single_process_group()
-    init_megatron(1234)
-    yield init_megatron
-    destroy_megatron()
-    if own:
-        dist.destroy_process_group()
 
 
 def packed_tokens():

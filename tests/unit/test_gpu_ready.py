@@ -95,18 +95,6 @@ def test_zero2_overlap_and_buckets():
     assert "overlap_comm" not in _ds("parallel.zero_stage=3")["zero_optimization"]  # on by default
 
 
-@pytest.fixture(scope="module")
-def megatron_1rank():
-    import torch.distributed as dist
-
-    from lenext_dist.model import destroy_megatron, init_megatron, init_single_process_group
-
-    own = init_single_process_group()
-    init_megatron(1234)
-    yield
-    destroy_megatron()
-    if own:
-        dist.destroy_process_group()
 
 
 def test_deepspeed_engine_takes_the_bf16_settings(megatron_1rank, monkeypatch):

@@ -7,7 +7,6 @@ import os
 
 import pytest
 import torch
-import torch.distributed as dist
 
 from lenext_dist.attention import eager_causal_attention, iter_attention_probs
 from lenext_dist.config import AttentionConfig, HeadScaleConfig, ModelConfig, RunConfig
@@ -206,16 +205,6 @@ def test_left_padding_is_refused_right_padding_is_exact():
 # ------------------------------------------------------------------ key map vs real megatron
 
 
-@pytest.fixture(scope="module")
-def megatron_1rank():
-    from lenext_dist.model import destroy_megatron, init_megatron, init_single_process_group
-
-    own = init_single_process_group()
-    init_megatron(1234)
-    yield init_megatron
-    destroy_megatron()
-    if own:
-        dist.destroy_process_group()
 
 
 def test_qkv_split_merge_roundtrip():

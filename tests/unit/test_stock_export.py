@@ -13,7 +13,6 @@ import sys
 
 import pytest
 import torch
-import torch.distributed as dist
 
 from lenext_dist.attention import POSITIONS
 from lenext_dist.attention.rope import SCALINGS
@@ -27,16 +26,6 @@ os.environ.setdefault("DS_ACCELERATOR", "cpu")
 L = 16  # training length of the tiny models: 8x = 128 tokens
 
 
-@pytest.fixture(scope="module")
-def megatron_1rank():
-    from lenext_dist.model import destroy_megatron, init_megatron, init_single_process_group
-
-    own = init_single_process_group()
-    init_megatron(1234)
-    yield init_megatron
-    destroy_megatron()
-    if own:
-        dist.destroy_process_group()
 
 
 def run_config(position="nope", *, learned=False, tie=False, groups=2, **attn):

@@ -8,7 +8,6 @@ from types import SimpleNamespace as NS
 
 import pytest
 import torch
-import torch.distributed as dist
 
 from lenext_dist.attention import (POSITIONS, ALiBi, KerpleLog, KerplePower, MaskSpec, NoPE,
                                    Sandwich, XPOS, alibi_slopes, attend, build_position,
@@ -421,16 +420,6 @@ MODEL_CASES = [("alibi", None), ("kerple_log", None), ("kerple_power", None), ("
                ("xpos", None), ("nope", 8), ("rope", 8)]
 
 
-@pytest.fixture(scope="module")
-def megatron_1rank():
-    from lenext_dist.model import destroy_megatron, init_megatron, init_single_process_group
-
-    own = init_single_process_group()
-    init_megatron(1234)
-    yield
-    destroy_megatron()
-    if own:
-        dist.destroy_process_group()
 
 
 @pytest.mark.parametrize("position,window", MODEL_CASES)
