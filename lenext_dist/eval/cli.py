@@ -21,7 +21,7 @@ from typing import Optional, Sequence
 
 from lenext_dist.errors import entry_point
 
-from .jobs import JOBS, EvalError, EvalJob, job_from_args  # noqa: F401  (EvalError: its old home)
+from .jobs import EvalError, job_from_args  # noqa: F401  (EvalError: re-exported from its old home)
 from .options import (DTYPES, PROTOCOLS, ROPE_SCALINGS, depths, float_, ints, nonneg_int, pos_float,
                       pos_int)
 
