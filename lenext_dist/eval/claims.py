@@ -246,7 +246,7 @@ def headscale_close_to_base(T: int, L: int, hs: float, base: float) -> str:
     rel = hs / base - 1
     close = abs(rel) <= CLOSE
     return (f"- At L = {L} (short range), HeadScale-{T} PPL {hs:.2f} vs base {base:.2f} "
-            f"({100 * rel:+.1f}%): {'close to base (within 5%)' if close else 'not close to base'}.")
+            f"({100 * rel:+.1f}%): {f'close to base (within {CLOSE:.0%})' if close else 'not close to base'}.")
 
 
 def extend_claims(ppl: dict[str, dict[int, float]], targets: list[int], L: int,

@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
-import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass, field, fields
@@ -25,6 +23,7 @@ import numpy as np
 
 from lenext_dist.errors import UserError
 
+from .model_io import load_model, model_info, write_json
 from .options import (DTYPES, PROTOCOLS, ROPE_SCALINGS, choice, depths, float_, ints, nonneg_int,
                       paths, pos_float, pos_int)
 
@@ -353,67 +352,3 @@ def job_from_args(args: argparse.Namespace) -> EvalJob:
     """The job `lenext eval <kind> ...` describes (argparse dests are the job's field names)."""
     cls = JOBS[args.eval_cmd]
     return cls(**{f.name: getattr(args, f.name) for f in fields(cls) if hasattr(args, f.name)})
-
-
-# ----------------------------------------------------------------------------- shared
-def load_model(path: str, dtype: str = "float32", device: Optional[str] = None):
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    if not os.path.isfile(os.path.join(path, "config.json")):
-        raise FileNotFoundError(f"{path}: no config.json (not an HF model directory)")
-    dev = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    model = AutoModelForCausalLM.from_pretrained(path, trust_remote_code=True,
-                                                 dtype=getattr(torch, dtype))
-    return model.to(dev).eval()
-
-
-def _git_commit() -> Optional[str]:
-    try:
-        here = os.path.dirname(os.path.abspath(__file__))
-        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True,
-                              text=True, timeout=5).stdout.strip() or None
-    except (OSError, subprocess.SubprocessError):
-        return None
-
-
-def model_info(model, path: str, job) -> dict:
-    import torch
-    import transformers
-
-    from .adapter import head_scales, layout
-
-    info = {"path": os.path.abspath(path), "class": type(model).__name__,
-            "config": model.config.to_dict(), "dtype": job.dtype,
-            "parameters": int(sum(p.numel() for p in model.parameters())),
-            "scale_c": job.scale_c, "train_length": None}
-    try:
-        info["attention_layout"] = layout(model)
-        m = head_scales(model)
-        info["head_scale"] = {"min": float(m.min()), "max": float(m.max()),
-                              "mean": float(m.mean())}
-        pos = getattr(model.model.layers[0].self_attn, "position", None)
-        if pos is not None:
-            info["position"] = repr(pos)
-    except (TypeError, AttributeError) as e:
-        info["attention_layout"] = f"unknown ({e})"
-    info["software"] = {"torch": torch.__version__, "transformers": transformers.__version__,
-                        "python": platform.python_version(), "lenext_git": _git_commit()}
-    return info
-
-
-def write_json(obj: dict, path: str) -> str:
-    import json
-
-    def default(o):
-        if isinstance(o, np.generic):
-            return o.item()
-        if isinstance(o, np.ndarray):
-            return o.tolist()
-        raise TypeError(type(o).__name__)
-
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(obj, f, indent=1, default=default)
-    os.replace(tmp, path)
-    return path
