@@ -39,7 +39,6 @@ from .documents import Documents
 from .mask import MaskSpec
 from .paths import (chunked_attention, choose_impl, flex_path_attention, scaled_query,
                     sdpa_kv, sdpa_mask_attention)
-from .position import PositionVariant
 
 ScoreMod = Callable[[Tensor, Tensor, Tensor], Tensor]
 
@@ -140,12 +139,14 @@ def eager_causal_attention(q: Tensor, k: Tensor, v: Tensor, m: Tensor, *,
     return torch.cat(outs, dim=2).to(q.dtype)
 
 
-def attend(q: Tensor, k: Tensor, v: Tensor, m: Tensor, variant: PositionVariant,
+def attend(q: Tensor, k: Tensor, v: Tensor, m: Tensor, variant,
            positions: Union[Tensor, int, None] = None, *, eager: bool = False,
            documents: Optional[Documents] = None) -> Tensor:
     """The whole attention function of a variant: rotate, scale, causal softmax, weight values.
 
     q [b, h, sq, d], k/v [b, g, sk, d] (not yet rotated), m [h] fp32 -> [b, h, sq, d] in q.dtype.
+    variant: a `position.PositionVariant` (its hooks; not imported here: position.py imports this
+    module for `PositionVariant.forward`, and imports run one way).
     positions: absolute positions of the queries, which are also those of the last sq keys: a
     tensor [sq] or an int start; default sk - sq (0..s-1 without a cache).
     With a KV cache (sq < sk), the cached part k[:, :, :sk - sq] must be rotated already:

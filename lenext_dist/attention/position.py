@@ -43,6 +43,7 @@ from typing import Callable, Optional, Union
 import torch
 from torch import Tensor, nn
 
+from .core import attend
 from .mask import MaskSpec
 
 
@@ -95,8 +96,6 @@ class PositionVariant(nn.Module):
         `nn.Module.__call__`, so
         that module hooks see the call (DeepSpeed ZeRO-3 gathers a learned variant's partitioned
         parameters in its pre-forward hook). Callers holding a variant should call it this way."""
-        from .core import attend  # core imports this module
-
         return attend(q, k, v, m, self, positions, eager=eager, documents=documents)
 
     # ---- hooks ---------------------------------------------------------------------------------

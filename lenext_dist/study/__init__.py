@@ -1,8 +1,9 @@
 """The small-scale study (project issue 8): `python -m lenext_dist.study [--quick]`.
 
-Modules: `plan` (presets, runs, evaluation cells), `jobs` (commands and worker pools on a few CPU
-lanes), `pipeline` (shards -> pretrain -> export -> evaluations -> `lenext extend`), `analysis`
-(summary.json; inflection points), `figures` (PNGs), `writeup` (claims and STUDY.md), `cli`.
+Modules: `plan` (presets, runs, evaluation cells), `jobs` (commands, and a worker pool running
+pickled job objects, on a few CPU lanes), `pipeline` (shards -> pretrain -> export -> typed
+evaluation jobs -> `lenext extend`'s workflow), `analysis` (summary.json; inflection points),
+`figures` (PNGs), `writeup` (STUDY.md; the claims are lenext_dist.eval.claims), `cli`.
 """
 from .plan import FULL, QUICK, Cell, Run, StudyPlan, preset
 

@@ -93,12 +93,6 @@ def _spread(vals: list[float]) -> dict:
     return {"mean": float(np.mean(v)), "min": float(min(v)), "max": float(max(v)), "n": len(v)}
 
 
-def _sfx(c: Optional[float]) -> str:
-    from lenext_dist.eval.cli import result_suffix
-
-    return result_suffix(scale_c=c)
-
-
 class Analysis:
     """Reads <out>/eval, <out>/extend; `summary()` returns the dict written to summary.json."""
 
@@ -114,7 +108,7 @@ class Analysis:
             return str(p)
 
     def _ppl(self, cell: Cell) -> tuple[Optional[dict], Path]:
-        f = self.s.eval_dir(cell.name) / f"ppl_last-stride{_sfx(cell.scale_c)}.json"
+        f = self.s.cell_jobs(cell)["ppl"].result_path
         return _load(f), f
 
     # ---------------------------------------------------------------- tables
@@ -176,16 +170,15 @@ class Analysis:
         for c in self.cells:
             if not c.curve:
                 continue
-            sfx = _sfx(c.scale_c)
-            d = self.s.eval_dir(c.name)
+            jobs = self.s.cell_jobs(c)
             rec: dict = {"run": c.run, "method": c.method, "scale_c": c.scale_c}
-            j = _load(d / f"ppl_full{sfx}.json")
+            j = _load(jobs["curve"].result_path)
             if j is not None:
                 curve = j["results"][0]["position_curve"]["loss"]
                 rec["loss"] = {**loss_inflection(curve, self.L),
-                               "source": self.rel(d / f"ppl_full{sfx}.json")}
-            npz = d / f"entropy{sfx}_{self.N}.npz"
-            if npz.exists():
+                               "source": self.rel(jobs["curve"].result_path)}
+            npz = jobs["entropy"].npz_path if "entropy" in jobs else None
+            if npz is not None and npz.exists():
                 ent = np.load(npz)["entropy"].mean((0, 1))
                 rec["entropy"] = {**entropy_inflection(ent, self.L), "source": self.rel(npz)}
                 if j is not None:  # rise past L of loss vs entropy, correlated over log bins
@@ -202,7 +195,7 @@ class Analysis:
     def fits(self) -> dict:
         out = {}
         for r in self.s.runs:
-            f = self.s.eval_dir(f"{r.name}-sweep") / "scale_sweep.json"
+            f = self.s.sweep_job(r.name).result_path
             j = _load(f)
             if j is not None:
                 out[r.name] = {**j["fit"], "best_c_mean": j.get("best_c_mean"),
@@ -214,8 +207,8 @@ class Analysis:
     def passkey(self) -> dict:
         out = {}
         for c in self.cells:
-            if c.passkey:
-                f = self.s.eval_dir(c.name) / f"passkey{_sfx(c.scale_c)}.json"
+            if "passkey" in (jobs := self.s.cell_jobs(c)):
+                f = jobs["passkey"].result_path
                 if (j := _load(f)) is not None:
                     out[c.name] = self._pk(j, f)
         return out
@@ -231,7 +224,7 @@ class Analysis:
         out: dict = {}
         by_name = {c.name: c for c in self.cells}
         for c in self.cells:
-            if not c.src:
+            if c.headscale_target is None:
                 continue
             T = self.L * c.matched_factor
             rec: dict = {}
@@ -241,7 +234,8 @@ class Analysis:
                 rec["source"] = self.rel(f)
                 if j.get("model", {}).get("head_scale"):
                     rec["m_h"] = j["model"]["head_scale"]
-            hsj = self.s.extend_dir(c.run) / f"hs-{T}" / "head_scales.json"
+            run = next(r for r in self.s.runs if r.name == c.run)
+            hsj = self.s.extend_options(run).search_dir(T) / "head_scales.json"
             if hsj.exists():
                 rec["head_scales_source"] = self.rel(hsj)
             uni = by_name.get(f"{c.run}-fit{c.matched_factor}")

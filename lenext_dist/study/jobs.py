@@ -1,5 +1,6 @@
-"""Running the study's work on a few CPU lanes: commands side by side, and `lenext` calls in a
-pool of worker processes (each imports torch/transformers once and runs many evaluations).
+"""Running the study's work on a few CPU lanes: commands side by side (data prep, pretraining
+launches), and jobs (typed evaluation jobs, `lenext extend`'s workflow) in a pool of worker
+processes (each imports torch/transformers once and runs many evaluations).
 
 Every command's output goes to a log file under the study folder; a failing command raises
 `JobError` naming that log. Environment for children: `DS_ACCELERATOR=cpu`, one thread per lane
@@ -106,44 +107,25 @@ def _worker_init(threads: int) -> None:
     torch.set_num_threads(threads)
 
 
-def _lenext_task(name: str, calls: list[list[str]], log: str) -> tuple[str, float]:
-    """Run `lenext <argv>` for each argv in calls, in this worker; output to `log`."""
+def _job_task(name: str, jobs: list, log: str) -> tuple[str, float]:
+    """Run each job (an object with `run()`: an evaluation job of lenext_dist.eval.jobs, or
+    `lenext extend`'s ExtendOptions) in this worker; its output goes to `log`."""
     import contextlib
-
-    from lenext_dist.cli import main
 
     t0 = time.perf_counter()
     Path(log).parent.mkdir(parents=True, exist_ok=True)
     with open(log, "a") as f, contextlib.redirect_stdout(f), contextlib.redirect_stderr(f):
-        for argv in calls:
-            print("$ lenext " + " ".join(argv), flush=True)
-            rc = main(argv)
-            if rc not in (0, None):
-                raise JobError(f"lenext {' '.join(argv)} exited {rc}")
-    return name, time.perf_counter() - t0
-
-
-def _command_task(name: str, argv: list[str], log: str, threads: int) -> tuple[str, float]:
-    t0 = time.perf_counter()
-    with open(log, "w") as f:
-        f.write("$ " + " ".join(argv) + "\n")
-        f.flush()
-        rc = subprocess.run(argv, cwd=REPO, env=child_env(threads), stdout=f,
-                            stderr=subprocess.STDOUT).returncode
-    if rc != 0:
-        tail = Path(log).read_text().splitlines()[-15:]
-        raise JobError(f"{name} exited {rc}; last lines of {log}:\n" + "\n".join(tail))
+        for job in jobs:
+            print(f"$ {job!r}", flush=True)
+            job.run()
     return name, time.perf_counter() - t0
 
 
 @dataclass
 class Task:
     name: str
-    calls: Optional[list[list[str]]] = None
-    """`lenext` argv lists, run in a pool worker."""
-    argv: Optional[list[str]] = None
-    """Or: a command run as a child of a pool worker (e.g. `lenext extend`, which launches
-    DeepSpeed itself)."""
+    jobs: list
+    """Objects with `run()` (they pickle: they travel to a pool worker), run in order."""
     log: Optional[Path] = None
     after: tuple[str, ...] = ()
     """Names of tasks that must finish first."""
@@ -166,10 +148,7 @@ def run_tasks(tasks: Sequence[Task], workers: int, threads: int = 1,
                 if len(futures) >= max(1, workers) * 2:
                     break
                 todo.remove(t)
-                if t.argv is not None:
-                    fut = ex.submit(_command_task, t.name, t.argv, str(t.log), threads)
-                else:
-                    fut = ex.submit(_lenext_task, t.name, t.calls, str(t.log))
+                fut = ex.submit(_job_task, t.name, t.jobs, str(t.log))
                 futures[fut] = t
             if not futures:
                 raise JobError(f"unsatisfiable task order: {[t.name for t in todo]}")

@@ -4,15 +4,17 @@
   2. pretrain     every run: deepspeed launch/pretrain.py --config <plan.config> --attention.position=X
                   --train.seed=S, side by side on `workers` lanes        -> <out>/runs/<run>/
   3. export       python API of lenext_dist.convert                     -> <out>/models/<run>/
-  4. sweep        `lenext eval scale-sweep` at 8L per NoPE run           -> <out>/eval/<run>-sweep/
-  5. cells        eval-time variants as model folders whose config.json is edited (RoPE+NTK/YaRN,
-                  window, log-length scale; files symlinked)            -> <out>/models/<cell>/
-                  `lenext eval ppl` (last-stride, L..8L, + context diagnostics), for curve cells
-                  `ppl --protocol full --curve-all` at 8L and `entropy` at 8L, passkey for the bases
-                                                                         -> <out>/eval/<cell>/
-  6. HeadScale    `lenext extend` per NoPE run (the first `headscale_seeds`), seeded with the
-                  export, the sweep and the base evaluation above so it only searches, exports and
-                  evaluates uniform c(T) and HeadScale                   -> <out>/extend/<run>/
+  4. sweep        a scale-sweep job (lenext_dist.eval.jobs) at 8L per NoPE run -> <out>/eval/<run>-sweep/
+  5. cells        per cell (plan.py), typed evaluation jobs on the run's export with the cell's
+                  eval-time options (RoPE+NTK/YaRN, window, log-length scale, uniform c): ppl
+                  (last-stride, L..8L, + context diagnostics), for curve cells ppl full/curve-all
+                  at 8L and entropy at 8L, passkey for the bases           -> <out>/eval/<cell>/
+  6. HeadScale    `lenext extend`'s workflow (ExtendOptions) per NoPE run (the first
+                  `headscale_seeds`), seeded with the export, the sweep and the base evaluation
+                  above so it only searches, exports and evaluates uniform c(T) and HeadScale
+                                                                         -> <out>/extend/<run>/
+Jobs are objects run in the study's pool workers (jobs.py); each names its own result file, which
+the analysis reads back through the same job (`cell_jobs`, `sweep_job`).
 Analysis and STUDY.md: analysis.py, figures.py, writeup.py.
 """
 from __future__ import annotations
@@ -24,17 +26,13 @@ import time
 from pathlib import Path
 from typing import Callable, Optional
 
+from lenext_dist.eval.jobs import EntropyJob, EvalJob, PasskeyJob, PplJob, ScaleSweepJob
+from lenext_dist.extend.workflow import ExtendOptions
+
 from .jobs import REPO, Command, Task, run_commands, run_tasks
 from .plan import Cell, Run, StudyPlan, cells, runs
 
 PY = sys.executable
-
-
-def _rel(p: Path) -> str:
-    try:
-        return str(Path(p).resolve().relative_to(REPO))
-    except ValueError:
-        return str(p)
 
 
 class Study:
@@ -117,51 +115,29 @@ class Study:
             export(ckpt, dst, overwrite=True)
         self.timings["export"] = {"seconds": round(time.perf_counter() - t0, 1)}
 
-    # ------------------------------------------------------------------ 5. variant folders
-    def variant_folder(self, cell: Cell) -> Path:
-        src = self.out / cell.src if cell.src else self.model_dir(cell.run)
-        if cell.config_edit is None:
-            return src
-        dst = self.model_dir(cell.name)
-        dst.mkdir(parents=True, exist_ok=True)
-        for f in src.iterdir():
-            if f.name == "config.json":
-                continue
-            link = dst / f.name
-            if link.is_symlink() or link.exists():
-                link.unlink()
-            link.symlink_to(os.path.relpath(f.resolve(), dst))
-        conf = json.loads((src / "config.json").read_text())
-        for k, v in cell.config_edit.items():
-            conf[k] = {**(conf.get(k) or {}), **v} if isinstance(v, dict) else v
-        conf["lenext_study_edit"] = {"from": _rel(src), "edit": cell.config_edit}
-        (dst / "config.json").write_text(json.dumps(conf, indent=2))
-        return dst
-
     # ------------------------------------------------------------------ 4-6. evaluation
-    def _common(self) -> list[str]:
-        return ["--data", *self.plan.data, "--no-progress", "--threads", "1"]
+    def _common(self) -> dict:
+        return dict(data=list(self.plan.data), no_progress=True, threads=1)
+
+    def sweep_job(self, run: str) -> ScaleSweepJob:
+        p = self.plan
+        return ScaleSweepJob(model=str(self.model_dir(run)), out=str(self.eval_dir(f"{run}-sweep")),
+                             length=self.L * max(p.factors), c_min=p.sweep_c[0], c_max=p.sweep_c[1],
+                             c_step=p.sweep_c[2], samples=p.sweep_samples, **self._common())
 
     def sweep_tasks(self) -> list[Task]:
-        p, N = self.plan, self.L * max(self.plan.factors)
         tasks = []
         for r in self.runs:
-            if r.position != "nope":
+            if r.position != "nope" or (job := self.sweep_job(r.name)).done():
                 continue
-            dst = self.eval_dir(f"{r.name}-sweep")
-            if (dst / "scale_sweep.json").exists():
-                continue
-            tasks.append(Task(f"sweep {r.name}", calls=[[
-                "eval", "scale-sweep", "--model", str(self.model_dir(r.name)), "--out", str(dst),
-                "--length", str(N), "--c-min", str(p.sweep_c[0]), "--c-max", str(p.sweep_c[1]),
-                "--c-step", str(p.sweep_c[2]), "--samples", str(p.sweep_samples), *self._common()]],
-                log=self.out / "logs" / f"sweep-{r.name}.log"))
+            tasks.append(Task(f"sweep {r.name}", jobs=[job],
+                              log=self.out / "logs" / f"sweep-{r.name}.log"))
         return tasks
 
     def fitted(self) -> dict[str, dict]:
         out = {}
         for r in self.runs:
-            f = self.eval_dir(f"{r.name}-sweep") / "scale_sweep.json"
+            f = self.sweep_job(r.name).result_path
             if f.exists():
                 out[r.name] = json.loads(f.read_text())["fit"]
         return out
@@ -172,61 +148,68 @@ class Study:
     def passkey_lengths(self) -> list[int]:
         return [n for n in self.lengths if n >= 128] or [max(self.lengths)]
 
-    def cell_task(self, cell: Cell) -> Optional[Task]:
-        from lenext_dist.eval.cli import result_suffix
+    def model_path(self, cell: Cell) -> Path:
+        """The model folder a cell evaluates: its run's export, or a HeadScale export of extend."""
+        if cell.headscale_target is None:
+            return self.model_dir(cell.run)
+        run = next(r for r in self.runs if r.name == cell.run)
+        return self.extend_options(run).export_dir(cell.headscale_target)
 
-        p, L = self.plan, self.L
-        model, dst = self.variant_folder(cell), self.eval_dir(cell.name)
-        scale = ["--scale-c", str(cell.scale_c)] if cell.scale_c is not None else []
-        sfx = result_suffix(scale_c=cell.scale_c)
-        m = ["--model", str(model), "--out", str(dst)]
-        calls = []
-        if not (dst / f"ppl_last-stride{sfx}.json").exists():
-            calls.append(["eval", "ppl", *m, "--lengths", ",".join(map(str, self.lengths)),
-                          "--stride", str(max(1, L // 2)), "--budget-tokens", str(p.budget_tokens),
-                          *scale, *self._common()])
-        N = L * max(p.factors)
-        if cell.curve and not (dst / f"ppl_full{sfx}.json").exists():
-            calls.append(["eval", "ppl", *m, "--lengths", str(N), "--protocol", "full",
-                          "--curve-all", "--no-penalty", "--budget-tokens", str(p.curve_windows * N),
-                          *scale, *self._common()])
-        if cell.curve and p.entropy_samples and not (dst / f"entropy{sfx}_{N}.json").exists():
-            calls.append(["eval", "entropy", *m, "--length", str(N), "--samples",
-                          str(p.entropy_samples), *scale, *self._common()])
-        if cell.passkey and p.passkey_keys and not (dst / f"passkey{sfx}.json").exists():
-            calls.append(["eval", "passkey", *m, "--lengths", ",".join(map(str, self.passkey_lengths())),
-                          "--depths", str(p.passkey_depths), "--keys", str(p.passkey_keys),
-                          "--no-progress", "--threads", "1", *scale])
-        if not calls:
+    def cell_jobs(self, cell: Cell) -> dict[str, EvalJob]:
+        """Every evaluation of a cell: `ppl` (last-stride), and as the cell asks `curve` (ppl
+        full/curve-all at 8L), `entropy` (at 8L), `passkey`."""
+        p, L, N = self.plan, self.L, self.L * max(self.plan.factors)
+        model = self.model_path(cell)
+        m = dict(model=str(model), out=str(self.eval_dir(cell.name)), scale_c=cell.scale_c,
+                 window=cell.window, rope_scaling=cell.rope_scaling, rope_factor=cell.rope_factor,
+                 log_scale_a=cell.log_scale_a)
+        jobs: dict[str, EvalJob] = {"ppl": PplJob(
+            **m, lengths=self.lengths, stride=max(1, L // 2), budget_tokens=p.budget_tokens,
+            **self._common())}
+        if cell.curve:
+            jobs["curve"] = PplJob(**m, lengths=[N], protocol="full", curve_all=True,
+                                   no_penalty=True, budget_tokens=p.curve_windows * N,
+                                   **self._common())
+        if cell.curve and p.entropy_samples:
+            jobs["entropy"] = EntropyJob(**m, length=N, samples=p.entropy_samples, **self._common())
+        if cell.passkey and p.passkey_keys:
+            jobs["passkey"] = PasskeyJob(**m, lengths=self.passkey_lengths(),
+                                         depths=str(p.passkey_depths), keys=p.passkey_keys,
+                                         no_progress=True, threads=1)
+        return jobs
+
+    def cell_task(self, cell: Cell) -> Optional[Task]:
+        todo = [j for j in self.cell_jobs(cell).values() if not j.done()]
+        if not todo:
             return None
-        return Task(f"eval {cell.name}", calls=calls, log=self.out / "logs" / f"eval-{cell.name}.log")
+        return Task(f"eval {cell.name}", jobs=todo, log=self.out / "logs" / f"eval-{cell.name}.log")
+
+    def extend_options(self, r: Run) -> ExtendOptions:
+        """extend only searches and exports here (evaluation at L alone, no passkey/entropy): the
+        study evaluates the exports itself (cells with `headscale_target`) with the protocol of every cell."""
+        p, L = self.plan, self.L
+        return ExtendOptions(
+            base=str(self.run_dir(r.name)), targets=[L * f for f in p.headscale_targets],
+            out=str(self.extend_dir(r.name)), steps=p.headscale_steps, nproc=1, global_batch=8,
+            port=self.port + 40 + self.runs.index(r), data=list(p.data), eval_factors=[1],
+            stride=max(1, L // 2), budget_tokens=p.budget_tokens, passkey_keys=0,
+            entropy_samples=0, threads=1)
 
     def extend_task(self, r: Run) -> Optional[Task]:
-        p, L = self.plan, self.L
-        out = self.extend_dir(r.name)
-        targets = [L * f for f in p.headscale_targets]
-        if (out / "report.md").exists():
+        ext = self.extend_options(r)
+        if ext.report_path.exists():
             return None
         # seed lenext extend with what the study already has (it skips a step whose output exists)
-        for link, target in ((out / "hf" / "base", self.model_dir(r.name)),
-                             (out / "eval" / "sweep", self.eval_dir(f"{r.name}-sweep")),
-                             (out / "eval" / "base", self.eval_dir(r.name))):
+        for link, target in ((ext.base_export, self.model_dir(r.name)),
+                             (ext.eval_dir("sweep"), self.eval_dir(f"{r.name}-sweep")),
+                             (ext.eval_dir("base"), self.eval_dir(r.name))):
             link.parent.mkdir(parents=True, exist_ok=True)
             if not link.exists():
                 if link.is_symlink():
                     link.unlink()
                 link.symlink_to(os.path.relpath(target.resolve(), link.parent))
-        # extend only searches and exports here (evaluation at L alone, no passkey/entropy): the
-        # study evaluates the exports itself (cells with `src`) with the protocol of every cell
-        argv = [PY, "-m", "lenext_dist", "extend", "--base", str(self.run_dir(r.name)),
-                "--targets", ",".join(map(str, targets)), "--out", str(out),
-                "--steps", str(p.headscale_steps), "--nproc", "1", "--global-batch", "8",
-                "--port", str(self.port + 40 + self.runs.index(r)),
-                "--data", *p.data, "--eval-factors", "1",
-                "--stride", str(max(1, L // 2)), "--budget-tokens", str(p.budget_tokens),
-                "--passkey-keys", "0", "--entropy-samples", "0", "--threads", "1"]
-        return Task(f"extend {r.name}", argv=argv, log=self.out / "logs" / f"extend-{r.name}.log",
-                    after=(f"eval {r.name}",))
+        return Task(f"extend {r.name}", jobs=[ext],
+                    log=self.out / "logs" / f"extend-{r.name}.log", after=(f"eval {r.name}",))
 
     def evaluate(self) -> None:
         t = self.sweep_tasks()
@@ -238,11 +221,12 @@ class Study:
             if (task := self.extend_task(r)) is not None:
                 tasks.append(task)
         cells_ = self.cells()
-        base_first = sorted([c for c in cells_ if not c.src],
+        base_first = sorted([c for c in cells_ if c.headscale_target is None],
                             key=lambda c: (c.name not in {r.name for r in hs_runs}, c.name))
         tasks += [task for c in base_first if (task := self.cell_task(c)) is not None]
         self.timings["evaluate"] = run_tasks(tasks, self.plan.workers, log=self.log)
-        later = [task for c in cells_ if c.src and (self.out / c.src / "config.json").exists()
+        later = [task for c in cells_ if c.headscale_target is not None
+                 and (self.model_path(c) / "config.json").exists()
                  and (task := self.cell_task(c)) is not None]
         if later:
             self.timings["evaluate_headscale"] = run_tasks(later, self.plan.workers, log=self.log)

@@ -1,7 +1,7 @@
 """What a study runs: the `StudyPlan` (quick and full presets) and its evaluation cells.
 
 A *run* is one pretraining (position variant x seed). A *cell* is one model folder evaluated one
-way: a run's export, optionally turned into an eval-time variant (RoPE+NTK/YaRN with factor s,
+way: a run's export, optionally with eval-time options (RoPE+NTK/YaRN with factor s,
 sliding window, log-length scale, a uniform scale c). `cells()` lists every cell of the study;
 the HeadScale cells come from `lenext extend` (see pipeline.py).
 
@@ -112,18 +112,22 @@ class Cell:
     run: str
     method: str
     position: str
-    config_edit: Optional[dict] = None
-    """Changes to the export's config.json (position/rope/attention_options); None: the export."""
     scale_c: Optional[float] = None
+    """Eval-time options of the cell's jobs (lenext_dist.eval.jobs), applied to the loaded export:
+    a uniform scale c, a sliding window, a RoPE extension (scaling, factor s), a log-length scale."""
+    window: Optional[int] = None
+    rope_scaling: Optional[str] = None
+    rope_factor: Optional[float] = None
+    log_scale_a: Optional[float] = None
     curve: bool = False
     """Also the per-position loss curve (full windows of 8L) and the attention entropy."""
     passkey: bool = False
     matched_factor: Optional[int] = None
     """For per-length methods (s = T/L): the only length factor this cell belongs to in the
     'matched' table (None: every length)."""
-    src: Optional[str] = None
-    """Model folder relative to the study folder, when not the run's export (HeadScale exports
-    of `lenext extend`); such cells are evaluated after the searches."""
+    headscale_target: Optional[int] = None
+    """For a HeadScale cell: its target length T; the model is `lenext extend`'s export of that
+    search (ExtendOptions.export_dir), evaluated after the searches."""
 
 
 def _fmt_c(c: float) -> str:
@@ -141,12 +145,12 @@ def cells(plan: StudyPlan, run_list: list[Run], L: int,
         out.append(Cell(n, n, r.position, r.position, curve=base_curve,
                         passkey=r.position in ("nope", "rope")))
         out.append(Cell(f"{n}-window", n, f"{r.position} + window L", r.position,
-                        config_edit={"attention_options": {"window": L}}))
+                        window=L))
         if r.position == "rope":
             for s in plan.rope_factors:
                 for kind in ("ntk", "yarn"):
                     out.append(Cell(f"{n}-{kind}{s}", n, f"rope + {kind.upper() if kind == 'ntk' else 'YaRN'}",
-                                    "rope", config_edit={"rope": {"scaling": kind, "factor": float(s)}},
+                                    "rope", rope_scaling=kind, rope_factor=float(s),
                                     matched_factor=s))
         if r.position == "nope":
             for c in plan.uniform_c:
@@ -164,12 +168,12 @@ def cells(plan: StudyPlan, run_list: list[Run], L: int,
                     out.append(Cell(f"{n}-fit{f}", n, "nope c(T) fitted", "nope", scale_c=c,
                                     matched_factor=f))
                 out.append(Cell(f"{n}-logscale", n, "nope log scale 1+a ln(i/L)", "nope",
-                                config_edit={"attention_options": {"log_scale_a": round(a, 4)}},
+                                log_scale_a=round(a, 4),
                                 curve=True))
     nope = [r for r in run_list if r.position == "nope"][: plan.headscale_seeds]
     for r in nope:
         for f in plan.headscale_targets:
             out.append(Cell(f"{r.name}-hs{L * f}", r.name, "nope HeadScale", "nope",
                             passkey=True, matched_factor=f,
-                            src=f"extend/{r.name}/hf/hs-{L * f}"))
+                            headscale_target=L * f))
     return out

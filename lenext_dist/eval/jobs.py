@@ -1,0 +1,354 @@
+"""Typed evaluation jobs: one dataclass per evaluation (`PplJob`, `PasskeyJob`, `EntropyJob`,
+`ScaleSweepJob`) holding its options, checked in `__post_init__` (the same one-line messages as
+`lenext eval`'s flags, from the same checks in eval/options.py), `run()` (load the model, evaluate,
+write JSON + PNG) and `result_path` (the JSON it writes: this module alone names result files).
+
+`lenext eval` parses its flags into these objects (eval/cli.py); `lenext extend` and the study build
+them directly and ask them where their results are; they pickle (the study's pool workers run them).
+Eval-time changes of the model (a uniform scale c, a sliding window, RoPE scaling, a log-length
+scale) are options of the job, applied to the loaded model; they also name the result files
+(`suffix`), so runs with different options never collide.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import ClassVar, Optional
+
+import numpy as np
+
+from lenext_dist.errors import UserError
+
+from .model_io import load_model, model_info, write_json
+from .options import (DTYPES, PROTOCOLS, ROPE_SCALINGS, choice, depths, float_, ints, nonneg_int,
+                      paths, pos_float, pos_int)
+
+
+class EvalError(UserError, ValueError):
+    """An evaluation cannot run as asked (the message names the flag or file)."""
+
+
+def _opt(default=None, check=None, flag: Optional[str] = None):
+    """A job option: `check` is the flag's argparse type (value -> value or ArgumentTypeError)."""
+    return field(default=default, metadata={"check": check, "flag": flag})
+
+
+@dataclass(kw_only=True)
+class EvalJob:
+    """Options every evaluation shares (the flags of `lenext eval <kind>`; see eval/cli.py)."""
+    kind: ClassVar[str] = ""
+    model: str = _opt(None, str)
+    out: Optional[str] = _opt(None, str)
+    tokenizer: Optional[str] = _opt(None, str)
+    dtype: str = _opt("float32", choice(DTYPES))
+    device: Optional[str] = _opt(None, str)
+    threads: Optional[int] = _opt(None, pos_int)
+    batch_size: int = _opt(1, pos_int)
+    scale_c: Optional[float] = _opt(None, pos_float)
+    window: Optional[int] = _opt(None, pos_int)
+    rope_scaling: Optional[str] = _opt(None, choice(ROPE_SCALINGS))
+    rope_factor: Optional[float] = _opt(None, pos_float)
+    log_scale_a: Optional[float] = _opt(None, float_)
+    train_length: Optional[int] = _opt(None, pos_int)
+    no_progress: bool = False
+    bos: Optional[bool] = None
+
+    def __post_init__(self) -> None:
+        if self.model is None:
+            raise EvalError(f"lenext eval {self.kind}: the following arguments are required: --model")
+        for f in fields(self):
+            check, v = f.metadata.get("check"), getattr(self, f.name)
+            if check is None or v is None:
+                continue
+            try:
+                setattr(self, f.name, check(v))
+            except argparse.ArgumentTypeError as e:
+                flag = f.metadata.get("flag") or "--" + f.name.replace("_", "-")
+                raise EvalError(f"lenext eval {self.kind}: argument {flag}: {e}") from None
+
+    # ------------------------------------------------------------------ naming
+    @property
+    def out_dir(self) -> Path:
+        return Path(self.out or os.path.join("results", os.path.basename(os.path.normpath(self.model))))
+
+    @property
+    def suffix(self) -> str:
+        """Names every eval-time change of the model, e.g. `_c1.2_w64_ntk4`."""
+        parts = [("c", self.scale_c), ("w", self.window), ("loga", self.log_scale_a),
+                 (self.rope_scaling or "", self.rope_factor if self.rope_scaling else None)]
+        return "".join(f"_{k}{v:g}" for k, v in parts if v is not None)
+
+    @property
+    def stem(self) -> Path:
+        """Result path without extension (the JSON, PNG, NPZ share it)."""
+        raise NotImplementedError
+
+    @property
+    def result_path(self) -> Path:
+        return self.stem.with_name(self.stem.name + ".json")
+
+    def done(self) -> bool:
+        return self.result_path.exists()
+
+    # ------------------------------------------------------------------ running
+    def run(self) -> list[str]:
+        """Evaluate and write the results; returns the files written (also printed)."""
+        try:
+            files = self._run()
+        except (ValueError, TypeError) as e:
+            # the eval library raises ValueError/TypeError for inputs it cannot use (documents too
+            # short, a model that is not Llama-shaped, a stride that does not divide): user errors
+            if isinstance(e, UserError):
+                raise
+            raise EvalError(f"lenext eval {self.kind}: {e}") from e
+        for f in files:
+            print(f"wrote {f}")
+        return files
+
+    def _run(self) -> list[str]:
+        raise NotImplementedError
+
+    @property
+    def tokenizer_path(self) -> str:
+        return self.tokenizer or os.path.join(self.model, "tokenizer.model")
+
+    def _setup(self):
+        """-> (model with this job's eval-time options applied, training length L, meta dict)."""
+        import torch
+
+        from .adapter import set_uniform_scale, set_variant, train_length, trained_with_bos
+
+        if self.threads:
+            torch.set_num_threads(self.threads)
+        model = load_model(self.model, self.dtype, self.device)
+        if self.scale_c is not None:
+            set_uniform_scale(model, self.scale_c)
+        options = {k: v for k, v in (("window", self.window), ("log_scale_a", self.log_scale_a))
+                   if v is not None}
+        rope = {k: v for k, v in (("scaling", self.rope_scaling), ("factor", self.rope_factor))
+                if v is not None}
+        if options or rope:
+            set_variant(model, rope=rope or None, **options)
+        L = self.train_length or train_length(model)
+        if self.bos is None:  # the model's training decides (recorded in the JSON's args)
+            self.bos = trained_with_bos(model, self.model)
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        meta = {"command": " ".join(sys.argv),
+                "args": {"eval_cmd": self.kind, **asdict(self)},
+                "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                "model": model_info(model, self.model, self)}
+        meta["model"]["train_length"] = L
+        return model, L, meta
+
+
+@dataclass(kw_only=True)
+class DataJob(EvalJob):
+    """An evaluation over documents (--data)."""
+    data: list[str] = _opt(None, paths)
+    text_key: str = _opt("text", str)
+    max_docs: Optional[int] = _opt(None, pos_int)
+
+    def __post_init__(self) -> None:
+        if not self.data:
+            raise EvalError(f"lenext eval {self.kind}: the following arguments are required: --data")
+        super().__post_init__()
+
+    def _docs(self, min_tokens: int):
+        from .data import load_documents
+
+        return load_documents(self.data, self.tokenizer_path, text_key=self.text_key,
+                              min_tokens=min_tokens, max_docs=self.max_docs, bos=self.bos)
+
+
+@dataclass(kw_only=True)
+class PplJob(DataJob):
+    """Sliding-window perplexity at several lengths (`lenext eval ppl`)."""
+    kind: ClassVar[str] = "ppl"
+    lengths: list[int] = _opt(None, ints)
+    stride: int = _opt(256, pos_int)
+    protocol: str = _opt("last-stride", choice(PROTOCOLS))
+    budget_tokens: Optional[int] = _opt(None, pos_int)
+    curve_all: bool = False
+    no_penalty: bool = False
+    penalty_stride: Optional[int] = _opt(None, pos_int)
+
+    def __post_init__(self) -> None:
+        if not self.lengths:
+            raise EvalError("lenext eval ppl: the following arguments are required: --lengths")
+        super().__post_init__()
+
+    @property
+    def stem(self) -> Path:
+        return self.out_dir / f"ppl_{self.protocol}{self.suffix}"
+
+    def _run(self) -> list[str]:
+        from . import plots
+        from .ppl import run_ppl
+
+        model, L, meta = self._setup()
+        docs = self._docs(min_tokens=min(self.lengths) + 1)
+        res = run_ppl(model, docs, self.lengths, stride=self.stride, protocol=self.protocol,
+                      budget_tokens=self.budget_tokens, batch_size=self.batch_size,
+                      curve_all=self.curve_all, penalty=not self.no_penalty,
+                      penalty_stride=self.penalty_stride, train_length=L,
+                      progress=not self.no_progress)
+        res = {**meta, **res}
+        stem = str(self.stem)
+        files = [write_json(res, stem + ".json"), plots.plot_ppl(res, stem + ".png")]
+        if any("penalty_binned" in d for d in res["diagnostics"]):
+            files.append(plots.plot_penalty(res, str(
+                self.out_dir / f"penalty_{self.protocol}{self.suffix}.png")))
+        for r in res["results"]:
+            print(f"W={r['length']:>6}  {self.protocol}  ppl {r['ppl']:.4f}  "
+                  f"({r['scored_tokens']} tokens, {r['windows']} windows)")
+        for d in res["diagnostics"]:
+            cu = d.get("context_use", {})
+            pen = d.get("penalty_mean")
+            print(f"W={d['length']:>6}  context use gain {cu.get('gain')} (unpaired "
+                  f"{cu.get('gain_unpaired')})"
+                  + (f"  penalty mean {pen:.4f}" if pen is not None else ""))
+        return files
+
+
+@dataclass(kw_only=True)
+class PasskeyJob(EvalJob):
+    """Passkey retrieval, length x depth (`lenext eval passkey`)."""
+    kind: ClassVar[str] = "passkey"
+    lengths: list[int] = _opt(None, ints)
+    depths: str = _opt("10", depths)
+    keys: int = _opt(10, pos_int)
+    seed: int = _opt(0, nonneg_int)
+    max_new_tokens: int = _opt(8, pos_int)
+
+    def __post_init__(self) -> None:
+        if not self.lengths:
+            raise EvalError("lenext eval passkey: the following arguments are required: --lengths")
+        super().__post_init__()
+
+    @property
+    def stem(self) -> Path:
+        return self.out_dir / f"passkey{self.suffix}"
+
+    def _run(self) -> list[str]:
+        from . import plots
+        from .data import load_tokenizer
+        from .passkey import parse_depths, run_passkey
+
+        model, L, meta = self._setup()
+        sp = load_tokenizer(self.tokenizer_path)
+        res = run_passkey(model, sp, self.lengths, parse_depths(self.depths), keys=self.keys,
+                          seed=self.seed, batch_size=self.batch_size,
+                          max_new_tokens=self.max_new_tokens, bos=self.bos,
+                          progress=not self.no_progress)
+        res = {**meta, **res, "tokenizer": os.path.abspath(self.tokenizer_path)}
+        stem = str(self.stem)
+        for Lp, a in zip(res["lengths"], res["accuracy_by_length"]):
+            print(f"length {Lp:>6}  accuracy {a:.3f}")
+        return [write_json(res, stem + ".json"), plots.plot_passkey(res, stem + ".png")]
+
+
+@dataclass(kw_only=True)
+class EntropyJob(DataJob):
+    """Per-position attention entropy per head and layer (`lenext eval entropy`)."""
+    kind: ClassVar[str] = "entropy"
+    length: int = _opt(None, pos_int)
+    samples: int = _opt(8, pos_int)
+    chunk_size: Optional[int] = _opt(None, pos_int)
+    mem_mb: int = _opt(256, pos_int)
+
+    def __post_init__(self) -> None:
+        if self.length is None:
+            raise EvalError("lenext eval entropy: the following arguments are required: --length")
+        super().__post_init__()
+
+    @property
+    def stem(self) -> Path:
+        return self.out_dir / f"entropy{self.suffix}_{self.length}"
+
+    @property
+    def npz_path(self) -> Path:
+        """The full [layers, heads, N] entropy array."""
+        return self.stem.with_name(self.stem.name + ".npz")
+
+    def _run(self) -> list[str]:
+        from . import plots
+        from .entropy import evaluate_entropy, summarize_entropy
+
+        model, L, meta = self._setup()
+        docs = self._docs(min_tokens=self.length + 1)
+        raw = evaluate_entropy(model, docs.docs, self.length, samples=self.samples,
+                               batch_size=self.batch_size, chunk_size=self.chunk_size,
+                               mem_bytes=self.mem_mb << 20, progress=not self.no_progress)
+        summ = summarize_entropy(raw, L)
+        res = {**meta, "kind": "entropy",
+               "protocol": {"windows": "non-overlapping windows of `length` tokens, interleaved "
+                            "across documents", "samples": raw["samples"],
+                            "entropy": "H_i = -sum_j a_ij ln a_ij (nats), fp32, query chunks",
+                            "upper_bound": "ln(keys visible to query i): ln(i+1) for 0-based "
+                            "query i, ln min(i+1, W) under a sliding window W"},
+               "windows": raw["windows"], "data": docs.describe(), **summ}
+        stem = str(self.stem)
+        np.savez_compressed(str(self.npz_path), entropy=raw["entropy"],
+                            upper_bound=raw["upper_bound"])
+        print(f"mean entropy at end {summ['mean_at_end']:.4f} "
+              f"(normalized {summ['normalized_at_end']:.3f})")
+        return [write_json(res, stem + ".json"), plots.plot_entropy(summ, stem + ".png"),
+                str(self.npz_path)]
+
+
+@dataclass(kw_only=True)
+class ScaleSweepJob(DataJob):
+    """Uniform-scale grid, best c per position, log fit (`lenext eval scale-sweep`)."""
+    kind: ClassVar[str] = "scale-sweep"
+    length: int = _opt(None, pos_int)
+    c_min: float = _opt(0.8, pos_float)
+    c_max: float = _opt(2.0, pos_float)
+    c_step: float = _opt(0.01, pos_float)
+    budget_tokens: Optional[int] = _opt(None, pos_int)
+    samples: Optional[int] = _opt(None, pos_int)
+
+    def __post_init__(self) -> None:
+        if self.length is None:
+            raise EvalError("lenext eval scale-sweep: the following arguments are required: --length")
+        super().__post_init__()
+        if self.scale_c is not None:
+            raise EvalError("--scale-c makes no sense with scale-sweep (it sets every c itself)")
+        if self.c_min > self.c_max:
+            raise EvalError(f"--c-min {self.c_min:g} > --c-max {self.c_max:g}: swap them")
+
+    @property
+    def stem(self) -> Path:
+        return self.out_dir / "scale_sweep"  # the sweep sets every c itself: no suffix
+
+    def _run(self) -> list[str]:
+        from . import plots
+        from .scale_sweep import make_grid, run_scale_sweep
+
+        model, L, meta = self._setup()
+        if not L:
+            raise EvalError("the training length is unknown: pass --train-length")
+        docs = self._docs(min_tokens=self.length + 1)
+        grid = make_grid(self.c_min, self.c_max, self.c_step)
+        res, loss = run_scale_sweep(model, docs, self.length, grid, L,
+                                    budget_tokens=self.budget_tokens, samples=self.samples,
+                                    batch_size=self.batch_size, progress=not self.no_progress)
+        res = {**meta, **res}
+        stem = str(self.stem)
+        np.savez_compressed(stem + "_losses.npz", loss=loss, grid=np.asarray(grid))
+        fit = res["fit"]
+        print(f"best c (all positions) {res['best_c_mean']}; fit a = {fit['a']} R2 = {fit['r2']}")
+        return [write_json(res, stem + ".json"), plots.plot_scale_sweep(res, stem + ".png"),
+                stem + "_losses.npz"]
+
+
+JOBS: dict[str, type[EvalJob]] = {j.kind: j for j in (PplJob, PasskeyJob, EntropyJob, ScaleSweepJob)}
+
+
+def job_from_args(args: argparse.Namespace) -> EvalJob:
+    """The job `lenext eval <kind> ...` describes (argparse dests are the job's field names)."""
+    cls = JOBS[args.eval_cmd]
+    return cls(**{f.name: getattr(args, f.name) for f in fields(cls) if hasattr(args, f.name)})

@@ -1,0 +1,73 @@
+"""Loading an HF model directory for evaluation, the model's record in every result JSON, and the
+JSON writer (numpy values as plain numbers; written to a temp file, then renamed)."""
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+from typing import Optional
+
+import numpy as np
+
+
+def load_model(path: str, dtype: str = "float32", device: Optional[str] = None):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    if not os.path.isfile(os.path.join(path, "config.json")):
+        raise FileNotFoundError(f"{path}: no config.json (not an HF model directory)")
+    dev = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    model = AutoModelForCausalLM.from_pretrained(path, trust_remote_code=True,
+                                                 dtype=getattr(torch, dtype))
+    return model.to(dev).eval()
+
+
+def _git_commit() -> Optional[str]:
+    try:
+        here = os.path.dirname(os.path.abspath(__file__))
+        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True,
+                              text=True, timeout=5).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def model_info(model, path: str, job) -> dict:
+    import torch
+    import transformers
+
+    from .adapter import head_scales, layout
+
+    info = {"path": os.path.abspath(path), "class": type(model).__name__,
+            "config": model.config.to_dict(), "dtype": job.dtype,
+            "parameters": int(sum(p.numel() for p in model.parameters())),
+            "scale_c": job.scale_c, "train_length": None}
+    try:
+        info["attention_layout"] = layout(model)
+        m = head_scales(model)
+        info["head_scale"] = {"min": float(m.min()), "max": float(m.max()),
+                              "mean": float(m.mean())}
+        pos = getattr(model.model.layers[0].self_attn, "position", None)
+        if pos is not None:
+            info["position"] = repr(pos)
+    except (TypeError, AttributeError) as e:
+        info["attention_layout"] = f"unknown ({e})"
+    info["software"] = {"torch": torch.__version__, "transformers": transformers.__version__,
+                        "python": platform.python_version(), "lenext_git": _git_commit()}
+    return info
+
+
+def write_json(obj: dict, path: str) -> str:
+    import json
+
+    def default(o):
+        if isinstance(o, np.generic):
+            return o.item()
+        if isinstance(o, np.ndarray):
+            return o.tolist()
+        raise TypeError(type(o).__name__)
+
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(obj, f, indent=1, default=default)
+    os.replace(tmp, path)
+    return path

@@ -1,0 +1,97 @@
+"""The checks of evaluation options, one home each: `lenext eval`'s argparse `type=` for every
+flag (a bad value exits 2 with "argument --flag: ..." before any model loads) and the checks of the
+typed jobs (eval/jobs.py), which take the parsed value or a string and raise the same message."""
+from __future__ import annotations
+
+import argparse
+from numbers import Integral, Real
+from typing import Callable, Sequence
+
+import numpy as np
+
+DTYPES = ("float32", "bfloat16", "float16")
+ROPE_SCALINGS = ("none", "pi", "ntk", "yarn")
+PROTOCOLS = ("last-stride", "yarn", "full")  # the perplexity protocols of eval/ppl.py
+
+
+def int_(s) -> int:
+    if isinstance(s, Integral) and not isinstance(s, bool):
+        return int(s)
+    try:
+        return int(s) if isinstance(s, str) else _bad()
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {s!r}") from None
+
+
+def _bad():
+    raise ValueError
+
+
+def float_(s) -> float:
+    try:
+        if isinstance(s, bool):
+            raise ValueError
+        v = float(s) if isinstance(s, (str, Real)) else _bad()
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {s!r}") from None
+    if not np.isfinite(v):
+        raise argparse.ArgumentTypeError(f"must be finite, got {s!r}")
+    return v
+
+
+def pos_int(s) -> int:
+    v = int_(s)
+    if v <= 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {v}")
+    return v
+
+
+def nonneg_int(s) -> int:
+    v = int_(s)
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {v}")
+    return v
+
+
+def pos_float(s) -> float:
+    v = float_(s)
+    if v <= 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {v:g}")
+    return v
+
+
+def ints(s) -> list[int]:
+    """'2048,4096' (or [2048, 4096]) -> [2048, 4096]: a non-empty list of lengths > 0."""
+    items = s.replace(" ", "").split(",") if isinstance(s, str) else list(s)
+    out = [pos_int(x) for x in items if x != ""]
+    if not out:
+        raise argparse.ArgumentTypeError("expected a comma-separated list of lengths > 0")
+    return out
+
+
+def depths(s) -> str:
+    """'N' (N >= 1 evenly spaced depths) or a list of depths in [0, 1]; kept as written."""
+    from .passkey import parse_depths
+
+    s = s if isinstance(s, str) else ",".join(map(str, s)) if isinstance(s, Sequence) else str(s)
+    try:
+        d = parse_depths(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected N or a list of depths in [0, 1], got {s!r}") from None
+    if not d or not all(0.0 <= x <= 1.0 for x in d):
+        raise argparse.ArgumentTypeError(f"needs at least one depth, each in [0, 1], got {s!r}")
+    return s
+
+
+def paths(s) -> list[str]:
+    """--data: one or more files, globs or folders."""
+    return [str(x) for x in ([s] if isinstance(s, str) else s)]
+
+
+def choice(options: Sequence[str]) -> Callable[[str], str]:
+    def check(s) -> str:
+        if s not in options:
+            raise argparse.ArgumentTypeError(
+                f"invalid choice: {s!r} (choose from {', '.join(map(repr, options))})")
+        return s
+    return check

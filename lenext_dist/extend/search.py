@@ -1,0 +1,73 @@
+"""The HeadScale search of `lenext extend`: its `RunConfig` (the base run's, with the search's
+changes), validated here before anything is launched, written as the config file of a
+pretraining launch on N ranks (deepspeed launcher + launch/pretrain.py, as any training run)."""
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+from typing import Optional
+
+from lenext_dist.config import RunConfig, load_config, save_config
+from lenext_dist.errors import UserError
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def search_length(target: int, overshoot: float) -> int:
+    """L' a little past the target, a multiple of 8 (paper: 18K for 16K)."""
+    return int(math.ceil(target * overshoot / 8) * 8)
+
+
+def _dotted(d: dict, prefix: str = "") -> list[str]:
+    """{"a": {"b": 1}} -> ["a.b=1"] (values as JSON, which the override parser reads as YAML)."""
+    out = []
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out += _dotted(v, f"{prefix}{k}.")
+        else:
+            out.append(f"{prefix}{k}={json.dumps(v)}")
+    return out
+
+
+def search_config(ckpt: Path, run_dir: Path, *, target: int, init: float, steps: int, lr: float,
+                  warmup: int, global_batch: int, micro_batch: int, overshoot: float,
+                  min_value: Optional[float], zero_stage: int,
+                  activation_checkpointing: bool) -> RunConfig:
+    """The search's config: the checkpoint's own config.yaml with these changes, through the same
+    strict loader as any run (a bad value is a one-line ConfigError here, not in the child)."""
+    base = load_config(ckpt / "config.yaml")
+    changes = {
+        "name": run_dir.name, "run_dir": str(run_dir),
+        "model": {"seq_length": search_length(target, overshoot),
+                  "train_length": base.model.base_length},
+        "attention": {"scale_c": init, "head_scale": {
+            "enabled": True, "trainable": True, "init": init, "min_value": min_value}},
+        "train": {"mode": "headscale", "steps": steps, "global_batch_size": global_batch,
+                  "micro_batch_size": micro_batch, "grad_accum": None, "eval_interval": 0,
+                  "activation_checkpointing": activation_checkpointing},
+        "optim": {"lr": lr, "warmup_steps": warmup, "min_lr_ratio": 0.1, "weight_decay": 0.0},
+        "data": {"seed": base.data.seed + 1, "cache_dir": None},  # fresh data order, as the paper
+        "parallel": {"zero_stage": zero_stage},
+        "checkpoint": {"dir": str(run_dir / "checkpoints"), "init_from": str(ckpt),
+                       "interval": max(1, steps // 4), "resume": True},
+    }
+    return load_config(ckpt / "config.yaml", _dotted(changes))
+
+
+def launch(cfg: RunConfig, target: int, nproc: int, port: int) -> None:
+    """Write cfg to <run_dir>/search.yaml and train it on `nproc` ranks (resumes if killed)."""
+    conf = Path(cfg.run_dir) / "search.yaml"
+    save_config(cfg, conf)
+    cmd = [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", str(nproc),
+           "--master_port", str(port), str(REPO / "launch" / "pretrain.py"), "--config", str(conf)]
+    print(f"[extend] HeadScale search for T={target}: L'={cfg.model.seq_length}, m_h init "
+          f"{cfg.attention.head_scale.init}: {' '.join(cmd)}", flush=True)
+    try:  # into the caller's stdout (a study log when run in a study worker)
+        out = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):
+        out = None
+    if subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT if out is not None else None).returncode:
+        raise UserError(f"the HeadScale search for T={target} failed (its error is above): {' '.join(cmd)}")

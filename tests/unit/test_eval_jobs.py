@@ -1,0 +1,53 @@
+"""The typed evaluation jobs (lenext_dist/eval/jobs.py) without running a model: the checks give
+the CLI's one-line messages, jobs pickle (the study's pool workers run them), and each job names
+its result file from its own options (what `lenext eval` writes, see test_eval_cli.py)."""
+import pickle
+
+import pytest
+
+from lenext_dist.cli import main
+from lenext_dist.eval.jobs import EntropyJob, EvalError, PasskeyJob, PplJob, ScaleSweepJob
+
+
+@pytest.mark.parametrize("flag,value,message", [
+    ("--lengths", "32,0", "argument --lengths: must be > 0, got 0"),
+    ("--threads", "0", "argument --threads: must be > 0, got 0"),
+    ("--log-scale-a", "nan", "argument --log-scale-a: must be finite, got 'nan'"),
+    ("--scale-c", "-1", "argument --scale-c: must be > 0, got -1"),
+])
+def test_a_bad_option_reads_the_same_in_process_and_on_the_command_line(flag, value, message, capsys):
+    kwargs = {"model": "m", "data": ["d"], "lengths": [32], flag[2:].replace("-", "_"): value}
+    with pytest.raises(EvalError) as e:
+        PplJob(**kwargs)
+    assert str(e.value) == f"lenext eval ppl: {message}"
+    with pytest.raises(SystemExit) as e:
+        main(["eval", "ppl", "--model", "m", "--data", "d", "--lengths", "32", flag, value])
+    assert e.value.code == 2 and f"lenext eval ppl: error: {message}" in capsys.readouterr().err
+
+
+def test_cross_option_checks_before_any_model_loads():
+    with pytest.raises(EvalError, match="--c-min 2 > --c-max 1: swap them"):
+        ScaleSweepJob(model="m", data=["d"], length=64, c_min=2.0, c_max=1.0)
+    with pytest.raises(EvalError, match="--scale-c makes no sense with scale-sweep"):
+        ScaleSweepJob(model="m", data=["d"], length=64, scale_c=1.2)
+    with pytest.raises(EvalError, match="required: --data"):
+        PplJob(model="m", lengths=[32])
+
+
+def test_jobs_pickle_and_name_their_results_from_their_options(tmp_path):
+    jobs = [PplJob(model="m", out=str(tmp_path), data=["d"], lengths="32,64", scale_c=1.2, window=64),
+            PplJob(model="m", out=str(tmp_path), data=["d"], lengths=[64], protocol="full",
+                   rope_scaling="ntk", rope_factor=4),
+            PasskeyJob(model="m", out=str(tmp_path), lengths=[100], depths=5, log_scale_a=0.25),
+            EntropyJob(model="m", out=str(tmp_path), data=["d"], length=64, scale_c=1.5),
+            ScaleSweepJob(model="m", out=str(tmp_path), data=["d"], length=64)]
+    assert [pickle.loads(pickle.dumps(j)) for j in jobs] == jobs
+    assert [j.result_path.name for j in jobs] == [
+        "ppl_last-stride_c1.2_w64.json", "ppl_full_ntk4.json", "passkey_loga0.25.json",
+        "entropy_c1.5_64.json", "scale_sweep.json"]
+    assert jobs[3].npz_path.name == "entropy_c1.5_64.npz"
+    assert jobs[0].lengths == [32, 64] and jobs[2].depths == "5"
+    assert not jobs[0].done()
+    jobs[0].result_path.write_text("{}")
+    assert jobs[0].done()
+    assert PplJob(model="runs/x/", data=["d"], lengths=[8]).out_dir.as_posix() == "results/x"
