@@ -455,3 +455,18 @@ def test_megatron_fusions_only_on_cuda():
     assert flags("cpu") == flags("meta") == flags("cuda", "train.fused_kernels=false") == (False,) * 3
     t = transformer_config(load_config(None, []), device="cuda")
     assert t.cross_entropy_fusion_impl == "native" and not t.gradient_accumulation_fusion
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_memory_estimate_partitions_by_zero_stage(stage):
+    """What ZeRO stage z cuts into W pieces: optimizer states (fp32 master, Adam m, v) from z >= 1,
+    gradients from z >= 2, weights at z = 3 (Rajbhandari et al. 2020, "ZeRO", section 5)."""
+    from lenext_dist.train.dryrun import memory_estimate
+
+    cfg = load_config(None, [*TINYLLAMA, "train.precision=bf16", f"parallel.zero_stage={stage}"])
+    T, P, W = 1_000_000, 1_200_000, 8
+    est = memory_estimate(cfg, P, T, W)
+    assert est["weights"] == P * 2 / (W if stage >= 3 else 1)
+    assert est["gradients"] == T * (4 if stage >= 1 else 2) / (W if stage >= 2 else 1)
+    assert est["fp32_master"] == T * 4 / (W if stage >= 1 else 1)
+    assert est["adam_states"] == T * 8 / (W if stage >= 1 else 1)
