@@ -246,12 +246,19 @@ def test_every_torch_load_inside_weights_only_loads_is_weights_only(tmp_path):
         with safe_load.weights_only_loads(tmp_path / "step_9"):
             torch.load(f, weights_only=False)  # as DeepSpeed calls it
     assert not marker.exists()
+    # what DeepSpeed's optimizer files hold besides tensors (numpy's types are also allowed by
+    # megatron.core's import, process-wide: DeepSpeed's are ours alone)
+    from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler
+    from deepspeed.runtime.zero.config import ZeroStageEnum
+
     good = tmp_path / "client.pt"
     rng = np.random.get_state()
-    torch.save({"rng": rng, "a": np.arange(3, dtype=np.uint32), "t": torch.ones(2)}, good)
+    torch.save({"rng": rng, "a": np.arange(3, dtype=np.uint32), "t": torch.ones(2),
+                "zero_stage": ZeroStageEnum(2), "scaler": DynamicLossScaler(8, 1000, 1, 1, False)}, good)
     got = safe_load.load(good)
     assert got["rng"][0] == rng[0] and np.array_equal(got["rng"][1], rng[1])
     assert got["a"].dtype == np.uint32 and torch.equal(got["t"], torch.ones(2))
+    assert got["zero_stage"] == ZeroStageEnum(2) and got["scaler"].cur_scale == 8
 
 
 def test_convert_out_guard_refuses_what_is_not_a_previous_export(tmp_path):
