@@ -55,6 +55,11 @@ def one_rank():
     mp = pytest.MonkeyPatch()
     for k, v in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_WORLD_SIZE", "1")):
         mp.setenv(k, v)
+    from deepspeed.utils import groups
+
+    # an engine of another test module (test_gpu_ready's bf16 engine) may have left DeepSpeed's
+    # cached groups of a process group destroyed since: DeepSpeed would broadcast on those
+    getattr(groups, "_release_process_group_references", lambda: None)()
     init_single_process_group()
     try:
         yield
