@@ -57,6 +57,23 @@ def check_dp_size(step_dir: Path, zero_stage: int, world: int) -> bool:
     return True
 
 
+def partition(full: torch.Tensor, part: torch.Tensor, rank: int, dp: int, where) -> torch.Tensor:
+    """Rank `rank`'s piece [part.numel()] of a group's full vector `full` [<= dp * part.numel()]
+    zero-padded at its end to dp equal partitions (ZeRO's layout), in part's dtype, on the CPU."""
+    n = part.numel()
+    if full.numel() > n * dp:
+        raise CheckpointError(f"{where}: a param group has {full.numel()} values, more than "
+                              f"{dp} x {n}: not this model's optimizer")
+    padded = torch.zeros(n * dp, dtype=part.dtype)
+    padded[:full.numel()] = full.to(part.dtype)
+    return padded[rank * n:(rank + 1) * n]
+
+
+def unpadded(saved_state: torch.Tensor, padding: int) -> torch.Tensor:
+    """A saved rank's partition-shaped Adam state, flat, less the zero padding at its end."""
+    return saved_state.reshape(-1)[:saved_state.numel() - padding]
+
+
 def load_resharded(engine, step_dir: Path) -> dict:
     """Module weights, fp32 masters and Adam state of a ZeRO-1/2 checkpoint written at another DP
     size; returns our client state. Call on every rank."""
@@ -77,14 +94,7 @@ def load_resharded(engine, step_dir: Path) -> dict:
     rank, dp = dist.get_rank(group=group), dist.get_world_size(group=group)
 
     def mine(full: torch.Tensor, part: torch.Tensor) -> torch.Tensor:
-        """Rank `rank`'s partition of the group vector `full`, zero-padded to dp * part.numel()."""
-        n = part.numel()
-        if full.numel() > n * dp:
-            raise CheckpointError(f"{step_dir}: a param group has {full.numel()} values, more than "
-                                  f"{dp} x {n}: not this model's optimizer")
-        padded = torch.zeros(n * dp, dtype=part.dtype)
-        padded[:full.numel()] = full.to(part.dtype)
-        return padded[rank * n:(rank + 1) * n].to(part.device)
+        return partition(full, part, rank, dp, step_dir).to(part.device)
 
     for i, part in enumerate(opt.single_partition_of_fp32_groups):
         full = torch.cat([sd[SINGLE_PARTITION_OF_FP32_GROUPS][i].reshape(-1) for sd in saved])
@@ -93,8 +103,7 @@ def load_resharded(engine, step_dir: Path) -> dict:
         new = {}
         for key, value in states[0].items():
             if torch.is_tensor(value) and value.dim() > 0:  # partition-shaped: exp_avg, exp_avg_sq
-                pieces = [s[key].reshape(-1)[:s[key].numel() - sd[GROUP_PADDINGS][i]]
-                          for s, sd in zip(states, saved)]
+                pieces = [unpadded(s[key], sd[GROUP_PADDINGS][i]) for s, sd in zip(states, saved)]
                 new[key] = mine(torch.cat(pieces), part).clone()
             else:  # the step count, the same on every rank
                 new[key] = value.clone() if torch.is_tensor(value) else value

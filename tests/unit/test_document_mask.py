@@ -250,3 +250,9 @@ def test_rows_of_one_document_keep_the_causal_fast_path():
     for name in ("nope", "rope", "alibi"):
         var = make(name)
         assert torch.equal(attend(q, k, v, m, var, documents=docs), attend(q, k, v, m, var))
+    # one row of one document, the other of two: still masked (every row must be single)
+    mixed = torch.stack([torch.zeros(s, dtype=torch.long), (torch.arange(s) >= 8).long()])
+    assert not Documents(mixed).single
+    var = make("nope")
+    packed = attend(q, k, v, m, var, documents=Documents(mixed))
+    torch.testing.assert_close(packed[1:, :, 8:], attend(q[1:, :, 8:], k[1:, :, 8:], v[1:, :, 8:], m, var))

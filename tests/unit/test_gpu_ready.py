@@ -443,3 +443,35 @@ def test_megatron_fusions_only_on_cuda():
     assert flags("cpu") == flags("meta") == flags("cuda", "train.fused_kernels=false") == (False,) * 3
     t = transformer_config(load_config(None, []), device="cuda")
     assert t.cross_entropy_fusion_impl == "native" and not t.gradient_accumulation_fusion
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_memory_estimate_partitions_by_zero_stage(stage):
+    """What ZeRO stage z cuts into W pieces: optimizer states (fp32 master, Adam m, v) from z >= 1,
+    gradients from z >= 2, weights at z = 3 (Rajbhandari et al. 2020, "ZeRO", section 5)."""
+    from lenext_dist.train.dryrun import memory_estimate
+
+    cfg = load_config(None, [*TINYLLAMA, "train.precision=bf16", f"parallel.zero_stage={stage}"])
+    T, P, W = 1_000_000, 1_200_000, 8
+    est = memory_estimate(cfg, P, T, W)
+    assert est["weights"] == P * 2 / (W if stage >= 3 else 1)
+    assert est["gradients"] == T * (4 if stage >= 1 else 2) / (W if stage >= 2 else 1)
+    assert est["fp32_master"] == T * 4 / (W if stage >= 1 else 1)
+    assert est["adam_states"] == T * 8 / (W if stage >= 1 else 1)
+
+
+def test_fp32_value_reads_the_shadow_only_while_it_matches_the_parameter():
+    """The shadow holds the exact fp32 value while it rounds to the bf16 parameter; once the
+    parameter changes (a load, a manual edit) the parameter's own value wins, elementwise."""
+    from lenext_dist.attention.precision import FP32_ATTR, fp32_value
+
+    exact = torch.tensor([1.2, 0.7, 3.3])
+    p = torch.nn.Parameter(exact.to(torch.bfloat16))
+    setattr(p, FP32_ATTR, exact.clone())
+    assert torch.equal(fp32_value(p), exact)  # 1.2, not bf16's 1.203125
+    with torch.no_grad():
+        p[1] = 2.0  # edited: element 1 no longer matches its shadow
+    got = fp32_value(p)
+    assert got[1] == 2.0 and got[0] == exact[0] and got[2] == exact[2]
+    got.sum().backward()
+    assert torch.equal(p.grad, torch.ones(3, dtype=torch.bfloat16))

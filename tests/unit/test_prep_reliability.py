@@ -23,7 +23,7 @@ from lenext_dist.prep.errors import PrepError
 from lenext_dist.prep.lock import RunLock
 from lenext_dist.prep.manifest import parts_dir
 from lenext_dist.prep.merge import merge
-from lenext_dist.prep.readers import Doc, discover_inputs, open_reader
+from lenext_dist.prep.readers import Doc, JsonlReader, discover_inputs, open_reader
 from lenext_dist.prep import units
 
 SHARD = os.path.join(REPO, "data_prep", "shard.py")
@@ -309,3 +309,26 @@ def test_light_writer_writes_the_bytes_of_megatrons_module(tmp_path):
         m.finalize(str(tmp_path / f"{tag}2.idx"))
     for ext in (".bin", ".idx", "2.bin", "2.idx"):
         assert (tmp_path / f"full{ext}").read_bytes() == (tmp_path / f"light{ext}").read_bytes()
+
+
+def test_byte_ranges_own_every_line_exactly_once_at_every_cut(tmp_path):
+    """The units of a .jsonl for EVERY unit size (1 byte up to the file), and every single cut
+    point: each line is read by exactly the unit its first byte lies in (a cut at a line's first
+    byte, at its newline, inside a multi-byte character), so the units read the file's lines once."""
+    texts = ["a", "héllo wörld", "", "x" * 40, "日本語", "z", "end of file"]
+    path = tmp_path / "small.jsonl"
+    raw = "".join(json.dumps({"text": t}, ensure_ascii=False) + "\n" for t in texts).encode()
+    path.write_bytes(raw)
+    size = len(raw)
+
+    def read(**args):
+        return [r.text for r in JsonlReader(str(path), start=args.get("start", 0), end=args.get("end"))]
+
+    assert read() == texts
+    for step in range(1, size + 1):
+        parts = units.split_file(str(path), "jsonl", size, step)
+        assert sum(p.get("bytes", 0) for p in parts) == size
+        got = [t for p in parts for t in read(**p)] if step < size else read()
+        assert got == texts, step
+    for cut in range(1, size):
+        assert read(start=0, end=cut) + read(start=cut, end=size) == texts, cut

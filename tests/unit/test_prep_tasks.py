@@ -170,3 +170,26 @@ def test_tasks_flags_need_the_tasks_format(tmp_path, capsys):
 def test_readme_lists_every_task_parameter():
     """README's parameter table is task_reference() (from the dataclass field docstrings)."""
     assert task_reference() in open(os.path.join(REPO, "README.md")).read()
+
+
+def test_filler_takes_at_most_n_tokens_and_loses_none(prose, tok):
+    """FillerStream.take(n): the longest run of <= n tokens ending at a cut point (whitespace or
+    a document start), consumed in order: the runs taken join back into the token stream."""
+    from lenext_dist.prep.task_source import FillerStream, toolkit
+
+    tk = toolkit(tok)
+    texts = [json.loads(line)["text"] for line in open(prose)][:3]
+    stream = FillerStream(iter(texts), tk)
+    taken, sizes = [], [8, 13, 40, 97, 200]
+    for i in range(400):
+        n = sizes[i % len(sizes)]
+        f = stream.take(n)
+        if f is None:
+            break
+        assert 0 < len(f) <= n and list(f.bounds[[0, -1]]) == [0, len(f)]
+        # the longest: the token after the run starts a word, none of the next ones up to n does
+        rest = stream.starts[:n - len(f) + 1]
+        assert len(rest) == 0 or (rest[0] and not rest[1:].any()), (n, len(f))
+        taken.extend(f.ids.tolist())
+    want = [i for t in texts for i in tk.encode(t)]
+    assert len(taken) > 0.9 * len(want) and taken == want[:len(taken)]

@@ -206,3 +206,105 @@ def test_a_truncated_shard_is_named_before_megatron_reads_it(tmp_path):
             _check_prefixes(items, "data.blend")
         with open(prefix + ext, "wb") as f:
             f.write(whole[ext])
+
+
+@pytest.mark.parametrize("new_dp", [1, 2, 4, 5])
+def test_reshard_cuts_the_saved_partitions_again_for_another_dp_size(new_dp):
+    """ZeRO-1/2 at DP 3 -> `new_dp`: a group of 10 values is padded to 12 and saved as 3 pieces of
+    4 (the last holds 2 values + 2 padding, GROUP_PADDINGS [0, 0, 2]); the pieces, unpadded and
+    joined, are the group again, and cut for new_dp ranks they tile it in order, zero-padded."""
+    from lenext_dist.errors import CheckpointError
+    from lenext_dist.train.reshard import partition, unpadded
+
+    full = torch.arange(1, 11, dtype=torch.float32)  # no zeros: padding shows
+    saved = torch.cat([full, torch.zeros(2)]).view(3, 4)  # exp_avg of ranks 0..2, padded
+    paddings = [0, 0, 2]
+    joined = torch.cat([unpadded(saved[r], paddings[r]) for r in range(3)])
+    assert torch.equal(joined, full)
+    n = -(-10 // new_dp)
+    part = torch.empty(n, dtype=torch.float64)
+    pieces = [partition(joined, part, r, new_dp, "ckpt") for r in range(new_dp)]
+    assert all(p.shape == (n,) and p.dtype == torch.float64 for p in pieces)
+    got = torch.cat(pieces)
+    assert torch.equal(got[:10], full.double()) and not got[10:].any()
+    with pytest.raises(CheckpointError, match="ckpt: a param group has 10 values"):
+        partition(joined, torch.empty(n - 1), 0, new_dp, "ckpt")
+    # exactly full (10 = 2 x 5) is fine
+    assert torch.equal(partition(joined, torch.empty(5), 1, 2, "ckpt"), full[5:])
+
+
+def test_every_torch_load_inside_weights_only_loads_is_weights_only(tmp_path):
+    """DeepSpeed's own torch.load(..., weights_only=False) calls are forced weights_only too, while
+    the allow-list still loads what our checkpoints hold (numpy RNG state, DeepSpeed's enums)."""
+    from lenext_dist.errors import CheckpointError
+    from lenext_dist.train import safe_load
+
+    marker = tmp_path / "PWNED"
+    f = tmp_path / "optim_states.pt"
+    torch.save({"x": Evil(marker)}, f)
+    with pytest.raises(CheckpointError, match=r"step_9: refused to load"):
+        with safe_load.weights_only_loads(tmp_path / "step_9"):
+            torch.load(f, weights_only=False)  # as DeepSpeed calls it
+    assert not marker.exists()
+    # what DeepSpeed's optimizer files hold besides tensors (numpy's types are also allowed by
+    # megatron.core's import, process-wide: DeepSpeed's are ours alone)
+    from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler
+    from deepspeed.runtime.zero.config import ZeroStageEnum
+
+    good = tmp_path / "client.pt"
+    rng = np.random.get_state()
+    torch.save({"rng": rng, "a": np.arange(3, dtype=np.uint32), "t": torch.ones(2),
+                "zero_stage": ZeroStageEnum(2), "scaler": DynamicLossScaler(8, 1000, 1, 1, False)}, good)
+    got = safe_load.load(good)
+    assert got["rng"][0] == rng[0] and np.array_equal(got["rng"][1], rng[1])
+    assert got["a"].dtype == np.uint32 and torch.equal(got["t"], torch.ones(2))
+    assert got["zero_stage"] == ZeroStageEnum(2) and got["scaler"].cur_scale == 8
+
+
+def test_convert_out_guard_refuses_what_is_not_a_previous_export(tmp_path):
+    """--out: empty or absent is fine; non-empty needs --overwrite, which replaces only files a
+    previous export listed in its marker; a folder holding the checkpoint being read is refused."""
+    from lenext_dist.convert.outdir import MARKER, OutputError, check_out
+
+    out = tmp_path / "hf"
+    ckpt = tmp_path / "run" / "checkpoints"
+    ckpt.mkdir(parents=True)
+    assert check_out(out, False, [ckpt]) == []
+    out.mkdir()
+    assert check_out(out, False, [ckpt]) == []
+    (out / "config.json").write_text("{}")
+    (out / MARKER).write_text(json.dumps({"files": ["config.json"]}))
+    with pytest.raises(OutputError, match="exists and is not empty .*--overwrite"):
+        check_out(out, False, [ckpt])
+    assert sorted(p.name for p in check_out(out, True, [ckpt])) == sorted(["config.json", MARKER])
+    (out / "notes.txt").write_text("mine")
+    with pytest.raises(OutputError, match=r"not from an export \(notes.txt\)"):
+        check_out(out, True, [ckpt])
+    with pytest.raises(OutputError, match="contains .*checkpoints, which this export reads"):
+        check_out(tmp_path / "run", True, [ckpt])
+
+
+def test_reshard_reads_the_ranks_in_number_order_and_refuses_zero3(tmp_path):
+    """12 saved ranks: rank 10 comes after rank 9 (not after rank 1, as names sort); resharding is
+    needed only when the saved DP size differs, never for ZeRO-0 (no partitions saved); ZeRO-3
+    at another size is refused before anything is built."""
+    from lenext_dist.errors import CheckpointError
+    from lenext_dist.train.reshard import check_dp_size, optim_files
+
+    step = tmp_path / "step_0000002"
+    step.mkdir()
+    assert not check_dp_size(step, 0, 4)  # ZeRO-0: module weights only
+    for r in range(12):
+        (step / f"zero_pp_rank_{r}_mp_rank_00_optim_states.pt").write_bytes(b"")
+    (step / "mp_rank_00_model_states.pt").write_bytes(b"")
+    assert [int(p.name.split("_")[3]) for p in optim_files(step)] == list(range(12))
+    assert not check_dp_size(step, 2, 12) and check_dp_size(step, 2, 4) and check_dp_size(step, 1, 1)
+    with pytest.raises(CheckpointError, match="ZeRO-3 optimizer partitions of 12 ranks; this run has 4"):
+        check_dp_size(step, 3, 4)
+
+
+def test_a_yaml_node_that_contains_itself_is_refused(tmp_path):
+    f = tmp_path / "loop.yaml"
+    f.write_text("train: &t {steps: 2, again: *t}\n")
+    with pytest.raises(ConfigError, match="loop.yaml: .*alias"):
+        load_config(f)

@@ -55,6 +55,11 @@ def one_rank():
     mp = pytest.MonkeyPatch()
     for k, v in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_WORLD_SIZE", "1")):
         mp.setenv(k, v)
+    from deepspeed.utils import groups
+
+    # an engine of another test module (test_gpu_ready's bf16 engine) may have left DeepSpeed's
+    # cached groups of a process group destroyed since: DeepSpeed would broadcast on those
+    getattr(groups, "_release_process_group_references", lambda: None)()
     init_single_process_group()
     try:
         yield
@@ -154,6 +159,26 @@ def test_loop_clamps_the_learned_scales(straight):
 
 
 # ---- the engine alone -----------------------------------------------------------------------
+
+def test_a_diverging_run_stops_at_the_bad_step_and_saves_nothing_after_it(shards, tmp_path):
+    """lr 1e30: the first update leaves finite (huge) weights, the second step's loss is not
+    finite: training stops there, `latest` stays on step 1. lr inf: the first update already
+    spoils the weights, which are never saved. (The CLI's exit 2 and message: tests/e2e.)"""
+    from lenext_dist.train.loop import Diverged
+
+    over = dict(train={"steps": 4}, checkpoint={"interval": 1})
+    cfg = config(tmp_path, shards, "nan", optim={"lr": 1e30, "warmup_steps": 2}, **over)
+    with pytest.raises(Diverged, match="at step 2 .*the last good checkpoint is .*step_0000001"):
+        run_train(cfg)
+    ckpt = tmp_path / "nan" / "checkpoints"
+    assert (ckpt / LATEST).read_text().strip() == tag_for(1)
+    assert sorted(p.name for p in ckpt.glob("step_*")) == [tag_for(1)]
+    assert max(losses(tmp_path / "nan")) == 2  # nothing trained past the bad step
+    cfg = config(tmp_path, shards, "inf", optim={"lr": float("inf"), "warmup_steps": 2}, **over)
+    with pytest.raises(Diverged, match="at step 1 .*the last good checkpoint is none"):
+        run_train(cfg)
+    assert not (tmp_path / "inf" / "checkpoints" / LATEST).exists()
+
 
 @pytest.fixture
 def engine(shards, tmp_path):
