@@ -183,7 +183,7 @@ def attend(q: Tensor, k: Tensor, v: Tensor, m: Tensor, variant,
         return causal_attention(q, k, v, m, q_scale=q_scale)
     # a distance bias and/or a window/block mask: one of paths.BIAS_IMPLS (variant.impl)
     _check_shapes(q, k, v, m)
-    bias = variant.distance_bias(sk, q.device) if variant.has_bias else None
+    bias = variant.bias_table(sk, q.device) if variant.has_bias else None
     impl = choose_impl(variant.impl, q, k, v, bias)
     if impl == "eager":
         return eager_causal_attention(q, k, v, m, q_scale=q_scale, score_mod=score_mod,

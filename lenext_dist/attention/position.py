@@ -72,6 +72,9 @@ class PositionVariant(nn.Module):
         self.train_length: Optional[int] = None
         self.impl: str = "auto"
         self.chunk_size: int = 256
+        # Ulysses sequence parallelism (lenext_dist/model/ulysses.py): this rank computes query
+        # heads [lo, hi) only, so `bias_table` returns those rows of the per-head bias
+        self.heads: Optional[tuple[int, int]] = None
 
     @classmethod
     def from_config(cls, attn_cfg, *, head_dim: int, train_length: int,
@@ -123,6 +126,12 @@ class PositionVariant(nn.Module):
         """Additive logit bias [h, n] fp32 for query-key distances 0..n-1, or None."""
         return None
 
+    def bias_table(self, n: int, device: Optional[torch.device] = None) -> Tensor:
+        """`distance_bias` [h, n], restricted to the rows of `self.heads` [hi - lo, n] when set
+        (indexing keeps autograd: KERPLE's gradients reach the sliced heads' parameters only)."""
+        table = self.distance_bias(n, device)
+        return table if self.heads is None else table[self.heads[0]:self.heads[1]]
+
     @property
     def has_bias(self) -> bool:
         return type(self).distance_bias is not PositionVariant.distance_bias
@@ -142,7 +151,7 @@ class PositionVariant(nn.Module):
     def _score_mod(self, scores: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor:
         if self.has_bias:
             n = int(k_pos.shape[-1])  # distances of causal pairs are < sk
-            table = self.distance_bias(n, scores.device)  # [h, n]
+            table = self.bias_table(n, scores.device)  # [h, n] (this rank's heads under SP)
             # q_pos [c] / k_pos [sk], or [b, c] / [b, sk] (positions inside packed documents)
             dist = (q_pos[..., :, None] - k_pos[..., None, :]).clamp(0, n - 1)
             scores = scores + table[:, dist].movedim(0, -3)  # [h, c, sk] or [b, h, c, sk]

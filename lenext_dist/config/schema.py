@@ -353,9 +353,23 @@ class ParallelConfig:
     bucket_size: int = 50_000_000
     """ZeRO-1/2 reduce and all-gather bucket size in elements (DeepSpeed's default 5e8 would hold
     ~4.5 GB of overlap buffers in bf16: most of a 1.1B model's gradients at once)."""
+    ulysses_size: int = 1
+    """DeepSpeed-Ulysses sequence parallelism: each sequence is split over this many consecutive
+    ranks, which all-to-all around attention (lenext_dist/model/ulysses.py); 1 = off. The
+    data-parallel (ZeRO) size becomes world / ulysses_size. Needs attention heads and
+    model.seq_length divisible by it. Not megatron's `sequence_parallel` (a tensor-parallel
+    feature, off here)."""
+
+    def data_parallel_size(self, world: int) -> int:
+        """world / ulysses_size; raises when the world does not split into sequence groups."""
+        _check(world % self.ulysses_size == 0, "parallel.ulysses_size",
+               f"{self.ulysses_size} does not divide the world size {world}; launch a multiple "
+               f"of {self.ulysses_size} ranks")
+        return world // self.ulysses_size
 
     def __post_init__(self):
         _check(self.zero_stage in (0, 1, 2, 3), "parallel.zero_stage", "must be 0, 1, 2 or 3")
+        _check(self.ulysses_size >= 1, "parallel.ulysses_size", "must be >= 1")
         _check(not self.offload_optimizer or self.zero_stage >= 1, "parallel.offload_optimizer",
                "ZeRO-Offload needs parallel.zero_stage >= 1")
         _check(self.bucket_size > 0, "parallel.bucket_size", "must be > 0")
@@ -436,6 +450,18 @@ class RunConfig:
         _check(not (self.train.precision == "bf16" and self.parallel.zero_stage == 0 and hs.trainable
                     and hs.min_value is not None), "parallel.zero_stage",
                "bf16 with clamped trainable head scales needs ZeRO stage >= 1 (or train.precision fp32)")
+        n, m = self.parallel.ulysses_size, self.model
+        _check(m.num_attention_heads % n == 0, "parallel.ulysses_size",
+               f"{n} does not divide model.num_attention_heads {m.num_attention_heads}; pick a "
+               "divisor of the head count")
+        _check(m.seq_length % n == 0, "parallel.ulysses_size",
+               f"{n} does not divide model.seq_length {m.seq_length}; pick a divisor of it")
+        # DeepSpeed 0.19.8 ZeRO-3 (stage3.py __avg_scatter_grads, taken for any parameter larger
+        # than the reduce bucket) averages over the whole world, ignoring the sequence groups:
+        # measured here, gradients came out halved at ulysses 2 (tests/distributed/test_ulysses.py)
+        _check(n == 1 or self.parallel.zero_stage < 3, "parallel.zero_stage",
+               "3 with parallel.ulysses_size > 1 would average gradients over the sequence group "
+               "(DeepSpeed 0.19.8); use zero_stage 1 or 2 (optimizer/gradient sharding)")
 
     @property
     def head_scale_init(self) -> float:

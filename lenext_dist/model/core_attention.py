@@ -26,6 +26,7 @@ from megatron.core.transformer.transformer_config import TransformerConfig
 from lenext_dist.attention import Documents, PositionVariant
 from lenext_dist.attention.precision import fp32_value
 
+from . import ulysses
 from .megatron_env import current_device
 
 
@@ -64,6 +65,9 @@ class LenextCoreAttention(MegatronModule):
             raise ValueError("tensor/context parallel size must be 1")
         self.layer_number = layer_number
         h = config.num_attention_heads
+        # sequence parallelism (ulysses.py): the all-to-all around the variant's attention
+        self.ulysses = (ulysses.UlyssesAttention(h, config.num_query_groups or h)
+                        if ulysses.size() > 1 else None)
         # where megatron puts its own params: the ambient default device with
         # use_cpu_initialization (cpu, or meta under `torch.device("meta")`), else the
         # accelerator's current device (megatron: torch.cuda.current_device())
@@ -97,12 +101,20 @@ class LenextCoreAttention(MegatronModule):
                                       "(document masking takes document ids as attention_mask)")
         documents = _documents(attention_mask)
         sq, b, np_, hn = query.shape
+        m = fp32_value(self.head_scale)  # [np] fp32: under bf16 the exact value (fp32_params.py)
+        if self.ulysses is not None:
+            # [s/N, b, np, hn] shards -> whole sequence, heads [lo, hi) -> [s/N, b, np, hn]
+            heads = self.ulysses.heads
+            self.position.heads = heads  # this rank's rows of a per-head bias table
+
+            def local(q, k, v):  # [b, np/N, s, hn], whole sequence: global positions
+                return self.position(q, k, v, ulysses.heads_slice(m, heads), documents=documents)
+
+            return self.ulysses(query, key, value, local).reshape(sq, b, np_ * hn)
         # [s, b, n, hn] -> [b, n, s, hn]: SDPA's layout (a strided view; SDPA copies if needed)
         q, k, v = (x.permute(1, 2, 0, 3) for x in (query, key, value))
         # = attend(q, k, v, head_scale, position), called as a module so ZeRO-3 gathers its params
-        # m [np] fp32: under a bf16 engine the exact fp32 value (train/fp32_params.py)
-        out = self.position(q, k, v, fp32_value(self.head_scale),
-                            documents=documents)  # [b, np, sq, hn]
+        out = self.position(q, k, v, m, documents=documents)  # [b, np, sq, hn]
         # [b, np, sq, hn] -> [sq, b, np * hn]
         return out.permute(2, 0, 1, 3).reshape(sq, b, np_ * hn)
 

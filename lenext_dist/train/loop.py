@@ -18,6 +18,7 @@ import torch.distributed as dist
 from lenext_dist.config import RunConfig, deepspeed_config, save_config, to_dict
 from lenext_dist.data.gpt_data import build_datasets, train_batches, valid_batches
 from lenext_dist.errors import UserError
+from lenext_dist.model import ulysses
 from lenext_dist.train import checkpoint, fp32_params, optim
 from lenext_dist.train.device import check_gpu_visible, local_rank, visible_device_index
 from lenext_dist.train.metrics import Metrics
@@ -96,7 +97,7 @@ def _print0(*args):
         print(*args, flush=True)
 
 
-def _header(cfg: RunConfig, model, world: int, accum: int, fpt: float, peak: float) -> None:
+def _header(cfg: RunConfig, model, world: int, dp: int, accum: int, fpt: float, peak: float) -> None:
     import deepspeed
     import megatron.core
 
@@ -108,8 +109,8 @@ def _header(cfg: RunConfig, model, world: int, accum: int, fpt: float, peak: flo
         f"[lenext] model {cfg.model.name}: {c['total']:,} params ({c['non_embedding']:,} non-embedding, "
         f"{c['head_scales']:,} head scales), attention {cfg.attention.position} c={cfg.attention.scale_c}\n"
         f"[lenext] FLOPs/token {fpt:.3e} (PaLM 6N+12LHQT), peak {peak:.3f} TFLOP/s per device\n"
-        f"[lenext] world {world}, ZeRO-{cfg.parallel.zero_stage}, micro {cfg.train.micro_batch_size} x accum "
-        f"{accum} x dp {world} = global {cfg.train.global_batch_size} seqs = "
+        f"[lenext] world {world}, ZeRO-{cfg.parallel.zero_stage}, ulysses {world // dp}, micro "
+        f"{cfg.train.micro_batch_size} x accum {accum} x dp {dp} = global {cfg.train.global_batch_size} seqs = "
         f"{cfg.train.global_batch_size * cfg.model.seq_length:,} tokens/step, {cfg.train.precision}\n"
         f"[lenext] torch {torch.__version__}, deepspeed {deepspeed.__version__}, megatron-core "
         f"{megatron.core.__version__}, python {platform.python_version()}, {torch.get_num_threads()} threads")
@@ -124,22 +125,26 @@ def _mean_over_ranks(value, device) -> float:
 
 
 def _micro_loss(engine, batch: dict, device) -> torch.Tensor:
-    b = {k: v.to(device) for k, v in batch.items()}
+    """Mean loss of the micro-batch; under sequence parallelism this rank's shard's share of it
+    (its sum over the group's token count: the group's partial losses add up to the mean)."""
+    b = {k: v.to(device) for k, v in ulysses.shard_batch(batch).items()}
     # data.document_mask: document ids [b, s] travel as megatron's attention mask to our core
     # attention (LenextCoreAttention), which keeps attention inside each document
     per_token = engine(input_ids=b["tokens"], position_ids=b["position_ids"],
                        attention_mask=b.get("document_ids"), labels=b["labels"])  # [b, s] fp32
     mask = b["loss_mask"].float()
-    return (per_token.float() * mask).sum() / mask.sum()
+    return (per_token.float() * mask).sum() / ulysses.loss_denominator(mask.sum())
 
 
 @torch.no_grad()
 def evaluate(engine, dataset, cfg: RunConfig, rank: int, world: int, eval_index: int, device) -> float:
+    """`rank`, `world`: the data-parallel rank and size."""
     engine.eval()
     losses = [_micro_loss(engine, b, device).item()
               for b in valid_batches(dataset, cfg, rank, world, eval_index)]
     engine.train()
-    return _mean_over_ranks(sum(losses) / len(losses), device)
+    # sequence parallelism: the group's partial losses add up (mean over ranks x group size)
+    return _mean_over_ranks(sum(losses) / len(losses), device) * ulysses.size()
 
 
 def train(cfg: RunConfig) -> dict:
@@ -149,10 +154,14 @@ def train(cfg: RunConfig) -> dict:
     from lenext_dist.model import build_model, flops_per_token, init_megatron
 
     stop = StopSignal()  # first: a USR1/TERM during start-up must not kill a rank
+    owns_group = not dist.is_initialized()  # a caller's process group is the caller's to end
     rank, world = init_distributed(cfg)
-    accum = cfg.train.accum_steps(world)  # raises on batch sizes that do not divide
-    ds_config = deepspeed_config(cfg, world)
-    train_ds, valid_ds = build_datasets(cfg, world)  # bad shards fail here, before the model
+    cfg.parallel.data_parallel_size(world)  # raises when the world does not split into groups
+    mpu = ulysses.init_sequence_parallel(cfg.parallel.ulysses_size)  # None without SP
+    dp_rank, dp = ulysses.data_parallel(rank, world)  # every rank of a group reads the same samples
+    accum = cfg.train.accum_steps(dp)  # raises on batch sizes that do not divide
+    ds_config = deepspeed_config(cfg, dp)
+    train_ds, valid_ds = build_datasets(cfg, dp)  # bad shards fail here, before the model
     device = get_accelerator().current_device_name()
     init_megatron(cfg.train.seed)
     model = build_model(cfg)
@@ -167,7 +176,7 @@ def train(cfg: RunConfig) -> dict:
         src = checkpoint.load_weights(model, cfg.checkpoint.init_from, keep=optim.is_head_scale)
         _print0(f"[lenext] initialized weights from {src}; head scales start at {cfg.head_scale_init}")
     optim.freeze_for_mode(model, cfg)
-    engine = optim.build_engine(model, cfg, world)
+    engine = optim.build_engine(model, cfg, world, mpu=mpu)
     # MFU against the peak of the training dtype on an accelerator (an fp16 run against the fp32
     # peak would read ~10x too high); on CPU against the fp32 peak, as before
     mm_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.train.precision, torch.float32)
@@ -175,7 +184,7 @@ def train(cfg: RunConfig) -> dict:
     peak, peak_src = peak_tflops(device, mm_dtype if device != "cpu" else torch.float32,
                                  cfg.logging.peak_tflops)
     fpt = flops_per_token(cfg)
-    _header(cfg, model, world, accum, fpt, peak)
+    _header(cfg, model, world, dp, accum, fpt, peak)
     _print0(f"[lenext] peak from {peak_src}")
 
     step, consumed = 0, 0
@@ -206,7 +215,7 @@ def train(cfg: RunConfig) -> dict:
     # DeepSpeed clips fp32 ZeRO-0 gradients but keeps no norm: measure it before the step then
     own_gnorm = cfg.parallel.zero_stage == 0 and cfg.train.precision == "fp32"
     exact_params = fp32_params.has_trainable(engine)
-    batches = train_batches(train_ds, cfg, rank, world, step)
+    batches = train_batches(train_ds, cfg, dp_rank, dp, step)
     while step < cfg.train.steps:
         t0 = time.perf_counter()
         micro_batches = next(batches)
@@ -230,7 +239,8 @@ def train(cfg: RunConfig) -> dict:
         step += 1
         consumed += cfg.train.global_batch_size
         metrics.add_step(time.perf_counter() - t0, data_s)
-        mean_loss = _mean_over_ranks(step_loss, device)  # NaN on any rank -> NaN on all
+        # NaN on any rank -> NaN on all; x group size: the group's partial losses add up
+        mean_loss = _mean_over_ranks(step_loss, device) * ulysses.size()
         loss_sum += mean_loss
         n_loss += 1
         # fp16: an inf grad norm is the loss scaler's overflow, a skipped step, not divergence
@@ -256,7 +266,7 @@ def train(cfg: RunConfig) -> dict:
                                "grad_norm": float(gnorm) if gnorm is not None else float("nan")}, scales)
             loss_sum, n_loss = 0.0, 0
         if valid_ds is not None and cfg.train.eval_interval and step % cfg.train.eval_interval == 0:
-            metrics.log_eval(step, evaluate(engine, valid_ds, cfg, rank, world,
+            metrics.log_eval(step, evaluate(engine, valid_ds, cfg, dp_rank, dp,
                                             step // cfg.train.eval_interval - 1, device))
         signalled = stop.agreed(device)
         interval = cfg.checkpoint.interval
@@ -277,14 +287,16 @@ def train(cfg: RunConfig) -> dict:
     if trainable_scales:
         _write_head_scales(optim.head_scale_matrix(engine), cfg.run_dir, rank)
     if diverged is not None:
-        shutdown_distributed()
+        if owns_group:
+            shutdown_distributed()
         good = checkpoint.latest_tag_name(Path(cfg.checkpoint.dir)) if os.path.isdir(cfg.checkpoint.dir) else None
         raise Diverged(f"training diverged: non-finite loss, grad norm or weights at step {diverged} "
                        f"(train.nonfinite_patience={cfg.train.nonfinite_patience}); nothing saved after "
                        f"it, the last good checkpoint is {os.path.join(cfg.checkpoint.dir, good) if good else 'none'}. "
                        "Lower optim.lr (or raise optim.warmup_steps / lower optim.grad_clip) and resume")
     _print0(f"[lenext] {'stopped' if stopped else 'done'} at step {step}; checkpoints in {cfg.checkpoint.dir}")
-    shutdown_distributed()
+    if owns_group:
+        shutdown_distributed()
     return {"step": step, "stopped_by_signal": stopped}
 
 

@@ -57,7 +57,7 @@ def build_optimizer(model: torch.nn.Module, cfg: RunConfig) -> torch.optim.Optim
                              eps=o.eps, **kind)
 
 
-def build_engine(model: torch.nn.Module, cfg: RunConfig, world: int):
+def build_engine(model: torch.nn.Module, cfg: RunConfig, world: int, mpu=None):
     """The DeepSpeed engine of `model` with our AdamW and the generated DeepSpeed config.
 
     On a single data-parallel rank with ZeRO-0 the engine's gradient "all-reduce" would still
@@ -71,9 +71,16 @@ def build_engine(model: torch.nn.Module, cfg: RunConfig, world: int):
 
     from lenext_dist.train import fp32_params
 
+    from deepspeed.utils import groups
+
     exact = fp32_params.capture(model)  # m_h, KERPLE: DeepSpeed casts them to bf16 below
+    # mpu: Ulysses' groups (model/ulysses.py). DeepSpeed keeps the last engine's mpu in a module
+    # global and sets it only when given one: clear it so that an engine without sequence
+    # parallelism built later in the same process reduces over the whole world again
+    groups.mpu = None
+    dp = cfg.parallel.data_parallel_size(world)
     engine, *_ = deepspeed.initialize(model=model, optimizer=build_optimizer(model, cfg),
-                                      config=deepspeed_config(cfg, world))
+                                      config=deepspeed_config(cfg, dp), mpu=mpu)
     fp32_params.restore(engine, exact)
     if world == 1 and cfg.parallel.zero_stage == 0 and hasattr(engine, "enable_backward_allreduce"):
         engine.enable_backward_allreduce = False
