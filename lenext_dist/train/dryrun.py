@@ -16,7 +16,14 @@ Memory estimate per data-parallel rank (bytes), for AdamW under ZeRO with world 
     logits       s x b x V x (4 + 2 when w = 2): megatron's unfused cross-entropy
                  (tensor_parallel/cross_entropy.py) turns the [s, b, V] logits into an fp32 copy
                  and saves its softmax for the backward, while the bf16 logits are still alive
-A rough guide for choosing micro batch and ZeRO stage, not a measurement.
+Activation checkpointing (train.activation_checkpointing) keeps only each layer's input [s, b, h]
+(L x s x b x h x w) plus one layer's 34 x s x b x h x (w / 2) recomputed during the backward, and
+norm_fp32 becomes 3 x s x b x h x 4 (that layer's two norms and the final one).
+Ulysses sequence parallelism of size N (parallel.ulysses_size) divides every s-dependent term
+(activations, norm_fp32, logits) by N: each rank holds s/N tokens outside attention and, inside it,
+h/N heads of the whole sequence (the same s x b x h / N values); the ZeRO terms stay divided by the
+whole world W, over which DeepSpeed partitions (the sequence-data-parallel group).
+A rough guide for choosing micro batch, ZeRO stage and N, not a measurement.
 """
 from __future__ import annotations
 
@@ -35,15 +42,19 @@ def memory_estimate(cfg: RunConfig, total: int, trainable: int, world: int) -> d
     w = 4 if cfg.train.precision == "fp32" else 2
     z = cfg.parallel.zero_stage
     m = cfg.model
-    sbh = m.seq_length * cfg.train.micro_batch_size * m.hidden_size  # one [s, b, h] tensor
+    s = m.seq_length // cfg.parallel.ulysses_size  # tokens per rank outside attention
+    sbh = s * cfg.train.micro_batch_size * m.hidden_size  # one [s/N, b, h] tensor
     est = {
         "weights": total * w / (world if z >= 3 else 1),
         "gradients": trainable * (4 if w == 2 and z >= 1 else w) / (world if z >= 2 else 1),
         "fp32_master": (trainable * 4 if w == 2 else 0) / (world if z >= 1 else 1),
         "adam_states": trainable * 8 / (world if z >= 1 else 1),
-        "activations": sbh * m.num_layers * 34 * w / 2,
-        "norm_fp32": sbh * (2 * m.num_layers + 1) * 4 if w == 2 else 0.0,
-        "logits": m.seq_length * cfg.train.micro_batch_size * m.vocab_size * (4 + (2 if w == 2 else 0)),
+        "activations": (sbh * (m.num_layers * w + 34 * w / 2) if cfg.train.activation_checkpointing
+                        else sbh * m.num_layers * 34 * w / 2),
+        # checkpointing: only the recomputed layer's two norms and the final one are live
+        "norm_fp32": (sbh * (3 if cfg.train.activation_checkpointing else 2 * m.num_layers + 1) * 4
+                      if w == 2 else 0.0),
+        "logits": s * cfg.train.micro_batch_size * m.vocab_size * (4 + (2 if w == 2 else 0)),
     }
     if cfg.parallel.offload_optimizer:
         est["fp32_master"] = est["adam_states"] = 0.0  # in host memory instead
@@ -58,7 +69,9 @@ def dry_run(cfg: RunConfig, world: int | None = None) -> dict:
     from lenext_dist.train.optim import freeze_for_mode
 
     world = world or int(os.environ.get("WORLD_SIZE", 1))
-    accum = cfg.train.accum_steps(world)  # validates the batch arithmetic for this world size
+    n = cfg.parallel.ulysses_size
+    dp = cfg.parallel.data_parallel_size(world)  # the world must split into sequence groups
+    accum = cfg.train.accum_steps(dp)  # validates the batch arithmetic for this world size
     init_single_process_group()  # megatron's parallel state needs a group even on the meta device
     init_megatron(cfg.train.seed)
     model = build_model(cfg, device="meta")
@@ -79,8 +92,9 @@ def dry_run(cfg: RunConfig, world: int | None = None) -> dict:
     print(f"trainable: {trainable:,} ({cfg.train.mode} mode)")
     print(f"FLOPs/token: {fpt:.4e} (PaLM 6N + 12LHQT); per step: "
           f"{fpt * cfg.train.global_batch_size * cfg.model.seq_length:.4e}")
-    print(f"batch: micro {cfg.train.micro_batch_size} x accum {accum} x dp {world} = "
+    print(f"batch: micro {cfg.train.micro_batch_size} x accum {accum} x dp {dp} (ulysses {n}) = "
           f"{cfg.train.global_batch_size} sequences of {cfg.model.seq_length}")
-    print(f"memory estimate per rank (ZeRO-{cfg.parallel.zero_stage}, {cfg.train.precision}, W={world}): "
+    print(f"memory estimate per rank (ZeRO-{cfg.parallel.zero_stage}, {cfg.train.precision}, W={world}, "
+          f"ulysses {n}: {cfg.model.seq_length // n:,} of {cfg.model.seq_length:,} tokens per rank): "
           + ", ".join(f"{k} {_gb(v)}" for k, v in mem.items()))
     return {"counts": counts, "trainable": trainable, "flops_per_token": fpt, "memory": mem}
