@@ -67,3 +67,28 @@ def test_ulysses2_matches_ulysses1(group, sample_shards, tmp_path):
             a, b = sum(a, []), sum(b, [])  # [layers x heads] flattened
             assert len(set(a)) > 2  # the scales moved, differently per head
             assert b == pytest.approx(a, rel=1e-5), (a, b)
+
+
+def test_kill9_and_resume_under_ulysses_is_bitwise(sample_shards, tmp_path):
+    """The machinery of test_resume.py under ulysses 2 (ZeRO-2 over the sequence group)."""
+    import random
+
+    from helpers import kill9, pretrain_cmd, run, start, wait_for
+
+    steps = 6
+    sec = dict(train={"steps": steps, "eval_interval": 0},
+               parallel={"ulysses_size": 2, "zero_stage": 2},
+               attention={"position": "alibi"})  # head-sliced bias rows across the restart
+    ref = write_config(tmp_path, sample_shards, "ref", checkpoint={"interval": 0}, **sec)
+    run(pretrain_cmd(ref, "deepspeed", 2, free_port()))
+    expected = losses(tmp_path / "ref")
+    cfg = write_config(tmp_path, sample_shards, "kill", checkpoint={"interval": 2}, **sec)
+    kill_after = random.Random().randint(3, steps - 1)  # past the first checkpoint
+    proc = start(pretrain_cmd(cfg, "deepspeed", 2, free_port()), tmp_path / "kill.log")
+    metrics = tmp_path / "kill" / "metrics.jsonl"
+    assert wait_for(lambda: metrics.exists() and len(metrics.read_text().splitlines()) >= kill_after,
+                    timeout=240), (tmp_path / "kill.log").read_text()[-3000:]
+    kill9(proc)
+    p = run(pretrain_cmd(cfg, "deepspeed", 2, free_port()))
+    assert "resumed from" in p.stdout and "ulysses 2" in p.stdout
+    assert losses(tmp_path / "kill") == expected  # float equality: bitwise identical curve
