@@ -41,6 +41,8 @@ T_STOCK = "tests/unit/test_stock_export.py"
 T_SAFE = "tests/unit/test_safety.py"
 T_PREP = "tests/unit/test_prep_reliability.py"
 T_GPU = "tests/unit/test_gpu_ready.py"
+T_ULY = "tests/unit/test_ulysses_attention.py"
+T_ULYC = "tests/unit/test_ulysses_config.py"
 
 MUTATIONS: list[M] = [
     # ---- attention variants (every registered one) and the core function -------------------
@@ -299,6 +301,28 @@ MUTATIONS: list[M] = [
       "return [p for _, p in sorted(found)]", "return sorted(p for _, p in found)", (T_SAFE,)),
     M("reshard-zero0-needs-resharding", "safety", "lenext_dist/train/reshard.py",
       "if saved in (0, world):", "if saved == world:", (T_SAFE,)),
+    # ---- Ulysses sequence parallelism (model/ulysses.py, core_attention.py) ----------------
+    M("ulysses-head-scale-not-sliced", "ulysses", "lenext_dist/model/ulysses.py",
+      "return m if heads is None else m[heads[0]:heads[1]]", "return m if heads is None else m[:heads[1] - heads[0]]",
+      (T_ULY,)),
+    M("ulysses-bias-rows-not-sliced", "ulysses", "lenext_dist/attention/position.py",
+      "return table if self.heads is None else table[self.heads[0]:self.heads[1]]",
+      "return table if self.heads is None else table[:self.heads[1] - self.heads[0]]", (T_ULY,)),
+    M("ulysses-loss-local-count", "ulysses", "lenext_dist/model/ulysses.py",
+      "    dist.all_reduce(total, group=group())\n", "", (T_ULY,)),
+    M("ulysses-shard-offset", "ulysses", "lenext_dist/model/ulysses.py",
+      "out[k] = batch[k][:, r * s // n:(r + 1) * s // n]", "out[k] = batch[k][:, :s // n]", (T_ULY,)),
+    M("ulysses-kv-not-repeated", "ulysses", "lenext_dist/model/ulysses.py",
+      "return math.lcm(num_kv, n) // num_kv", "return 1", (T_ULY, T_ULYC)),
+    M("ulysses-kv-repeat-wrong-order", "ulysses", "lenext_dist/model/ulysses.py",
+      "            key = key.repeat_interleave(self.repeat, dim=2)\n            value = value.repeat_interleave(self.repeat, dim=2)\n",
+      "            key = key.repeat(1, 1, self.repeat, 1)\n            value = value.repeat(1, 1, self.repeat, 1)\n",
+      (T_ULY,)),
+    M("ulysses-dryrun-no-divisor", "ulysses", "lenext_dist/train/dryrun.py",
+      "    s = m.seq_length // cfg.parallel.ulysses_size  # tokens per rank outside attention",
+      "    s = m.seq_length", (T_ULYC,)),
+    M("ulysses-zero3-allowed", "ulysses", "lenext_dist/config/schema.py",
+      "_check(n == 1 or self.parallel.zero_stage < 3,", "_check(True,", (T_ULYC,)),
     # ---- data prep units: byte ranges of .jsonl --------------------------------------------
     M("jsonl-line-at-range-end-read-twice", "prep units", "lenext_dist/prep/readers.py",
       "if pos >= self.end:", "if pos > self.end:", (T_PREP,)),

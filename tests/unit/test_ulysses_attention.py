@@ -13,7 +13,9 @@ import torch.multiprocessing as mp
 CASES = {  # overrides of the tiny model (4 heads, 2 KV groups, 32 tokens)
     "kerple_headscale": ["attention.position=kerple_log", "attention.head_scale.enabled=true",
                          "attention.head_scale.init=1.3", "attention.head_scale.trainable=true"],
-    "alibi_gqa1": ["attention.position=alibi", "model.num_query_groups=1"],
+    # 6 heads, 3 KV groups over 2 ranks: k/v repeated to 6 (group order matters, unlike g = 1)
+    "alibi_gqa3": ["attention.position=alibi", "model.num_attention_heads=6",
+                   "model.hidden_size=96", "model.num_query_groups=3"],
     "rope_window_logscale": ["attention.position=rope", "attention.window=8",
                              "attention.log_scale_a=0.5", "model.train_length=8"],
     "xpos_documents": ["attention.position=xpos", "attention.xpos.blockwise=true",
