@@ -11,7 +11,7 @@ PYTEST_ARGS ?=
 # Where DeepSpeed JIT-builds its ops (cpu_adam for ZeRO-Offload): per checkout, never shared.
 export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.cache/torch_extensions
 
-.PHONY: setup system-deps demo shards task-shards test test-fast mutation dry-run bench study study-quick gpu-check clean
+.PHONY: setup system-deps demo shards task-shards test test-fast mutation dry-run bench study study-quick study-regime gpu-check clean
 
 setup: $(VENV)/.installed
 
@@ -22,17 +22,20 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/pip install -q -e ".[dev]"
 	touch $@
 
-# The embedded default, the whole pipeline: real-text sample -> shards -> a tiny NoPE model on 2
-# CPU ranks (ZeRO-2) -> HF export (verified by logits) -> sliding-window PPL at 1x/2x/4x the
+# The embedded default, the whole pipeline: real-text sample + generated task documents (30% of the
+# tokens: passkey, recall, repeat) -> shards/sample -> a tiny NoPE model on 2 CPU ranks (ZeRO-2) ->
+# HF export (verified by logits) -> sliding-window PPL and passkey accuracy at 1x/2x/4x the
 # training length with c = 1.0 and c = 1.2 -> report. A few minutes.
-DEMO      := tiny-cpu-nope
+DEMO      := tiny-cpu-nope-tasks
 EVAL_DATA := data/sample/heldout/books.jsonl.zst
-demo: setup shards
+demo: setup shards task-shards
 	$(BIN)/deepspeed --num_gpus $(NPROC) --master_port $(PORT) launch/pretrain.py --config configs/exp/$(DEMO).yaml
 	$(BIN)/python -m lenext_dist.convert --checkpoint runs/$(DEMO)/checkpoints --out runs/$(DEMO)/hf --overwrite --verify
 	for c in 1.0 1.2; do \
 	  $(BIN)/lenext eval ppl --model runs/$(DEMO)/hf --data $(EVAL_DATA) --lengths 128,256,512 --stride 64 \
 	      --budget-tokens 20000 --scale-c $$c --out runs/$(DEMO)/eval || exit 1; \
+	  $(BIN)/lenext eval passkey --model runs/$(DEMO)/hf --lengths 128,256,512 --depths 3 --keys 5 \
+	      --scale-c $$c --out runs/$(DEMO)/eval || exit 1; \
 	done
 	$(BIN)/lenext report --runs runs/$(DEMO)/eval --out runs/$(DEMO)/report.md
 	@echo "report: runs/$(DEMO)/report.md"
@@ -85,6 +88,11 @@ study: setup
 
 study-quick: setup
 	$(BIN)/python -m lenext_dist.study --quick
+
+# The regime search (lenext_dist/study/regime.py): NoPE and RoPE per lever combination (task share,
+# BOS, document mask, L, steps) -> results/regime/REGIME.md. ~15 min per pair of runs on 2 cores.
+study-regime: setup task-shards
+	$(BIN)/python -m lenext_dist.study --regime
 
 bench: setup
 	$(BIN)/pip install -q --no-deps mistral-common  # the 32K Mistral v1 model of bench_data_prep

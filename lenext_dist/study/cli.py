@@ -9,6 +9,7 @@ which checks the paper's claims one by one. Resumable: rerun the same command af
   python -m lenext_dist.study --quick                # ~4 minutes on 2 cores (CI), results/study-quick/
   python -m lenext_dist.study                        # ~80 min, results/study/, published to study/
   python -m lenext_dist.study --report-only          # redo analysis/figures/STUDY.md from the files
+  python -m lenext_dist.study --regime               # the regime search (study/regime.py), results/regime/
 """
 from __future__ import annotations
 
@@ -36,6 +37,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m lenext_dist.study", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="the CI-sized study (preset 'quick')")
+    ap.add_argument("--regime", action="store_true",
+                    help="the regime search instead (study/regime.py; with --quick: its CI size); "
+                         "writes <out>/REGIME.md and regime.json (default results/regime[-quick])")
     ap.add_argument("--out", default=None, help="results folder (results/study[-quick])")
     ap.add_argument("--seeds", type=_ints, default=None, help="NoPE/RoPE seeds, e.g. 1,2")
     ap.add_argument("--variants", default=None,
@@ -83,6 +87,23 @@ def write_outputs(study) -> Path:
     return md
 
 
+def run_regime(a) -> int:
+    from dataclasses import replace
+
+    from .regime import QUICK_REGIME, Regime, RegimePlan, write
+
+    plan = QUICK_REGIME if a.quick else RegimePlan()
+    if a.workers:
+        plan = replace(plan, workers=a.workers)
+    out = Path(a.out or ("results/regime-quick" if a.quick else "results/regime"))
+    regime = Regime(plan, out, REPO, port=a.port)
+    if not a.report_only:
+        regime.run_all()
+    md = write(regime)
+    print(f"[regime] wrote {md}")
+    return 0
+
+
 @entry_point
 def main(argv: Optional[Sequence[str]] = None) -> int:
     a = build_parser().parse_args(argv)
@@ -91,6 +112,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     os.chdir(REPO)
     from .pipeline import Study
 
+    if a.regime:
+        return run_regime(a)
     plan = make_plan(a)
     out = Path(a.out or ("results/study-quick" if a.quick else "results/study"))
     study = Study(plan, out, port=a.port)

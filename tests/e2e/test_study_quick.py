@@ -80,3 +80,25 @@ def test_quick_study_runs_and_writes_a_sane_study(tmp_path):
     assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-4000:]
     assert "skipped" in p.stdout and "start pretrain" not in p.stdout
     assert json.loads((out / "summary.json").read_text())["table"] == s["table"]
+
+
+def test_quick_regime_search_runs_and_writes_its_table(tmp_path):
+    """`python -m lenext_dist.study --regime --quick` (~2 minutes): 2 combinations x NoPE/RoPE
+    pretrained, exported and measured; the table names every JSON it read."""
+    out = tmp_path / "regime"
+    cmd = [sys.executable, "-m", "lenext_dist.study", "--regime", "--quick", "--out", str(out),
+           "--port", str(free_port())]
+    p = subprocess.run(cmd, cwd=REPO, env=env(), capture_output=True, text=True, timeout=900)
+    assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-4000:]
+    r = json.loads((out / "regime.json").read_text())
+    assert [row["name"] for row in r["rows"]] == ["t0.3-bos1-mask1-L128-40st", "t0-bos1-mask1-L128-40st"]
+    for row in r["rows"]:
+        assert row["tokens"] == 40 * 32 * 128
+        for pos in ("nope", "rope"):
+            m = row[pos]
+            assert _finite(m["ppl"]) and m["ppl"] > 1 and _finite(m["gain"])
+            assert 0.0 <= m["passkey"] <= 1.0 and m["passkey_length"] == 128
+            assert m["train_seconds"] > 0 and all((out / s).is_file() for s in m["sources"])
+    assert r["chosen"] in {row["name"] for row in r["rows"]}
+    md = (out / "REGIME.md").read_text()
+    assert all(f"`{row['name']}`" in md for row in r["rows"]) and "Chosen:" in md

@@ -1,0 +1,258 @@
+"""The regime search (`python -m lenext_dist.study --regime`): which training levers make NoPE use
+its context, measured with the project's own pipeline before the study is spent on a regime.
+
+Why: the text-only study was void (NoPE used a few tokens of context; DESIGN section 9). The levers
+of issue 17 (a share of generated task documents, BOS at document starts, document masking of
+packed sequences) and the training length / step count are varied one at a time around a base
+combination; per combination one seed of NoPE and of RoPE is pretrained, exported and measured:
+
+  tokens   training tokens (steps x global batch x L)
+  ppl      text PPL at L (last-stride, stride L/2, held-out books)
+  gain     paired context-use gain at L (nats; eval/ppl.py: loss with 5..8 tokens of context minus
+           loss with L/2+1..L tokens, same targets)
+  passkey  passkey accuracy at the shortest multiple of L that holds a prompt with filler
+           (`passkey_length`: the fixed part is ~80 tokens of the sample tokenizer, so L = 64 is
+           measured at 2L)
+
+The gates are the study's acceptance (issue 18): NoPE passkey >= 0.9, NoPE gain >= 0.10 nats and
+>= 0.7x RoPE's. `choose` picks the cheapest combination (fewest training tokens) that passes all,
+else the one closest to passing (the largest worst gate ratio). Results: <out>/regime.json and
+<out>/REGIME.md, each number with the JSON it came from.
+"""
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Callable, Optional
+
+from lenext_dist.eval.jobs import PasskeyJob, PplJob
+
+from .jobs import Command, Task, run_commands, run_tasks
+
+PASSKEY_MIN = 128
+"""Shortest passkey prompt length with one filler sentence (eval/passkey.py, sample tokenizer)."""
+GATE_PASSKEY, GATE_GAIN, GATE_RATIO = 0.9, 0.10, 0.7
+
+
+@dataclass(frozen=True)
+class Levers:
+    """One combination of the training levers (applied as overrides of the regime config)."""
+    tasks: float = 0.3
+    """Share of the training tokens from generated task documents (the rest: the config's text
+    blend, its ratios kept)."""
+    bos: bool = True
+    mask: bool = True
+    L: int = 128
+    steps: int = 1500
+
+    @property
+    def name(self) -> str:
+        return (f"t{self.tasks:g}-bos{int(self.bos)}-mask{int(self.mask)}-L{self.L}-{self.steps}st")
+
+    def overrides(self, blend: list, task_prefix: str) -> list[str]:
+        """`--a.b=value` overrides; `blend` is the config's training blend (BlendItems)."""
+        text = [b for b in blend if b.prefix != task_prefix]
+        total = sum(b.weight for b in text)
+        new = [{"prefix": b.prefix, "weight": round((1 - self.tasks) * b.weight / total, 6)}
+               for b in text]
+        if self.tasks > 0:
+            new.append({"prefix": task_prefix, "weight": self.tasks})
+        every = max(1, self.steps // 3)
+        return [f"--data.blend={json.dumps(new)}", f"--data.bos={str(self.bos).lower()}",
+                f"--data.document_mask={str(self.mask).lower()}", f"--model.seq_length={self.L}",
+                f"--train.steps={self.steps}", f"--train.eval_interval={every}",
+                f"--checkpoint.interval={every}"]
+
+
+def passkey_length(L: int) -> int:
+    return L * math.ceil(PASSKEY_MIN / L)
+
+
+@dataclass
+class RegimePlan:
+    name: str = "regime"
+    config: str = "configs/study/regime.yaml"
+    base: Levers = Levers()
+    variations: list[dict] = field(default_factory=lambda: [
+        {"tasks": 0.0}, {"tasks": 0.1}, {"bos": False}, {"mask": False}, {"L": 64},
+        {"steps": 3000}])
+    """Each a change of `base` (one lever at a time)."""
+    positions: tuple[str, ...] = ("nope", "rope")
+    seed: int = 1
+    task_prefix: str = "shards/sample/tasks_train"
+    budget_tokens: int = 10000
+    passkey_keys: int = 5
+    passkey_depths: int = 5
+    workers: int = 2
+    data: list[str] = field(default_factory=lambda: ["data/sample/heldout/books.jsonl.zst"])
+
+    def combos(self) -> list[Levers]:
+        out = [self.base]
+        for v in self.variations:
+            lv = replace(self.base, **v)
+            if lv not in out:
+                out.append(lv)
+        return out
+
+
+QUICK_REGIME = RegimePlan(  # CI: the machinery on two tiny combinations
+    name="regime-quick", base=Levers(steps=40), variations=[{"tasks": 0.0}],
+    budget_tokens=1024, passkey_keys=2, passkey_depths=2)
+
+
+class Regime:
+    def __init__(self, plan: RegimePlan, out: Path, repo: Path, port: int = 29700,
+                 log: Callable[[str], None] = print):
+        from lenext_dist.config import load_config
+
+        self.plan, self.out, self.repo, self.port, self.log = plan, Path(out), repo, port, log
+        cfg = load_config(repo / plan.config)
+        self.blend, self.batch = cfg.data.blend, cfg.train.global_batch_size
+        self.runs = [(lv, pos) for lv in plan.combos() for pos in plan.positions]
+        self.out.mkdir(parents=True, exist_ok=True)
+        prev = self.out / "regime.json"  # training seconds of runs finished by an earlier attempt
+        self.timings: dict = json.loads(prev.read_text()).get("timings", {}) if prev.exists() else {}
+
+    def run_name(self, lv: Levers, pos: str) -> str:
+        return f"{lv.name}-{pos}-s{self.plan.seed}"
+
+    def run_dir(self, name: str) -> Path:
+        return self.out / "runs" / name
+
+    def model_dir(self, name: str) -> Path:
+        return self.out / "models" / name
+
+    def jobs(self, lv: Levers, pos: str) -> dict:
+        name, p = self.run_name(lv, pos), self.plan
+        m = dict(model=str(self.model_dir(name)), out=str(self.out / "eval" / name),
+                 no_progress=True, threads=1)
+        return {"ppl": PplJob(**m, data=list(p.data), lengths=[lv.L], stride=max(1, lv.L // 2),
+                              budget_tokens=p.budget_tokens),
+                "passkey": PasskeyJob(**m, lengths=[passkey_length(lv.L)],
+                                      depths=str(p.passkey_depths), keys=p.passkey_keys)}
+
+    def _trained(self, name: str, steps: int) -> bool:
+        from lenext_dist.train.checkpoint import latest_tag
+
+        return latest_tag(self.run_dir(name) / "checkpoints") == f"step_{steps:07d}"
+
+    def pretrain(self) -> None:
+        cmds = []
+        for i, (lv, pos) in enumerate(self.runs):
+            n = self.run_name(lv, pos)
+            argv = [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", "1",
+                    "--master_port", str(self.port + i), "launch/pretrain.py",
+                    "--config", self.plan.config, f"--attention.position={pos}",
+                    f"--train.seed={self.plan.seed}", f"--name=regime-{n}",
+                    f"--run_dir={self.run_dir(n)}", *lv.overrides(self.blend, self.plan.task_prefix)]
+            cmds.append(Command(f"pretrain {n}", argv, self.out / "logs" / f"pretrain-{n}.log",
+                                threads=1, done=lambda n=n, s=lv.steps: self._trained(n, s)))
+        took = run_commands(cmds, self.plan.workers, self.log)  # 0.0: skipped (done before)
+        self.timings.setdefault("pretrain", {}).update({k: v for k, v in took.items() if v})
+
+    def export(self) -> None:
+        from lenext_dist.convert import export
+
+        for lv, pos in self.runs:
+            n = self.run_name(lv, pos)
+            if not (self.model_dir(n) / "config.json").exists():
+                export(self.run_dir(n) / "checkpoints", self.model_dir(n), overwrite=True)
+
+    def evaluate(self) -> None:
+        tasks = []
+        for lv, pos in self.runs:
+            todo = [j for j in self.jobs(lv, pos).values() if not j.done()]
+            if todo:
+                n = self.run_name(lv, pos)
+                tasks.append(Task(f"eval {n}", jobs=todo, log=self.out / "logs" / f"eval-{n}.log"))
+        self.timings.setdefault("evaluate", {}).update(run_tasks(tasks, self.plan.workers, log=self.log))
+
+    def run_all(self) -> None:
+        for step in (self.pretrain, self.export, self.evaluate):
+            t0 = time.perf_counter()
+            self.log(f"[regime] == {step.__name__}")
+            step()
+            self.timings.setdefault("steps", {})[step.__name__] = round(time.perf_counter() - t0, 1)
+
+    # ------------------------------------------------------------------ results
+    def measure(self, lv: Levers, pos: str) -> dict:
+        jobs = self.jobs(lv, pos)
+        ppl = json.loads(jobs["ppl"].result_path.read_text())
+        pk = json.loads(jobs["passkey"].result_path.read_text())
+        diag = {d["length"]: d for d in ppl.get("diagnostics", [])}
+        return {"ppl": ppl["results"][0]["ppl"],
+                "gain": diag.get(lv.L, {}).get("context_use", {}).get("gain"),
+                "passkey": pk["accuracy_by_length"][0], "passkey_length": pk["lengths"][0],
+                "train_seconds": self.timings.get("pretrain", {}).get(
+                    f"pretrain {self.run_name(lv, pos)}"),
+                "sources": [str(jobs[k].result_path.relative_to(self.out)) for k in ("ppl", "passkey")]}
+
+    def table(self) -> list[dict]:
+        rows = []
+        for lv in self.plan.combos():
+            r = {"levers": asdict(lv), "name": lv.name, "tokens": lv.steps * self.batch * lv.L}
+            for pos in self.plan.positions:
+                if self.jobs(lv, pos)["passkey"].done() and self.jobs(lv, pos)["ppl"].done():
+                    r[pos] = self.measure(lv, pos)
+            rows.append(r)
+        return rows
+
+
+def gate_ratios(row: dict) -> Optional[dict]:
+    """Each gate's measured / required (>= 1 passes); None when NoPE or RoPE is missing."""
+    n, r = row.get("nope"), row.get("rope")
+    if not n or not r or n["gain"] is None or r["gain"] is None:
+        return None
+    return {"passkey": n["passkey"] / GATE_PASSKEY, "gain": n["gain"] / GATE_GAIN,
+            "ratio": (n["gain"] / (GATE_RATIO * r["gain"])) if r["gain"] > 0 else math.inf}
+
+
+def choose(rows: list[dict]) -> tuple[Optional[dict], str]:
+    scored = [(row, g) for row in rows if (g := gate_ratios(row))]
+    if not scored:
+        return None, "no combination measured"
+    passing = [row for row, g in scored if min(g.values()) >= 1]
+    if passing:
+        best = min(passing, key=lambda row: row["tokens"])
+        return best, f"`{best['name']}`: the cheapest combination passing every gate"
+    best, g = max(scored, key=lambda x: min(x[1].values()))
+    worst = min(g, key=g.get)
+    return best, (f"`{best['name']}`: no combination passes every gate; this one is closest "
+                  f"(its worst gate, {worst}, at {g[worst]:.2f} of the required)")
+
+
+def render(rows: list[dict], plan: RegimePlan) -> str:
+    def f(x, nd=3):
+        return "-" if x is None else f"{x:.{nd}f}"
+
+    md = ["| combination | tokens | NoPE ppl@L | RoPE ppl@L | NoPE gain | RoPE gain | NoPE/RoPE | "
+          "NoPE passkey | RoPE passkey | train s (NoPE, RoPE) | JSON |", "|---" * 11 + "|"]
+    for row in rows:
+        n, r = row.get("nope") or {}, row.get("rope") or {}
+        ratio = (n["gain"] / r["gain"]) if n.get("gain") is not None and r.get("gain") else None
+        srcs = ", ".join(f"`{s}`" for m in (n, r) for s in m.get("sources", []))
+        md.append(f"| `{row['name']}` | {row['tokens']:,} | {f(n.get('ppl'), 2)} | {f(r.get('ppl'), 2)} | "
+                  f"{f(n.get('gain'))} | {f(r.get('gain'))} | {f(ratio, 2)} | "
+                  f"{f(n.get('passkey'), 2)} @{n.get('passkey_length', '-')} | "
+                  f"{f(r.get('passkey'), 2)} | {f(n.get('train_seconds'), 0)}, "
+                  f"{f(r.get('train_seconds'), 0)} | {srcs} |")
+    best, why = choose(rows)
+    return "\n".join(
+        [f"Regime search (`{plan.config}`, seed {plan.seed}, base `{plan.base.name}`, one lever "
+         f"changed per row). Gates: NoPE passkey >= {GATE_PASSKEY}, NoPE gain >= {GATE_GAIN} nats "
+         f"and >= {GATE_RATIO}x RoPE's.", ""] + md + ["", f"Chosen: {why}.", ""])
+
+
+def write(regime: Regime) -> Path:
+    rows = regime.table()
+    best, why = choose(rows)
+    (regime.out / "regime.json").write_text(json.dumps(
+        {"plan": asdict(regime.plan), "rows": rows, "chosen": best and best["name"], "why": why,
+         "timings": regime.timings}, indent=1, default=str))
+    md = regime.out / "REGIME.md"
+    md.write_text("# " + regime.plan.name + "\n\n" + render(rows, regime.plan))
+    return md

@@ -1,0 +1,64 @@
+"""The regime search's logic (lenext_dist/study/regime.py): the lever overrides load into the
+config they describe, and the choice follows the gates."""
+import pytest
+
+from lenext_dist.config import load_config, split_cli_overrides
+from lenext_dist.study.regime import (GATE_GAIN, GATE_PASSKEY, GATE_RATIO, Levers, RegimePlan,
+                                      choose, passkey_length, render)
+
+from helpers import REPO
+
+
+def _cfg(lv: Levers):
+    plan = RegimePlan()
+    base = load_config(REPO / plan.config)
+    ov = lv.overrides(base.data.blend, plan.task_prefix)
+    return load_config(REPO / plan.config, split_cli_overrides(ov)), plan
+
+
+@pytest.mark.parametrize("share", [0.0, 0.1, 0.3])
+def test_overrides_set_task_share_keep_text_ratio_and_levers(share):
+    cfg, plan = _cfg(Levers(tasks=share, bos=False, mask=True, L=64, steps=90))
+    w = {b.prefix: b.weight for b in cfg.data.blend}
+    assert w.get(plan.task_prefix, 0.0) == pytest.approx(share)
+    assert sum(w.values()) == pytest.approx(1.0)
+    text = [v for k, v in w.items() if k != plan.task_prefix]
+    assert text[0] / text[1] == pytest.approx(0.483 / 0.217, rel=1e-4)  # sample-tasks.yaml's ratio
+    assert (cfg.data.bos, cfg.data.document_mask) == (False, True)
+    assert (cfg.model.seq_length, cfg.train.steps) == (64, 90)
+    assert cfg.checkpoint.interval == 30 and 90 % cfg.checkpoint.interval == 0
+
+
+def test_combos_vary_one_lever_each_and_skip_repeats():
+    plan = RegimePlan(base=Levers(), variations=[{"tasks": 0.0}, {"L": 64}, {"tasks": 0.3}])
+    combos = plan.combos()
+    assert combos[0] == plan.base and len(combos) == 3  # tasks 0.3 is the base again
+    for c in combos[1:]:
+        changed = [k for k in ("tasks", "bos", "mask", "L", "steps")
+                   if getattr(c, k) != getattr(plan.base, k)]
+        assert len(changed) == 1
+    assert len({c.name for c in combos}) == len(combos)
+
+
+def test_passkey_length_is_the_shortest_multiple_holding_a_prompt():
+    assert passkey_length(128) == 128 and passkey_length(64) == 128 and passkey_length(48) == 144
+
+
+def _row(name, tokens, pk, gain, rope_gain):
+    m = dict(ppl=50.0, passkey_length=128, train_seconds=1.0, sources=[])
+    return {"name": name, "tokens": tokens, "nope": {**m, "passkey": pk, "gain": gain},
+            "rope": {**m, "passkey": 1.0, "gain": rope_gain}}
+
+
+def test_choose_takes_the_cheapest_passing_row_else_the_closest():
+    ok = GATE_PASSKEY, GATE_GAIN * 1.5, GATE_GAIN * 1.5 / GATE_RATIO
+    rows = [_row("big", 10, *ok), _row("small", 5, *ok), _row("fails", 1, 0.0, 1.0, 1.0)]
+    assert choose(rows)[0]["name"] == "small"
+    # nothing passes: the largest worst-gate ratio wins (passkey 0.45 -> 0.5 of the gate)
+    rows = [_row("a", 1, 0.0, 1.0, 1.0), _row("b", 2, GATE_PASSKEY / 2, 1.0, 1.0)]
+    best, why = choose(rows)
+    assert best["name"] == "b" and "closest" in why and "passkey" in why
+    # gain below 0.7x RoPE's fails even with perfect passkey
+    assert choose([_row("r", 1, 1.0, 0.2, 0.2 / GATE_RATIO * 1.01)])[1].find("closest") > 0
+    assert "`b`" in render(rows, RegimePlan())
+    assert choose([{"name": "x", "tokens": 1}])[0] is None
