@@ -11,7 +11,7 @@ PYTEST_ARGS ?=
 # Where DeepSpeed JIT-builds its ops (cpu_adam for ZeRO-Offload): per checkout, never shared.
 export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.cache/torch_extensions
 
-.PHONY: setup system-deps demo shards task-shards test test-fast mutation dry-run bench study study-quick gpu-check clean
+.PHONY: setup system-deps demo shards task-shards lint test test-fast mutation dry-run bench study study-quick gpu-check clean
 
 setup: $(VENV)/.installed
 
@@ -65,6 +65,10 @@ dry-run: setup
 # when present, a printed apt command when not root.
 system-deps:
 	bash scripts/install_system_deps.sh
+
+# ruff (pinned in the dev extra; rules in pyproject.toml [tool.ruff]); .ci/run runs it before the tests.
+lint: setup
+	$(BIN)/ruff check .
 
 test: setup system-deps
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)

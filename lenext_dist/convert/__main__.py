@@ -35,8 +35,8 @@ def main(argv=None) -> int:
     p.add_argument("--no-tokenizer", action="store_true", help="do not ship a tokenizer")
     p.add_argument("--dtype", default="fp32", choices=["fp32", "bf16", "fp16"],
                    help="weight dtype in model.safetensors (head scales stay fp32)")
-    p.add_argument("--overwrite", action="store_true", help="replace a previous export in --out (only an export: a folder holding "
-                        "anything else, or the checkpoint/run folder, is refused)")
+    p.add_argument("--overwrite", action="store_true", help="replace a previous export in --out (only an export: "
+                   "a folder holding anything else, or the checkpoint/run folder, is refused)")
     p.add_argument("--verify", action="store_true",
                    help="reload the export with transformers and compare its logits with the "
                         "megatron model of the checkpoint (fp32); fail above --tolerance")

@@ -166,7 +166,7 @@ def _convert(src: dict, s: Shape, from_side: str, to_side: str) -> dict[str, Ten
                 raise KeyError(f"HF state has {sorted(keys)} but lacks {[k for k in names if k not in src]}")
             out[_fmt(rule.megatron, g)] = rule.merge(*(src[k] for k in names), s)
     # required keys: every non-optional rule, for every layer
-    for n, rule in enumerate(KEYMAP):
+    for rule in KEYMAP:
         if rule.optional:
             continue
         for i in (range(s.num_layers) if "{i}" in rule.megatron else [None]):

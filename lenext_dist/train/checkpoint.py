@@ -29,7 +29,7 @@ import torch
 import torch.distributed as dist
 
 from lenext_dist.config import RunConfig, save_config
-from lenext_dist.errors import CheckpointError, UserError
+from lenext_dist.errors import CheckpointError
 
 LATEST = "latest"
 COMPLETE = "COMPLETE"
