@@ -45,10 +45,6 @@ class LenextCoreAttention(MegatronModule):
     # (kept beside it by lenext_dist/train/fp32_params.py).
     _keep_in_fp32_modules_strict = ["head_scale"]
 
-    @property
-    def variant(self) -> PositionVariant:  # the former attribute name
-        return self.position
-
     def __init__(self, config: TransformerConfig, layer_number: int, attn_mask_type: AttnMaskType,
                  attention_type: str, softmax_scale: Optional[float] = None,
                  cp_comm_type: Optional[str] = None, pg_collection=None, *,

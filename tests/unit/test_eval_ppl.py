@@ -8,7 +8,7 @@ import torch
 from lenext_dist.eval.ppl import (context_diagnostics, evaluate_ppl, plan_document, run_ppl,
                                   plan_windows)
 from lenext_dist.eval.scoring import Window, score_windows
-from lenext_dist.eval.testing import random_docs, tiny_llama
+from tiny_models import random_docs, tiny_llama
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ import pytest
 from lenext_dist.eval.scale_sweep import (analyze, best_c_for_length, fit_log_scale, make_grid,
                                           position_bins, run_scale_sweep)
 from lenext_dist.eval.data import DocSet
-from lenext_dist.eval.testing import random_docs, tiny_llama
+from tiny_models import random_docs, tiny_llama
 
 
 def test_fit_exact():

@@ -1,4 +1,4 @@
-"""Tiny randomly initialized causal LMs for tests, benchmarks and smoke runs of `lenext eval`.
+"""Tiny randomly initialized causal LMs for tests and benchmarks (test fixtures: not part of the package).
 
 `tiny_llama()` builds a plain `transformers.LlamaForCausalLM` (2 layers, hidden 32, GQA);
 `save_tiny_model(dir)` writes it with `save_pretrained` plus a SentencePiece `tokenizer.model`,
@@ -13,7 +13,7 @@ from typing import Optional
 import numpy as np
 import torch
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # tests/.. = the checkout
 SAMPLE_TOKENIZER = os.path.join(REPO, "data", "sample", "tokenizer.model")
 
 
