@@ -48,7 +48,7 @@ def save_tiny_model(out_dir: str, tokenizer: Optional[str] = None, **kw) -> str:
 
 def random_docs(lengths, vocab_size: int = 4096, seed: int = 0):
     """EvalDocs of random token ids (for protocol tests that need no tokenizer)."""
-    from .data import EvalDoc
+    from lenext_dist.eval.data import EvalDoc
 
     rng = np.random.default_rng(seed)
     return [EvalDoc(f"doc{i}", "<random>", rng.integers(3, vocab_size, n).astype(np.int64))
