@@ -42,7 +42,9 @@ from lenext_dist.train.checkpoint import resolve as resolve_checkpoint
 from lenext_dist.train.checkpoint import run_config as load_run_config
 
 from . import stock
-from .keymap import HF_HEAD_SCALE, Shape, megatron_to_hf
+from lenext_dist.attention.names import HEAD_SCALE_KEY
+
+from .keymap import HF_HEAD_SCALE, MEGATRON_HEAD_SCALE, Shape, megatron_to_hf
 from .outdir import OutputError, _inside, check_out, staged
 
 HF_DIR = Path(__file__).resolve().parents[1] / "hf"
@@ -63,7 +65,7 @@ def head_scales_from(path: Union[str, Path], num_layers: int, num_heads: int) ->
     p = Path(path)
     if p.is_dir():
         state, _ = load_megatron_state(resolve_checkpoint(p))
-        keys = [f"decoder.layers.{i}.self_attention.core_attention.head_scale" for i in range(num_layers)]
+        keys = [MEGATRON_HEAD_SCALE.format(i=i) for i in range(num_layers)]
         if not all(k in state for k in keys):
             raise ExportError(f"{p}: checkpoint has no learned head scales "
                               "(attention.head_scale.enabled was off)")
@@ -325,7 +327,7 @@ def megatron_reference(step_dir: Union[str, Path], head_scales: Optional[Tensor]
     model = build_model(cfg, device="cpu")
     missing, unexpected = model.load_state_dict(
         {k: v.float() for k, v in state.items()}, strict=False)
-    missing = [k for k in missing if not k.endswith(("_extra_state", "core_attention.head_scale"))]
+    missing = [k for k in missing if not k.endswith(("_extra_state", HEAD_SCALE_KEY))]
     if missing or unexpected:
         raise ExportError(f"megatron reference: missing {missing}, unexpected {unexpected}")
     if head_scales is not None:
