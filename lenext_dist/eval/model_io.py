@@ -9,6 +9,8 @@ from typing import Optional
 
 import numpy as np
 
+from lenext_dist.atomic import atomic_write
+
 
 def load_model(path: str, dtype: str = "float32", device: Optional[str] = None):
     import torch
@@ -66,8 +68,5 @@ def write_json(obj: dict, path: str) -> str:
             return o.tolist()
         raise TypeError(type(o).__name__)
 
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(obj, f, indent=1, default=default)
-    os.replace(tmp, path)
+    atomic_write(path, json.dumps(obj, indent=1, default=default))
     return path
