@@ -10,6 +10,7 @@ from typing import Optional
 import numpy as np
 
 from lenext_dist.atomic import atomic_write
+from lenext_dist.dtypes import torch_dtype
 
 
 def load_model(path: str, dtype: str = "float32", device: Optional[str] = None):
@@ -20,7 +21,7 @@ def load_model(path: str, dtype: str = "float32", device: Optional[str] = None):
         raise FileNotFoundError(f"{path}: no config.json (not an HF model directory)")
     dev = device or ("cuda" if torch.cuda.is_available() else "cpu")
     model = AutoModelForCausalLM.from_pretrained(path, trust_remote_code=True,
-                                                 dtype=getattr(torch, dtype))
+                                                 dtype=torch_dtype(dtype))
     return model.to(dev).eval()
 
 
