@@ -15,11 +15,12 @@ export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.cache/torch_extensions
 
 setup: $(VENV)/.installed
 
+# -qq: pip's errors only (no index/location warnings, no progress); a failed install still stops make.
 $(VENV)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q "$(TORCH_SPEC)"
-	$(BIN)/pip install -q -e ".[dev]"
+	$(BIN)/pip install -qq --disable-pip-version-check --upgrade pip
+	$(BIN)/pip install -qq --disable-pip-version-check "$(TORCH_SPEC)"
+	$(BIN)/pip install -qq --disable-pip-version-check -e ".[dev]"
 	touch $@
 
 # The embedded default, the whole pipeline: real-text sample -> shards -> a tiny NoPE model on 2
