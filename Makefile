@@ -11,15 +11,16 @@ PYTEST_ARGS ?=
 # Where DeepSpeed JIT-builds its ops (cpu_adam for ZeRO-Offload): per checkout, never shared.
 export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.cache/torch_extensions
 
-.PHONY: setup system-deps demo shards task-shards test test-fast mutation dry-run bench study study-quick study-regime gpu-check clean
+.PHONY: setup system-deps demo shards task-shards lint test test-fast mutation dry-run bench study study-quick study-regime gpu-check clean
 
 setup: $(VENV)/.installed
 
+# -qq: pip's errors only (no index/location warnings, no progress); a failed install still stops make.
 $(VENV)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q "$(TORCH_SPEC)"
-	$(BIN)/pip install -q -e ".[dev]"
+	$(BIN)/pip install -qq --disable-pip-version-check --upgrade pip
+	$(BIN)/pip install -qq --disable-pip-version-check "$(TORCH_SPEC)"
+	$(BIN)/pip install -qq --disable-pip-version-check -e ".[dev]"
 	touch $@
 
 # The embedded default, the whole pipeline: real-text sample + generated task documents (30% of the
@@ -68,6 +69,10 @@ dry-run: setup
 # when present, a printed apt command when not root.
 system-deps:
 	bash scripts/install_system_deps.sh
+
+# ruff (pinned in the dev extra; rules in pyproject.toml [tool.ruff]); .ci/run runs it before the tests.
+lint: setup
+	$(BIN)/ruff check .
 
 test: setup system-deps
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)

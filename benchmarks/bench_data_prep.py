@@ -91,7 +91,7 @@ def machine() -> dict:
     cpu = "unknown"
     try:
         with open("/proc/cpuinfo") as f:
-            cpu = next(l.split(":", 1)[1].strip() for l in f if l.startswith("model name"))
+            cpu = next(ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name"))
     except (OSError, StopIteration):
         pass
     import sentencepiece
@@ -181,7 +181,7 @@ def check_tokens(inputs: list[str], out: str, model: str) -> int:
     sp = spm.SentencePieceProcessor(model_file=model)
     idx = indexed_dataset()._IndexReader(os.path.join(out, "b_train.idx"), multimodal=False)
     data = np.fromfile(os.path.join(out, "b_train.bin"), dtype=idx.dtype)
-    texts = [json.loads(l)["text"] for p in inputs for l in open(p, encoding="utf-8")]
+    texts = [json.loads(ln)["text"] for p in inputs for ln in open(p, encoding="utf-8")]
     assert len(texts) == len(idx), (len(texts), len(idx))
     for k, t in enumerate(texts):
         a = idx.sequence_pointers[k] // idx.dtype_size

@@ -30,12 +30,13 @@ import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
+sys.path.insert(0, os.path.join(REPO, "tests"))  # tests/tiny_models.py
 
 import torch  # noqa: E402
 
 from lenext_dist.eval.data import load_documents  # noqa: E402
 from lenext_dist.eval.ppl import evaluate_ppl, plan_windows  # noqa: E402
-from lenext_dist.eval.testing import SAMPLE_TOKENIZER, tiny_lenext, tiny_llama  # noqa: E402
+from tiny_models import SAMPLE_TOKENIZER, tiny_lenext, tiny_llama  # noqa: E402
 
 DATA = os.path.join(REPO, "data", "sample", "heldout", "books.jsonl.zst")
 

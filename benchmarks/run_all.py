@@ -36,6 +36,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "tests"))  # tests/tiny_models.py (the tiny random models)
 PY = sys.executable
 
 # small settings: (script, args); the JSON each writes is read back
@@ -86,7 +87,7 @@ def entropy_child(length: int, heads: int, chunk_mb: int) -> dict:
 
     from lenext_dist.eval.data import EvalDoc
     from lenext_dist.eval.entropy import evaluate_entropy
-    from lenext_dist.eval.testing import tiny_lenext
+    from tiny_models import tiny_lenext
 
     torch.manual_seed(0)
     model = tiny_lenext("nope", hidden=32 * heads, layers=1, heads=heads, kv_heads=1,

@@ -43,6 +43,10 @@ def entry_point(main: Callable[[Optional[Sequence[str]]], int]) -> Callable[...,
         argv = [a for a in argv if a != "--debug"]
         if debug:
             os.environ[DEBUG_ENV] = "1"  # child commands (study, extend) show theirs too
+        if not (debug or os.environ.get(DEBUG_ENV) == "1"):
+            from lenext_dist.quiet import install
+
+            install()  # the warnings known to be harmless (lenext_dist/quiet.py)
         try:
             return main(argv)
         except (UserError, FileNotFoundError, NotADirectoryError, IsADirectoryError,

@@ -18,7 +18,7 @@ def write_zst(path: str, lines: list[bytes]) -> str:
     """A .jsonl.zst whose raw lines are exactly `lines` (for malformed-input cases)."""
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "wb") as f:
-        f.write(zstandard.ZstdCompressor(level=3).compress(b"".join(l + b"\n" for l in lines)))
+        f.write(zstandard.ZstdCompressor(level=3).compress(b"".join(ln + b"\n" for ln in lines)))
     return path
 
 

@@ -14,6 +14,7 @@ from .core import (BIAS_IMPLS, IMPL_NAMES, attend, causal_attention, eager_causa
 from .documents import Documents, document_ids
 from .kerple import KerpleLog, KerplePower
 from .mask import MaskSpec
+from .names import HEAD_SCALE, HEAD_SCALE_KEY
 from .position import NoPE, PositionVariant, alibi_slopes
 from .registry import POSITIONS, build_position
 from .rope import SCALINGS, RoPE, apply_rotary, rotate_half
@@ -24,3 +25,4 @@ __all__ = ["attend", "causal_attention", "eager_causal_attention", "iter_attenti
            "NoPE", "PositionVariant", "POSITIONS", "build_position", "SCALINGS", "RoPE",
            "apply_rotary", "rotate_half", "ALiBi", "KerpleLog", "KerplePower", "Sandwich", "XPOS",
            "MaskSpec", "alibi_slopes", "BIAS_IMPLS", "IMPL_NAMES", "Documents", "document_ids"]
+__all__ += ["HEAD_SCALE", "HEAD_SCALE_KEY"]

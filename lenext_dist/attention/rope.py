@@ -117,7 +117,7 @@ class RoPE(PositionVariant):
                 dtype: torch.dtype) -> tuple[Tensor, Tensor]:
         """(cos, sin), each [length, d] in `dtype` on `device`, for `positions`: a tensor [length]
         (any values, fractional allowed) or an int start (positions start..start+length-1);
-        positions [b, length] (inside packed documents) give [b, 1, length, d]. 
+        positions [b, length] (inside packed documents) give [b, 1, length, d].
 
         The int form is cached for the last (start, length, device, dtype): every layer of a
         forward pass asks for the same range, so the [s, d/2] fp32 outer product is paid once per

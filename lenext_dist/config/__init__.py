@@ -4,3 +4,11 @@ from .schema import (AttentionConfig, BlendItem, CheckpointConfig, ConfigError, 
                      ParallelConfig, RopeConfig, RunConfig, SandwichConfig, TrainConfig, XposConfig)
 from .load import load_config, save_config, split_cli_overrides, to_dict
 from .deepspeed import deepspeed_config
+
+# The package's public names (re-exported from the modules above).
+__all__ = [
+    "AttentionConfig", "BlendItem", "CheckpointConfig", "ConfigError", "DataConfig", "HeadScaleConfig",
+    "KerpleConfig", "LoggingConfig", "ModelConfig", "OptimConfig", "ParallelConfig", "RopeConfig",
+    "RunConfig", "SandwichConfig", "TrainConfig", "XposConfig", "load_config", "save_config",
+    "split_cli_overrides", "to_dict", "deepspeed_config",
+]

@@ -17,6 +17,8 @@ from typing import Any, Literal, Union
 
 import yaml
 
+from lenext_dist.atomic import atomic_write
+
 from .schema import ConfigError, RunConfig
 
 _MISSING = object()
@@ -248,6 +250,4 @@ def save_config(cfg: RunConfig, path: str | Path) -> None:
     """Write the resolved config as YAML (loadable again by load_config)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
-    tmp.replace(path)
+    atomic_write(path, yaml.safe_dump(to_dict(cfg), sort_keys=False))

@@ -42,7 +42,8 @@ class ModelConfig:
     vocab_size: int = 4096
     """Embedding rows; must cover the tokenizer's vocabulary."""
     seq_length: int = 128
-    """Sequence length of this run (the training context L when pretraining)."""
+    """Tokens per training sample of this run. When pretraining it is also L, the length the
+    variants refer to, unless train_length says otherwise."""
     train_length: Optional[int] = None
     """The pretrained context L that length-relative variants refer to (YaRN's original length, the
     log-length scale, XPOS blocks, exports); null = seq_length. A HeadScale or PI/YaRN fine-tune at
@@ -68,6 +69,9 @@ class ModelConfig:
 
     @property
     def base_length(self) -> int:
+        """L, the pretrained context: train_length, else seq_length. The one value code reads for
+        "the training length" (variants, exports' `train_length`, evaluation factors); seq_length
+        is read only where the sample size of this run matters (data, megatron's max length)."""
         return self.train_length or self.seq_length
 
     @property
@@ -163,7 +167,8 @@ class XposConfig:
     scale_base: float = 512.0
     """q is scaled by xi^(i/scale_base), k by xi^(-j/scale_base)."""
     blockwise: bool = False
-    """Blockwise causal attention, block = model.seq_length (own block + the previous one)."""
+    """Blockwise causal attention, block = L = model.train_length (null: model.seq_length); each
+    query sees its own block and the previous one."""
 
     def __post_init__(self):
         _check(self.gamma > 0, "attention.xpos.gamma", "must be > 0")
@@ -183,8 +188,8 @@ class AttentionConfig:
     """Sliding-window attention: each token sees the last `window` tokens (itself included), with
     any position variant, in training or at evaluation; null = full causal."""
     log_scale_a: Optional[float] = None
-    """Log-length scale: logits of token i (1-based) times 1 + a ln max(1, i / model.seq_length);
-    null = off."""
+    """Log-length scale: logits of token i (1-based) times 1 + a ln max(1, i / L), L =
+    model.train_length (null: model.seq_length); null = off."""
     impl: Literal["auto", "chunked", "flex", "sdpa_mask", "eager"] = "auto"
     """Kernel for variants with a bias or a window/block mask; auto = FlexAttention on CUDA and for
     long (>= 1024) evaluation passes on CPU, else chunked SDPA (see benchmarks/bench_attention_paths.py)."""

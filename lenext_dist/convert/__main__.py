@@ -6,6 +6,7 @@ import json
 import os
 import sys
 
+from lenext_dist.dtypes import CHOICES, canonical
 from lenext_dist.errors import entry_point
 
 
@@ -33,10 +34,10 @@ def main(argv=None) -> int:
                         "a .json (list of lists) or a .pt tensor")
     p.add_argument("--tokenizer", help="SentencePiece model (default: the run's data.tokenizer)")
     p.add_argument("--no-tokenizer", action="store_true", help="do not ship a tokenizer")
-    p.add_argument("--dtype", default="fp32", choices=["fp32", "bf16", "fp16"],
+    p.add_argument("--dtype", default="fp32", choices=CHOICES,
                    help="weight dtype in model.safetensors (head scales stay fp32)")
-    p.add_argument("--overwrite", action="store_true", help="replace a previous export in --out (only an export: a folder holding "
-                        "anything else, or the checkpoint/run folder, is refused)")
+    p.add_argument("--overwrite", action="store_true", help="replace a previous export in --out (only an export: "
+                   "a folder holding anything else, or the checkpoint/run folder, is refused)")
     p.add_argument("--verify", action="store_true",
                    help="reload the export with transformers and compare its logits with the "
                         "megatron model of the checkpoint (fp32); fail above --tolerance")
@@ -56,7 +57,7 @@ def main(argv=None) -> int:
           f"head scales {info['head_scale_source']} (c={info['scale_c']}), weights from "
           f"{info['weights']} (ZeRO-{info['zero_stage']}, {info['train_precision']}) as {a.dtype}")
     if a.verify:
-        if a.dtype != "fp32":
+        if canonical(a.dtype) != "fp32":
             print("error: --verify needs --dtype fp32", file=sys.stderr)
             return 2
         diff = verify(a.out)

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import re
 import shutil
 from pathlib import Path
@@ -43,7 +42,10 @@ from lenext_dist.train.checkpoint import resolve as resolve_checkpoint
 from lenext_dist.train.checkpoint import run_config as load_run_config
 
 from . import stock
-from .keymap import HF_HEAD_SCALE, Shape, megatron_to_hf
+from lenext_dist.attention.names import HEAD_SCALE_KEY
+from lenext_dist.dtypes import TORCH_NAMES, canonical, torch_dtype
+
+from .keymap import HF_HEAD_SCALE, MEGATRON_HEAD_SCALE, Shape, megatron_to_hf
 from .outdir import OutputError, _inside, check_out, staged
 
 HF_DIR = Path(__file__).resolve().parents[1] / "hf"
@@ -64,7 +66,7 @@ def head_scales_from(path: Union[str, Path], num_layers: int, num_heads: int) ->
     p = Path(path)
     if p.is_dir():
         state, _ = load_megatron_state(resolve_checkpoint(p))
-        keys = [f"decoder.layers.{i}.self_attention.core_attention.head_scale" for i in range(num_layers)]
+        keys = [MEGATRON_HEAD_SCALE.format(i=i) for i in range(num_layers)]
         if not all(k in state for k in keys):
             raise ExportError(f"{p}: checkpoint has no learned head scales "
                               "(attention.head_scale.enabled was off)")
@@ -164,9 +166,6 @@ def build_hf_config(cfg, *, scale_c: float, head_scale_source: str, tok: Optiona
     )
 
 
-_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-
-
 def export(checkpoint: Union[str, Path], out: Union[str, Path], *, tag: Optional[str] = None,
            scale_c: Optional[float] = None, head_scales: Union[str, Path, Tensor, None] = None,
            tokenizer: Union[str, Path, None] = None, dtype: str = "fp32",
@@ -188,8 +187,10 @@ def export(checkpoint: Union[str, Path], out: Union[str, Path], *, tag: Optional
         raise ExportError("give either scale_c or head_scales, not both")
     if scale_c is not None and not scale_c > 0:
         raise ExportError(f"scale_c must be > 0, got {scale_c}")
-    if dtype not in _DTYPES:
-        raise ExportError(f"dtype must be one of {sorted(_DTYPES)}")
+    try:
+        dtype = canonical(dtype)
+    except ValueError as e:
+        raise ExportError(str(e)) from None
     if fmt not in FORMATS:
         raise ExportError(f"format must be one of {sorted(FORMATS)}, got {fmt!r}")
     step_dir = resolve_checkpoint(checkpoint, tag)
@@ -263,9 +264,6 @@ def export(checkpoint: Union[str, Path], out: Union[str, Path], *, tag: Optional
             "head_scales": scales.tolist()}
 
 
-_DTYPE_NAMES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
-
-
 def _tokenizer_info(info: Optional[dict], vocab_size: int) -> Optional[dict]:
     if info is not None and info["size"] > vocab_size:
         raise ExportError(f"tokenizer has {info['size']} pieces > model vocab {vocab_size}")
@@ -278,7 +276,7 @@ def _custom_payload(out: Path, cfg, hf_state: dict, scales: Tensor, tok_path: Op
     names = [HF_HEAD_SCALE.format(i=i) for i in range(cfg.model.num_layers)]
     for name, row in zip(names, scales):
         hf_state[name] = row.to(torch.float32).contiguous()
-    tensors = {k: (v if k in names else v.to(_DTYPES[dtype])).contiguous()
+    tensors = {k: (v if k in names else v.to(torch_dtype(dtype))).contiguous()
                for k, v in hf_state.items()}
     tok = _tokenizer_info(_tokenizer_files(out, tok_path, bos=cfg.data.bos) if tok_path else None,
                           cfg.model.vocab_size)
@@ -286,7 +284,7 @@ def _custom_payload(out: Path, cfg, hf_state: dict, scales: Tensor, tok_path: Op
         shutil.copyfile(HF_DIR / f, out / f)
     write_attention_copy(out)
     return build_hf_config(cfg, scale_c=scale_c, head_scale_source=head_scale_source, tok=tok,
-                           source=source, dtype=_DTYPE_NAMES[dtype]), tensors
+                           source=source, dtype=TORCH_NAMES[dtype]), tensors
 
 
 def _stock_payload(out: Path, cfg, hf_state: dict, scales: Tensor, tok_path: Optional[Path], *,
@@ -295,13 +293,13 @@ def _stock_payload(out: Path, cfg, hf_state: dict, scales: Tensor, tok_path: Opt
     fp32, before the cast), no code files, tokenizer.json when it reproduces SentencePiece."""
     m = cfg.model
     folded = stock.fold_head_scales(hf_state, scales, m.num_attention_heads, m.head_dim)
-    tensors = {k: v.to(_DTYPES[dtype]).contiguous() for k, v in folded.items()}
+    tensors = {k: v.to(torch_dtype(dtype)).contiguous() for k, v in folded.items()}
     tok, note = (stock.write_stock_tokenizer(out, tok_path, bos=cfg.data.bos) if tok_path
                  else (None, "no tokenizer shipped"))
     _tokenizer_info(tok, m.vocab_size)
     return stock.build_stock_config(cfg, scales=scales, scale_c=scale_c,
                                     head_scale_source=head_scale_source, tok=tok, source=source,
-                                    dtype=_DTYPE_NAMES[dtype], tokenizer_note=note), tensors
+                                    dtype=TORCH_NAMES[dtype], tokenizer_note=note), tensors
 
 
 FORMATS = {"custom": _custom_payload, "stock": _stock_payload}
@@ -326,7 +324,7 @@ def megatron_reference(step_dir: Union[str, Path], head_scales: Optional[Tensor]
     model = build_model(cfg, device="cpu")
     missing, unexpected = model.load_state_dict(
         {k: v.float() for k, v in state.items()}, strict=False)
-    missing = [k for k in missing if not k.endswith(("_extra_state", "core_attention.head_scale"))]
+    missing = [k for k in missing if not k.endswith(("_extra_state", HEAD_SCALE_KEY))]
     if missing or unexpected:
         raise ExportError(f"megatron reference: missing {missing}, unexpected {unexpected}")
     if head_scales is not None:

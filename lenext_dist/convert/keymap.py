@@ -22,6 +22,8 @@ from typing import Callable
 import torch
 from torch import Tensor
 
+from lenext_dist.attention.names import HEAD_SCALE, HEAD_SCALE_KEY
+
 
 @dataclass(frozen=True)
 class Shape:
@@ -91,8 +93,10 @@ class Rule:
 
 HF_Q_PROJ = "model.layers.{i}.self_attn.q_proj.weight"
 """q_proj [h d, hidden]: the stock export folds head scales into its rows (stock.py)."""
-HF_HEAD_SCALE = "model.layers.{i}.self_attn.head_scale"
+HF_HEAD_SCALE = "model.layers.{i}.self_attn." + HEAD_SCALE
 """The custom export's fp32 per-head multipliers [h] (absent from stock exports)."""
+MEGATRON_HEAD_SCALE = "decoder.layers.{i}.self_attention." + HEAD_SCALE_KEY
+"""The training checkpoint's learned per-head multipliers [h] (absent for a uniform scale)."""
 
 KEYMAP: tuple[Rule, ...] = (
     Rule("embedding.word_embeddings.weight", ("model.embed_tokens.weight",)),
@@ -102,8 +106,7 @@ KEYMAP: tuple[Rule, ...] = (
           "model.layers.{i}.self_attn.v_proj.weight"), split_qkv, merge_qkv),
     Rule("decoder.layers.{i}.self_attention.linear_proj.weight",
          ("model.layers.{i}.self_attn.o_proj.weight",)),
-    Rule("decoder.layers.{i}.self_attention.core_attention.head_scale",
-         (HF_HEAD_SCALE,), optional=True),
+    Rule(MEGATRON_HEAD_SCALE, (HF_HEAD_SCALE,), optional=True),
     Rule("decoder.layers.{i}.self_attention.core_attention.position.{name}",
          ("model.layers.{i}.self_attn.position.{name}",), optional=True),
     Rule("decoder.layers.{i}.pre_mlp_layernorm.weight",
@@ -166,7 +169,7 @@ def _convert(src: dict, s: Shape, from_side: str, to_side: str) -> dict[str, Ten
                 raise KeyError(f"HF state has {sorted(keys)} but lacks {[k for k in names if k not in src]}")
             out[_fmt(rule.megatron, g)] = rule.merge(*(src[k] for k in names), s)
     # required keys: every non-optional rule, for every layer
-    for n, rule in enumerate(KEYMAP):
+    for rule in KEYMAP:
         if rule.optional:
             continue
         for i in (range(s.num_layers) if "{i}" in rule.megatron else [None]):
@@ -195,5 +198,6 @@ def hf_to_megatron(state: dict, s: Shape) -> dict[str, Tensor]:
     return _convert(dict(state), s, "hf", "megatron")
 
 
-__all__ = ["Shape", "Rule", "KEYMAP", "HF_Q_PROJ", "HF_HEAD_SCALE", "megatron_to_hf", "hf_to_megatron", "split_qkv",
+__all__ = ["Shape", "Rule", "KEYMAP", "HF_Q_PROJ", "HF_HEAD_SCALE",
+           "MEGATRON_HEAD_SCALE", "megatron_to_hf", "hf_to_megatron", "split_qkv",
            "merge_qkv", "split_gate_up", "merge_gate_up"]

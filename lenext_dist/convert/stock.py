@@ -31,7 +31,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
 
-import torch
 from torch import Tensor
 
 from .keymap import HF_HEAD_SCALE, HF_Q_PROJ

@@ -33,6 +33,8 @@ from typing import Callable, Iterator, Optional
 import torch
 from torch import Tensor, nn
 
+from lenext_dist.attention.names import HEAD_SCALE
+
 QKCallback = Callable[[int, Tensor, Tensor, Tensor], None]
 """on_layer(layer_index, q [b, h, s, d] rotated, k [b, g, s, d] rotated, m [h] fp32)."""
 
@@ -49,7 +51,7 @@ def attention_layers(model: nn.Module) -> list[nn.Module]:
 def layout(model: nn.Module) -> str:
     """'lenext' or 'llama' (see the module docstring); raises for anything else."""
     attn = attention_layers(model)[0]
-    if hasattr(attn, "qk") and hasattr(attn, "head_scale"):
+    if hasattr(attn, "qk") and hasattr(attn, HEAD_SCALE):
         return "lenext"
     if all(hasattr(attn, a) for a in ("q_proj", "k_proj", "scaling", "head_dim")):
         return "stock" if _provenance(model) is not None else "llama"

@@ -60,7 +60,8 @@ def _nope_uses(ng: list[float]) -> bool:
 
 def _gate(summary: dict) -> str:
     """Appended to every verdict that needs NoPE to use its context, when it does not."""
-    return ("" if _nope_uses(_gains(summary, _runs(summary, "nope"))) else " NoPE does not use its context here (gain < "
+    return ("" if _nope_uses(_gains(summary, _runs(summary, "nope"))) else
+            " NoPE does not use its context here (gain < "
             f"{CTX_MIN_GAIN} nats), so this says nothing about the paper.")
 
 
@@ -120,7 +121,8 @@ def zero_shot_extension(summary: dict, gate: str) -> list[dict]:
         v = ("agrees in order (NoPE fails later than RoPE)" if ok else
              "inconclusive (within 5% of each other)" if min(sn) >= max(sr) / 1.05 else
              "disagrees (NoPE fails earlier than RoPE)") + gate + \
-            " Raw per-position curves carry the text's own per-position effects (the same windows for every model); the penalty table is the cleaner read."
+            (" Raw per-position curves carry the text's own per-position effects (the same windows for every"
+             " model); the penalty table is the cleaner read.")
         out.append({"claim": "NoPE extends ~20% past L zero-shot, RoPE ~10%",
                     "paper": "loss inflection at s ~ 1.2 (NoPE) vs ~ 1.1 (RoPE)",
                     "measured": f"s*_loss NoPE {', '.join(_f(x) for x in sn)}; RoPE {', '.join(_f(x) for x in sr)} "
@@ -171,7 +173,9 @@ def uniform_scale_moves_both(summary: dict, gate: str) -> list[dict]:
         desc = "; ".join(f"c={c:g}: s*_loss {_f(sval(v, 'loss'))}, s*_ent {_f(sval(v, 'entropy'))}" for c, v in sc)
         ls = [sval(v, "loss") for _, v in sc]
         es = [sval(v, "entropy") for _, v in sc]
-        mono = lambda xs: all(b >= a for a, b in zip(xs, xs[1:])) and xs[-1] > xs[0]
+        def mono(xs):
+            return all(b >= a for a, b in zip(xs, xs[1:])) and xs[-1] > xs[0]
+
         v = ("agrees (both move later as c grows)" if mono(ls) and mono(es) else
              "partly (one curve moves)" if mono(ls) or mono(es) else "disagrees (neither moves later)")
         out.append({"claim": "A uniform scale moves both inflections",
@@ -218,8 +222,9 @@ def headscale_keeps_and_extends(summary: dict, gate: str) -> list[dict]:
             out.append({"claim": f"HeadScale keeps short-range PPL close while extending ({run}, T={T})",
                         "paper": "Table 2: HeadScale near the base at 2K and far better at the target",
                         "measured": f"PPL at L {_f(h['ppl'][str(L)])} vs base {_f(b[str(L)])} ({100 * rel:+.1f}%); "
-                                    f"at T {_f(h['ppl'].get(T))} vs base {_f(b.get(T))} ({-100 * gain_T:+.1f}%) and uniform "
-                                    f"c={_f(h.get('uniform_c'), 3)} {_f((h.get('uniform_ppl') or {}).get(T))} "
+                                    f"at T {_f(h['ppl'].get(T))} vs base {_f(b.get(T))} ({-100 * gain_T:+.1f}%) "
+                                    f"and uniform c={_f(h.get('uniform_c'), 3)} "
+                                    f"{_f((h.get('uniform_ppl') or {}).get(T))} "
                                     f"({'better' if better_uni else 'not better'} than uniform)",
                         "verdict": v, "strength": "1 seed",
                         "sources": [h["source"], base["runs"][run]["source"]] +

@@ -9,6 +9,9 @@ from typing import Optional
 
 import numpy as np
 
+from lenext_dist.atomic import atomic_write
+from lenext_dist.dtypes import torch_dtype
+
 
 def load_model(path: str, dtype: str = "float32", device: Optional[str] = None):
     import torch
@@ -18,7 +21,7 @@ def load_model(path: str, dtype: str = "float32", device: Optional[str] = None):
         raise FileNotFoundError(f"{path}: no config.json (not an HF model directory)")
     dev = device or ("cuda" if torch.cuda.is_available() else "cpu")
     model = AutoModelForCausalLM.from_pretrained(path, trust_remote_code=True,
-                                                 dtype=getattr(torch, dtype))
+                                                 dtype=torch_dtype(dtype))
     return model.to(dev).eval()
 
 
@@ -66,8 +69,5 @@ def write_json(obj: dict, path: str) -> str:
             return o.tolist()
         raise TypeError(type(o).__name__)
 
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(obj, f, indent=1, default=default)
-    os.replace(tmp, path)
+    atomic_write(path, json.dumps(obj, indent=1, default=default))
     return path

@@ -9,7 +9,10 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-DTYPES = ("float32", "bfloat16", "float16")
+from lenext_dist.dtypes import CHOICES
+
+DTYPES = CHOICES  # fp32/bf16/fp16 and torch's float32/bfloat16/float16 (lenext_dist/dtypes.py)
+
 ROPE_SCALINGS = ("none", "pi", "ntk", "yarn")
 PROTOCOLS = ("last-stride", "yarn", "full")  # the perplexity protocols of eval/ppl.py
 

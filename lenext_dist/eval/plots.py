@@ -1,7 +1,7 @@
 """PNG figures of the evaluation results (matplotlib, Agg backend; inputs are the JSON dicts).
 
 Public API: `plot_ppl`, `plot_penalty`, `plot_passkey`, `plot_entropy`, `plot_scale_sweep`,
-`plot_head_scales`.
+`plot_head_scales` (lives in lenext_dist/plotting.py: training draws it too).
 """
 from __future__ import annotations
 
@@ -10,21 +10,7 @@ from typing import Optional
 
 import numpy as np
 
-
-def pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def save_figure(fig, path) -> str:
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    pyplot().close(fig)
-    return str(path)
+from lenext_dist.plotting import plot_head_scales, pyplot, save_figure  # noqa: F401 (plot_head_scales: API)
 
 
 def _mark_L(ax, L: Optional[int]):
@@ -153,21 +139,4 @@ def plot_scale_sweep(res: dict, path: str) -> str:
     a2.set_ylabel("mean loss - its minimum over c")
     a2.legend(fontsize=7)
     fig.suptitle(f"uniform scale sweep at N={res['length']} (L={res['train_length']})")
-    return save_figure(fig, path)
-
-
-def plot_head_scales(scales, path: str, title: str = "HeadScale: learned m_h") -> str:
-    """Heatmap of the per-head scales m_h (lambda_h = m_h / sqrt(d)), layers (rows) x heads."""
-    plt = pyplot()
-    m = np.asarray(scales, dtype=float)
-    fig, ax = plt.subplots(figsize=(2.0 + 0.25 * m.shape[1], 1.2 + 0.3 * m.shape[0]))
-    im = ax.imshow(m, cmap="viridis", aspect="auto")
-    from matplotlib.ticker import MaxNLocator
-
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set_xlabel("head")
-    ax.set_ylabel("layer")
-    ax.set_title(f"{title} (min {m.min():.3f}, mean {m.mean():.3f}, max {m.max():.3f})", fontsize=9)
-    fig.colorbar(im, ax=ax, fraction=0.04, label="m_h")
     return save_figure(fig, path)

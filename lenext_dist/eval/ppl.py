@@ -244,7 +244,7 @@ def context_diagnostics(model: nn.Module, docs: Sequence, W: int, L: int, *,
         return out
     pen_sum, pen_cnt = np.zeros(W), np.zeros(W, np.int64)
     k = (W - L) // Sb
-    for i, w in enumerate(main):
+    for i in range(len(main)):
         for j in range(1, k + 1):
             x = b_nll[i * k + j - 1]  # baseline window at start + j*Sb: main positions below
             p0 = j * Sb + L - Sb

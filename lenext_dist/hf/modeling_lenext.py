@@ -45,7 +45,7 @@ from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutpu
 from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm
 
 from .configuration_lenext import LenextConfig, check_lenext_config
-from .lenext_attention import POSITIONS, Documents, attend, build_position, document_ids
+from .lenext_attention import HEAD_SCALE, POSITIONS, Documents, attend, build_position, document_ids
 
 
 def _namespace(d):
@@ -100,17 +100,17 @@ class LenextAttention(nn.Module):
         self.k_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
         self.v_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=bias)
-        self.register_buffer("head_scale", torch.full((self.num_heads,), float(config.scale_c),
-                                                      dtype=torch.float32))
+        self.register_buffer(HEAD_SCALE, torch.full((self.num_heads,), float(config.scale_c),
+                                                    dtype=torch.float32))
         self.position = position
 
     def _apply(self, fn, recurse=True):
         # .to(bf16) / .half() must not round the scales: keep head_scale fp32, move device only
-        hs = self._buffers["head_scale"]
+        hs = self._buffers[HEAD_SCALE]
         super()._apply(fn, recurse)
-        moved = self._buffers["head_scale"]
+        moved = self._buffers[HEAD_SCALE]
         if moved.dtype != torch.float32:
-            self._buffers["head_scale"] = hs.to(device=moved.device, dtype=torch.float32)
+            self._buffers[HEAD_SCALE] = hs.to(device=moved.device, dtype=torch.float32)
         return self
 
     def _project(self, hidden_states: Tensor, query_from: int = 0) -> tuple[Tensor, Tensor, Tensor]:

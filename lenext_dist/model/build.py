@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from lenext_dist.attention import build_position
+from lenext_dist.attention.names import HEAD_SCALE_KEY
 
 from .megatron_env import accelerator_name
 
@@ -151,4 +152,4 @@ def _recompute_layers(model) -> None:
 
 def head_scale_parameters(model: torch.nn.Module) -> list[tuple[str, torch.nn.Parameter]]:
     """(name, Parameter) of every learned per-head scale (empty unless head_scale.enabled)."""
-    return [(n, p) for n, p in model.named_parameters() if n.endswith("core_attention.head_scale")]
+    return [(n, p) for n, p in model.named_parameters() if n.endswith(HEAD_SCALE_KEY)]

@@ -23,7 +23,7 @@ from megatron.core.transformer.enums import AttnMaskType
 from megatron.core.transformer.module import MegatronModule
 from megatron.core.transformer.transformer_config import TransformerConfig
 
-from lenext_dist.attention import Documents, PositionVariant
+from lenext_dist.attention import HEAD_SCALE, Documents, PositionVariant
 from lenext_dist.attention.precision import fp32_value
 
 from . import ulysses
@@ -44,11 +44,7 @@ class LenextCoreAttention(MegatronModule):
     # buffer stays exact. It casts every *parameter*, so a learned head_scale is bf16 under a
     # DeepSpeed bf16 engine; the forward reads its exact fp32 value through `fp32_value`
     # (kept beside it by lenext_dist/train/fp32_params.py).
-    _keep_in_fp32_modules_strict = ["head_scale"]
-
-    @property
-    def variant(self) -> PositionVariant:  # the former attribute name
-        return self.position
+    _keep_in_fp32_modules_strict = [HEAD_SCALE]
 
     def __init__(self, config: TransformerConfig, layer_number: int, attn_mask_type: AttnMaskType,
                  attention_type: str, softmax_scale: Optional[float] = None,
@@ -82,9 +78,9 @@ class LenextCoreAttention(MegatronModule):
         self.position = position
         m = torch.full((h,), float(init_scale), dtype=torch.float32, device=device)
         if learned:
-            self.head_scale = torch.nn.Parameter(m, requires_grad=trainable)
+            self.register_parameter(HEAD_SCALE, torch.nn.Parameter(m, requires_grad=trainable))
         else:
-            self.register_buffer("head_scale", m, persistent=False)
+            self.register_buffer(HEAD_SCALE, m, persistent=False)
 
     def forward(self, query: Tensor, key: Tensor, value: Tensor, attention_mask: Optional[Tensor],
                 attn_mask_type: Optional[AttnMaskType] = None,

@@ -6,6 +6,8 @@ from typing import Union
 
 import torch
 
+from lenext_dist.attention.names import HEAD_SCALE_KEY
+
 
 def _counts_from_config(cfg) -> dict[str, int]:
     mc = cfg.model
@@ -29,7 +31,7 @@ def _counts_from_model(model: torch.nn.Module) -> dict[str, int]:
         total += n
         if name.startswith("embedding."):
             embedding += n
-        if name.endswith("core_attention.head_scale"):
+        if name.endswith(HEAD_SCALE_KEY):
             head_scales += n
     return dict(total=total, embedding=embedding, non_embedding=total - embedding,
                 head_scales=head_scales)

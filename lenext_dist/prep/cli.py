@@ -56,7 +56,8 @@ def shard_parser(prog: str = "shard.py") -> argparse.ArgumentParser:
             "shards (<out>/<name>_train.bin/.idx, <name>_valid.* with --valid-fraction) and "
             "<out>/<name>.manifest.json.\nUnits of work are files, 1-64 MB byte ranges of "
             ".jsonl files and parquet row groups: output is byte-identical for any "
-            "--workers/--num-tasks, and a rerun after a kill skips finished units.\nSubcommand: `merge --out DIR --name N` (after a Slurm array)."
+            "--workers/--num-tasks, and a rerun after a kill skips finished units.\n"
+            "Subcommand: `merge --out DIR --name N` (after a Slurm array)."
         ),
         epilog="Bad input stops the run with file and line unless --skip-bad; reasons:\n"
         + reasons
@@ -248,7 +249,8 @@ def build_sample_main(argv: Optional[Sequence[str]] = None,
     args = p.parse_args(argv)
 
     def go():
-        info = build_sample(args.out, args.work, command=_command_line(prog, list(sys.argv[1:] if argv is None else argv)))
+        argv_used = list(sys.argv[1:] if argv is None else argv)
+        info = build_sample(args.out, args.work, command=_command_line(prog, argv_used))
         print(json.dumps(info["sizes"], indent=2), file=sys.stderr)
 
     return _run(go)

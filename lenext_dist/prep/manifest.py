@@ -21,6 +21,8 @@ import re
 from collections import Counter
 from typing import Iterable, Optional
 
+from lenext_dist.atomic import atomic_write
+
 from .errors import PrepError
 
 PLAN_VERSION = 2  # 2: units finer than a file, input size + mtime recorded
@@ -37,18 +39,9 @@ def check_name(name: str) -> None:
 
 
 def write_json_atomic(path: str, obj) -> None:
-    tmp = f"{path}.tmp-{os.getpid()}"
-    try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(obj, f, indent=2, sort_keys=True)
-            f.write("\n")
-    except BaseException:  # disk full: leave nothing behind
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
     # No fsync: the promise is safety against a killed process (the page cache survives
     # kill -9), and fsync per input file cost ~5% of throughput.
-    os.replace(tmp, path)
+    atomic_write(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
 
 
 def read_json(path: str):

@@ -23,7 +23,7 @@ from .errors import EMPTY, EXCLUDED_SET, Bad, PrepError
 from .manifest import done_path, partial_prefix, parts_dir, write_json_atomic
 from .readers import open_reader
 from .task_source import TaskReader
-from .tokenizer import SpmTokenizer, get_tokenizer, in_valid_split, sha256_file
+from .tokenizer import get_tokenizer, in_valid_split, sha256_file
 from .units import stat_of
 
 # Texts per encode call: large enough that SentencePiece's batch call amortizes its

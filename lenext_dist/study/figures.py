@@ -61,7 +61,8 @@ def table2(summary: dict, out: Path) -> str:
         for W in Ws:
             st = r["stats"].get(str(W))
             if st and st.get("mean") is not None:
-                xs.append(W), ys.append(st["mean"]), lo.append(st["mean"] - st["min"]), hi.append(st["max"] - st["mean"])
+                xs.append(W), ys.append(st["mean"])
+                lo.append(st["mean"] - st["min"]), hi.append(st["max"] - st["mean"])
         if xs:
             ls = "--" if "s = T/L" in r["method"] else "-"
             ax.errorbar(xs, ys, yerr=[lo, hi], ls=ls, marker="o", ms=3, capsize=2, label=r["method"])

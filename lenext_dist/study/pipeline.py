@@ -110,7 +110,8 @@ class Study:
         for r in self.runs:
             dst = self.model_dir(r.name)
             ckpt = self.run_dir(r.name) / "checkpoints"
-            if (dst / "config.json").exists() and (dst / "config.json").stat().st_mtime >= (ckpt / "latest").stat().st_mtime:
+            cfg_json = dst / "config.json"
+            if cfg_json.exists() and cfg_json.stat().st_mtime >= (ckpt / "latest").stat().st_mtime:
                 continue
             export(ckpt, dst, overwrite=True)
         self.timings["export"] = {"seconds": round(time.perf_counter() - t0, 1)}

@@ -5,7 +5,7 @@ with `lenext extend`), with the JSON file of every number.
 from __future__ import annotations
 
 from lenext_dist.eval.claims import CLOSE, CTX_MIN_GAIN, GAIN, _f, _st  # noqa: F401  (thresholds: re-exported)
-from lenext_dist.eval.claims import study_claims as claims
+from lenext_dist.eval.claims import study_claims as claims  # noqa: F401 (re-exported: study/cli.py, tests)
 
 
 def _table_md(summary: dict) -> list[str]:
@@ -73,7 +73,8 @@ def render(summary: dict, figures: dict, title: str) -> str:
     md += ["", "## Passkey retrieval", "", "![passkey](passkey.png)", "",
            "| model | mean | by length | JSON |", "|---|---|---|---|"]
     for k, v in summary["passkey"].items():
-        md.append(f"| {k} | {_f(v['mean'])} | " + ", ".join(f"{n}: {_f(a)}" for n, a in zip(v["lengths"], v["by_length"]))
+        md.append(f"| {k} | {_f(v['mean'])} | "
+                  + ", ".join(f"{n}: {_f(a)}" for n, a in zip(v["lengths"], v["by_length"]))
                   + f" | `{v['source']}` |")
     if summary["passkey"] and not any(v["mean"] for v in summary["passkey"].values()):
         md += ["", "Every accuracy is 0: no model here retrieves a passkey at any tested length "

@@ -28,8 +28,9 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from lenext_dist.atomic import atomic_write
 from lenext_dist.config import RunConfig, save_config
-from lenext_dist.errors import CheckpointError, UserError
+from lenext_dist.errors import CheckpointError
 
 LATEST = "latest"
 COMPLETE = "COMPLETE"
@@ -51,12 +52,8 @@ def set_rng_state(state: dict) -> None:
 
 
 def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    """The markers (COMPLETE, latest) must be durable before the next one is written: fsync."""
+    atomic_write(path, text, fsync=True)
 
 
 def save(engine, cfg: RunConfig, step: int, consumed_samples: int, extra: Optional[dict] = None) -> str:

@@ -337,7 +337,7 @@ def _write_head_scales(matrix: torch.Tensor, run_dir: str, rank: int) -> None:
     """The searched per-head scales as JSON and a layer x head heatmap (rank 0)."""
     if rank != 0:
         return
-    from lenext_dist.eval.plots import plot_head_scales
+    from lenext_dist.plotting import plot_head_scales
 
     with open(os.path.join(run_dir, "head_scales.json"), "w") as f:
         json.dump({"head_scales": matrix.tolist(), "lambda": "m_h / sqrt(head_dim)"}, f, indent=1)

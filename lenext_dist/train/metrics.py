@@ -9,7 +9,6 @@ of a CPU run is quoted against what this machine can actually do.
 from __future__ import annotations
 
 import json
-import os
 import resource
 import sys
 import time
@@ -17,6 +16,8 @@ from pathlib import Path
 from typing import Optional
 
 import torch
+
+from lenext_dist.atomic import atomic_write
 
 
 def measure_matmul_tflops(device: str = "cpu", dtype: torch.dtype = torch.float32, n: int = 1024,
@@ -68,9 +69,7 @@ def _drop_records_after(path: Path, step: int) -> None:
             continue  # the half-written last line of a killed run
         if rec.get("step", 0) <= step:
             keep.append(line + "\n")
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("".join(keep))
-    os.replace(tmp, path)
+    atomic_write(path, "".join(keep))
 
 
 class Metrics:

@@ -11,9 +11,8 @@ from typing import Optional
 
 import torch
 
+from lenext_dist.attention.names import HEAD_SCALE
 from lenext_dist.config import OptimConfig, RunConfig
-
-HEAD_SCALE_SUFFIX = "head_scale"
 
 
 def cosine_lr(step: int, opt: OptimConfig, total_steps: int) -> float:
@@ -27,7 +26,7 @@ def cosine_lr(step: int, opt: OptimConfig, total_steps: int) -> float:
 
 
 def is_head_scale(name: str) -> bool:
-    return name.endswith(HEAD_SCALE_SUFFIX)
+    return name.endswith(HEAD_SCALE)
 
 
 def freeze_for_mode(model: torch.nn.Module, cfg: RunConfig) -> None:

@@ -68,7 +68,8 @@ def test_clamped_search_is_the_same_under_zero_1_2_3(base, sample_shards, tmp_pa
             parallel={"zero_stage": stage})
         run(pretrain_cmd(cfg, "deepspeed", 2, free_port()))
         curves[stage] = losses(tmp_path / f"z{stage}")
-        scales[stage] = torch.tensor(json.loads((tmp_path / f"z{stage}" / "head_scales.json").read_text())["head_scales"])
+        record = json.loads((tmp_path / f"z{stage}" / "head_scales.json").read_text())
+        scales[stage] = torch.tensor(record["head_scales"])
         weights = read_weights(str(tmp_path / f"z{stage}" / "checkpoints"))
         assert set(weights) == set(read_weights(str(base))) | {k for k in weights if k.endswith("head_scale")}
     m = scales[2]

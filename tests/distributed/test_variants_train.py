@@ -64,7 +64,8 @@ def test_sliding_window_at_eval_time_on_a_nope_model(sample_shards, tmp_path):
               "--no-progress", "--threads", "1", "--out", str(tmp_path / "eval")]
     lenext(["eval", "ppl", *common])
     lenext(["eval", "ppl", *common, "--window", "32"])
-    full = {r["length"]: r["ppl"] for r in json.loads((tmp_path / "eval" / "ppl_last-stride.json").read_text())["results"]}
+    record = json.loads((tmp_path / "eval" / "ppl_last-stride.json").read_text())
+    full = {r["length"]: r["ppl"] for r in record["results"]}
     local = json.loads((tmp_path / "eval" / "ppl_last-stride_w32.json").read_text())
     assert local["model"]["config"]["attention_options"]["window"] == 32 and local["args"]["window"] == 32
     local = {r["length"]: r["ppl"] for r in local["results"]}

@@ -18,7 +18,8 @@ def test_extend_workflow_on_a_tiny_nope_run(sample_shards, tmp_path):
     cmd = [sys.executable, "-m", "lenext_dist", "extend", "--base", str(tmp_path / "base"),
            "--targets", "64", "--out", str(out), "--steps", "3", "--global-batch", "4", "--warmup", "1",
            "--nproc", "2", "--port", str(free_port()), "--eval-factors", "1,2", "--stride", "16",
-           "--budget-tokens", "256", "--c-step", "0.2", "--passkey-keys", "1", "--passkey-lengths", "96", "--passkey-depths", "2",
+           "--budget-tokens", "256", "--c-step", "0.2",
+           "--passkey-keys", "1", "--passkey-lengths", "96", "--passkey-depths", "2",
            "--entropy-samples", "1", "--threads", "1", "--data", str(REPO / "data/sample/heldout/books.jsonl.zst")]
     p = subprocess.run(cmd, cwd=REPO, env=env(), capture_output=True, text=True, timeout=900)
     assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-4000:]

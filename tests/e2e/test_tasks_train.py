@@ -21,7 +21,8 @@ def test_task_shards_feed_pretraining_through_the_blend(sample_shards, tmp_path)
                    key=os.path.getsize)[:2]
     p = subprocess.run(
         [sys.executable, str(REPO / "data_prep/shard.py"), "--format", "tasks",
-         "--tasks", "passkey,recall,repeat", "--task-set", "repeat.span=4:6", "--input", *small, "--tokenizer", sample_shards["tokenizer"],
+         "--tasks", "passkey,recall,repeat", "--task-set", "repeat.span=4:6", "--input", *small,
+         "--tokenizer", sample_shards["tokenizer"],
          "--out", str(tmp_path / "shards"), "--name", "tasks", "--workers", "2", "--no-progress"],
         cwd=REPO, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-3000:]

@@ -154,7 +154,7 @@ def main(argv=None) -> int:
         return 130
 
     survived = [m for m, s, _, _ in rows if s == "SURVIVED"]
-    print(f"\n| mutation | area | file | result | seconds |\n|---|---|---|---|---|")
+    print("\n| mutation | area | file | result | seconds |\n|---|---|---|---|---|")
     for m, s, secs, _ in rows:
         print(f"| {m.name} | {m.area} | {m.file} | {s} | {secs:.0f} |")
     areas: dict[str, list[int]] = {}

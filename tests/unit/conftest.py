@@ -4,7 +4,7 @@ setup that the model tests share."""
 import pytest
 import torch.distributed as dist
 
-from lenext_dist.eval.testing import one_thread
+from tiny_models import one_thread
 
 
 @pytest.fixture(autouse=True, scope="module")

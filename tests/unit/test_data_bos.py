@@ -120,7 +120,7 @@ def test_every_evaluation_defaults_to_the_training_bos(tmp_path):
     import json
 
     from lenext_dist.cli import main
-    from lenext_dist.eval.testing import save_tiny_lenext
+    from tiny_models import save_tiny_lenext
 
     model = save_tiny_lenext(str(tmp_path / "m"), train_length=32)
     data = tmp_path / "docs.jsonl"

@@ -4,7 +4,7 @@ import json
 import pytest
 
 from lenext_dist.cli import main
-from lenext_dist.eval.testing import REPO, save_tiny_model
+from tiny_models import REPO, save_tiny_model
 
 
 DATA = f"{REPO}/data/sample/heldout/code.jsonl.zst"

@@ -4,7 +4,7 @@ import json
 import pytest
 
 from lenext_dist.eval.data import expand_inputs, load_documents, load_tokenizer, round_robin
-from lenext_dist.eval.testing import REPO, SAMPLE_TOKENIZER
+from tiny_models import REPO, SAMPLE_TOKENIZER
 
 
 def test_heldout_code():

@@ -8,7 +8,7 @@ from lenext_dist.attention import eager_causal_attention
 from lenext_dist.eval.adapter import capture_qk, head_scales, set_uniform_scale
 from lenext_dist.eval.entropy import (entropy_by_position, entropy_from_probs,
                                       evaluate_entropy, summarize_entropy)
-from lenext_dist.eval.testing import random_docs, tiny_llama
+from tiny_models import random_docs, tiny_llama
 
 
 def test_uniform_and_one_hot():

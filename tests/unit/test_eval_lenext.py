@@ -14,7 +14,7 @@ from lenext_dist.eval.adapter import (capture_qk, head_scales, layout, restore_s
 from lenext_dist.eval.entropy import _position_hooks, evaluate_entropy
 from lenext_dist.eval.passkey import greedy_generate
 from lenext_dist.eval.ppl import evaluate_ppl
-from lenext_dist.eval.testing import REPO, random_docs, save_tiny_lenext, tiny_lenext
+from tiny_models import REPO, random_docs, save_tiny_lenext, tiny_lenext
 
 from test_eval_ppl import brute_force  # noqa: E402  (tests/unit is on sys.path under pytest)
 

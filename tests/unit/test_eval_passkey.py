@@ -4,7 +4,7 @@ import pytest
 from lenext_dist.eval.data import load_tokenizer
 from lenext_dist.eval.passkey import (FILLER, PREFIX, build_prompt, greedy_generate, parse_depths,
                                       passkey_match, run_passkey)
-from lenext_dist.eval.testing import SAMPLE_TOKENIZER, tiny_llama
+from tiny_models import SAMPLE_TOKENIZER, tiny_llama
 
 
 @pytest.fixture(scope="module")

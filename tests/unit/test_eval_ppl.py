@@ -8,7 +8,7 @@ import torch
 from lenext_dist.eval.ppl import (context_diagnostics, evaluate_ppl, plan_document, run_ppl,
                                   plan_windows)
 from lenext_dist.eval.scoring import Window, score_windows
-from lenext_dist.eval.testing import random_docs, tiny_llama
+from tiny_models import random_docs, tiny_llama
 
 
 @pytest.fixture(scope="module")
@@ -42,18 +42,21 @@ def brute_force(model, docs, W, S, protocol):
                 if a + W + 1 > len(t):
                     break
                 nll = token_nll(model, t[a:a + W + 1])  # W predictions
-                total += nll[-S:].sum(); n += S
+                total += nll[-S:].sum()
+                n += S
         elif protocol == "full":
             for a in range(0, len(t) - W, W):
                 nll = token_nll(model, t[a:a + W + 1])
-                total += nll.sum(); n += W
+                total += nll.sum()
+                n += W
         else:  # yarn: HF perplexity guide loop, targets scored once
             prev_end = 0
             for a in range(0, len(t), S):
                 end = min(a + W + 1, len(t))  # input+target tokens t[a:end]
                 trg = end - max(prev_end, a + 1)
                 nll = token_nll(model, t[a:end])
-                total += nll[-trg:].sum(); n += trg
+                total += nll[-trg:].sum()
+                n += trg
                 prev_end = end
                 if end == len(t):
                     break
@@ -83,7 +86,7 @@ def test_yarn_scores_every_target_once():
 
 
 def test_last_stride_context_and_budget(docs):
-    for a, length, lo, hi in plan_document(150, 32, 8, "last-stride"):
+    for _a, length, lo, hi in plan_document(150, 32, 8, "last-stride"):
         assert (length, lo, hi) == (32, 24, 32)  # context >= W - S + 1 for every scored token
     ws, skipped = plan_windows(docs, 32, 8, "last-stride", budget_tokens=20)
     assert sum(w.scored for w in ws) == 24 and [w.doc for w in ws] == [0, 1, 2]  # round robin

@@ -8,7 +8,7 @@ import pytest
 from lenext_dist.eval.scale_sweep import (analyze, best_c_for_length, fit_log_scale, make_grid,
                                           position_bins, run_scale_sweep)
 from lenext_dist.eval.data import DocSet
-from lenext_dist.eval.testing import random_docs, tiny_llama
+from tiny_models import random_docs, tiny_llama
 
 
 def test_fit_exact():
@@ -70,7 +70,7 @@ def test_run_on_tiny_model(tmp_path):
     assert np.ptp(loss.mean(1)) > 1e-3  # the scales change the losses
     assert res["best_c_mean"] == [0.5, 1.0, 1.5][int(np.argmin(loss.mean(1)))]
     # scales are restored after the sweep
-    assert all(abs(l.self_attn.scaling - 8 ** -0.5) < 1e-12 for l in model.model.layers)
+    assert all(abs(layer.self_attn.scaling - 8 ** -0.5) < 1e-12 for layer in model.model.layers)
     p = tmp_path / "scale_sweep.json"
     p.write_text(json.dumps(res))
     assert best_c_for_length(str(tmp_path), 64) == pytest.approx(

@@ -99,3 +99,15 @@ def test_the_check_finds_a_planted_cycle(tmp_path):
 def test_no_module_imports_one_that_imports_it_back():
     found = cycles(import_graph())
     assert not found, f"import cycles: {[' <-> '.join(sorted(c)) for c in found]}"
+
+
+def test_dependencies_run_one_way_model_train_eval():
+    """model <- train <- eval <- extend/study (issue 16): the lower layers never import the upper."""
+    g = import_graph()
+    upper = {"lenext_dist.model": ("lenext_dist.train", "lenext_dist.eval", "lenext_dist.extend",
+                                   "lenext_dist.study"),
+             "lenext_dist.train": ("lenext_dist.eval", "lenext_dist.extend", "lenext_dist.study"),
+             "lenext_dist.eval": ("lenext_dist.extend", "lenext_dist.study")}
+    bad = sorted((m, t) for m, targets in g.items() for low, ups in upper.items()
+                 if m == low or m.startswith(low + ".") for t in targets if t.startswith(ups))
+    assert bad == [], bad

@@ -31,7 +31,7 @@ def test_slimpajama_layout_has_text_and_set_names():
 
 def test_jsonl_reader_matches_plain_decompression(tmp_path):
     raw = zstandard.ZstdDecompressor().decompressobj().decompress(open(SLIMPAJAMA[1], "rb").read())
-    want = [json.loads(l)["text"] for l in raw.decode().splitlines()]
+    want = [json.loads(ln)["text"] for ln in raw.decode().splitlines()]
     reader = JsonlReader(SLIMPAJAMA[1])
     assert [r.text for r in reader] == want
     assert reader.bytes_done == os.path.getsize(SLIMPAJAMA[1])
@@ -89,7 +89,7 @@ def test_truncated_zst_keeps_complete_lines_and_reports(tmp_path):
     (bad,) = _bad(recs)
     assert bad.reason == "truncated_stream" and bad is recs[-1]
     assert 0 < len(docs) < 3000
-    assert [d.text for d in docs] == [json.loads(l)["text"] for l in lines[: len(docs)]]
+    assert [d.text for d in docs] == [json.loads(ln)["text"] for ln in lines[: len(docs)]]
 
 
 def test_corrupt_zst_is_reported(tmp_path):

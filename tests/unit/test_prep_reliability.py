@@ -64,7 +64,7 @@ def test_byte_range_units_tile_the_file_for_any_worker_count(tmp_path, big):
     sp = spm.SentencePieceProcessor(model_file=TOKENIZER)
     m = shard([big], tmp_path / "w1", fmt="jsonl")["manifest"]
     assert m["inputs"][0]["units"] == -(-os.path.getsize(big) // units.MIN_UNIT) >= 5
-    texts = [json.loads(l)["text"] for l in open(big, encoding="utf-8")]
+    texts = [json.loads(ln)["text"] for ln in open(big, encoding="utf-8")]
     docs = load_docs(tmp_path / "w1" / "t_train")
     assert [d.tolist() for d in docs] == [ids + [sp.eos_id()] for ids in sp.encode(texts)]
     shard([big], tmp_path / "w2", fmt="jsonl", workers=2)

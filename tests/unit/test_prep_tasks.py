@@ -144,11 +144,13 @@ def test_no_passkey_evaluation_template_in_generated_documents(tok):
 @pytest.mark.parametrize("args,message", [
     (["--tasks", "passkey,sudoku"], "--tasks: unknown task 'sudoku' (choose from passkey, recall, repeat)"),
     (["--tasks", "passkey:0"], "--tasks passkey:0: the weight after ':' must be a number > 0"),
-    (["--tasks", "passkey", "--task-set", "recall.pairs=2"], "--task-set recall.pairs=2: 'recall' is not among --tasks"),
+    (["--tasks", "passkey", "--task-set", "recall.pairs=2"],
+     "--task-set recall.pairs=2: 'recall' is not among --tasks"),
     (["--tasks", "passkey", "--task-set", "passkey.keys=2"], "passkey has no parameter 'keys'"),
     (["--tasks", "recall", "--task-set", "depth=0.5:2"], "--task-set recall.depth=0.5:2: must lie in [0, 1]"),
     (["--tasks", "recall", "--task-set", "length=64:x"], "--task-set recall.length: '64:x' is not a valid IntRange"),
-    (["--tasks", "passkey", "--task-set", "length=32"], "--task-set passkey.length=32: a passkey document with these parameters needs at least"),
+    (["--tasks", "passkey", "--task-set", "length=32"],
+     "--task-set passkey.length=32: a passkey document with these parameters needs at least"),
     ([], "--tasks: name at least one task"),
 ])
 def test_bad_task_options_are_one_line_errors(args, message, tmp_path, capsys):

@@ -20,7 +20,7 @@ from lenext_dist.config import (AttentionConfig, DataConfig, HeadScaleConfig, Mo
                                 RopeConfig, RunConfig, save_config)
 from lenext_dist.convert import ExportError, export, verify
 from lenext_dist.convert.stock import PROBE_TEXTS, ROPE_PARAMETERS, STOCK_FORMS
-from lenext_dist.eval.testing import REPO, SAMPLE_TOKENIZER
+from tiny_models import REPO, SAMPLE_TOKENIZER
 
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 L = 16  # training length of the tiny models: 8x = 128 tokens

@@ -1,4 +1,4 @@
-"""Tiny randomly initialized causal LMs for tests, benchmarks and smoke runs of `lenext eval`.
+"""Tiny randomly initialized causal LMs for tests and benchmarks (test fixtures: not part of the package).
 
 `tiny_llama()` builds a plain `transformers.LlamaForCausalLM` (2 layers, hidden 32, GQA);
 `save_tiny_model(dir)` writes it with `save_pretrained` plus a SentencePiece `tokenizer.model`,
@@ -13,7 +13,7 @@ from typing import Optional
 import numpy as np
 import torch
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # tests/.. = the checkout
 SAMPLE_TOKENIZER = os.path.join(REPO, "data", "sample", "tokenizer.model")
 
 
@@ -48,7 +48,7 @@ def save_tiny_model(out_dir: str, tokenizer: Optional[str] = None, **kw) -> str:
 
 def random_docs(lengths, vocab_size: int = 4096, seed: int = 0):
     """EvalDocs of random token ids (for protocol tests that need no tokenizer)."""
-    from .data import EvalDoc
+    from lenext_dist.eval.data import EvalDoc
 
     rng = np.random.default_rng(seed)
     return [EvalDoc(f"doc{i}", "<random>", rng.integers(3, vocab_size, n).astype(np.int64))
