@@ -1,4 +1,4 @@
-"""DeepSpeed-Ulysses sequence parallelism (`parallel.sequence_parallel_size` = N > 1).
+"""DeepSpeed-Ulysses sequence parallelism (`parallel.ulysses_size` = N > 1).
 
 Layout: ranks [i N, (i + 1) N) form sequence-parallel group i (DeepSpeed's
 `runtime/sequence_parallel/parallel_state_sp`, passed to `deepspeed.initialize` as `mpu`); the

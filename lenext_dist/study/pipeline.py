@@ -35,6 +35,21 @@ from .plan import Cell, Run, StudyPlan, cells, runs
 PY = sys.executable
 
 
+def sample_shard_commands(tokenizer: str, logs: Path) -> list[Command]:
+    """The data-prep commands (as `make shards task-shards`) for the sample's shards that are not
+    there yet: SlimPajama + Starcoder text, and the generated task documents over the prose."""
+    spec = {
+        "slimpajama": ["--input", "data/sample/slimpajama/chunk*/*.jsonl.zst", "--format", "slimpajama",
+                       "--valid-fraction", "0.02"],
+        "starcoder": ["--input", "data/sample/starcoderdata/*/*.parquet", "--format", "starcoder"],
+        "tasks": ["--format", "tasks", "--tasks", "passkey,recall,repeat", "--input",
+                  "data/sample/slimpajama/chunk*/*.jsonl.zst", "--task-passes", "2"]}
+    return [Command(f"shards-{name}", [PY, "data_prep/shard.py", *args, "--tokenizer", tokenizer,
+                                       "--out", "shards/sample", "--name", name, "--workers", "1",
+                                       "--no-progress"], logs / f"shards-{name}.log")
+            for name, args in spec.items() if not (REPO / f"shards/sample/{name}_train.bin").exists()]
+
+
 class Study:
     def __init__(self, plan: StudyPlan, out: Path, port: int = 29650,
                  log: Callable[[str], None] = print):
@@ -68,21 +83,9 @@ class Study:
 
     # ------------------------------------------------------------------ 1. shards
     def shards(self) -> None:
-        prefixes = [b.prefix for b in self.cfg.data.blend]
-        if all((REPO / f"{p}.bin").exists() or Path(f"{p}.bin").exists() for p in prefixes):
-            return
-        tok = self.cfg.data.tokenizer
-        cmds = [Command("shards-slimpajama", [
-            PY, "data_prep/shard.py", "--input", "data/sample/slimpajama/chunk*/*.jsonl.zst",
-            "--format", "slimpajama", "--tokenizer", tok, "--out", "shards/sample", "--name",
-            "slimpajama", "--valid-fraction", "0.02", "--workers", "1", "--no-progress"],
-            self.out / "logs" / "shards-slimpajama.log"),
-            Command("shards-starcoder", [
-                PY, "data_prep/shard.py", "--input", "data/sample/starcoderdata/*/*.parquet",
-                "--format", "starcoder", "--tokenizer", tok, "--out", "shards/sample", "--name",
-                "starcoder", "--workers", "1", "--no-progress"],
-                self.out / "logs" / "shards-starcoder.log")]
-        self.timings["shards"] = run_commands(cmds, self.plan.workers, self.log)
+        cmds = sample_shard_commands(self.cfg.data.tokenizer, self.out / "logs")
+        if cmds:
+            self.timings["shards"] = run_commands(cmds, self.plan.workers, self.log)
 
     # ------------------------------------------------------------------ 2. pretrain
     def _trained(self, run: str) -> bool:

@@ -112,6 +112,7 @@ class Regime:
         self.plan, self.out, self.repo, self.port, self.log = plan, Path(out), repo, port, log
         cfg = load_config(repo / plan.config)
         self.blend, self.batch = cfg.data.blend, cfg.train.global_batch_size
+        self.tokenizer = cfg.data.tokenizer
         self.runs = [(lv, pos) for lv in plan.combos() for pos in plan.positions]
         self.out.mkdir(parents=True, exist_ok=True)
         prev = self.out / "regime.json"  # training seconds of runs finished by an earlier attempt
@@ -139,6 +140,13 @@ class Regime:
         from lenext_dist.train.checkpoint import latest_tag
 
         return latest_tag(self.run_dir(name) / "checkpoints") == f"step_{steps:07d}"
+
+    def shards(self) -> None:
+        from .pipeline import sample_shard_commands
+
+        cmds = sample_shard_commands(self.tokenizer, self.out / "logs")
+        if cmds:
+            self.timings["shards"] = run_commands(cmds, self.plan.workers, self.log)
 
     def pretrain(self) -> None:
         cmds = []
@@ -172,7 +180,7 @@ class Regime:
         self.timings.setdefault("evaluate", {}).update(run_tasks(tasks, self.plan.workers, log=self.log))
 
     def run_all(self) -> None:
-        for step in (self.pretrain, self.export, self.evaluate):
+        for step in (self.shards, self.pretrain, self.export, self.evaluate):
             t0 = time.perf_counter()
             self.log(f"[regime] == {step.__name__}")
             step()
