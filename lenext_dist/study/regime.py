@@ -29,6 +29,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Optional
 
+from lenext_dist.atomic import atomic_write
 from lenext_dist.eval.jobs import PasskeyJob, PplJob
 
 from .jobs import Command, Task, run_commands, run_tasks
@@ -115,8 +116,11 @@ class Regime:
         self.tokenizer = cfg.data.tokenizer
         self.runs = [(lv, pos) for lv in plan.combos() for pos in plan.positions]
         self.out.mkdir(parents=True, exist_ok=True)
-        prev = self.out / "regime.json"  # training seconds of runs finished by an earlier attempt
-        self.timings: dict = json.loads(prev.read_text()).get("timings", {}) if prev.exists() else {}
+        # seconds of the steps of every attempt, saved after each step (a later attempt skips
+        # finished runs, so their training seconds come from here)
+        self.timings_path = self.out / "timings.json"
+        self.timings: dict = (json.loads(self.timings_path.read_text())
+                              if self.timings_path.exists() else {})
 
     def run_name(self, lv: Levers, pos: str) -> str:
         return f"{lv.name}-{pos}-s{self.plan.seed}"
@@ -185,6 +189,7 @@ class Regime:
             self.log(f"[regime] == {step.__name__}")
             step()
             self.timings.setdefault("steps", {})[step.__name__] = round(time.perf_counter() - t0, 1)
+            atomic_write(self.timings_path, json.dumps(self.timings, indent=1))
 
     # ------------------------------------------------------------------ results
     def measure(self, lv: Levers, pos: str) -> dict:
