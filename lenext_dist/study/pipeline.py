@@ -35,19 +35,22 @@ from .plan import Cell, Run, StudyPlan, cells, runs
 PY = sys.executable
 
 
-def sample_shard_commands(tokenizer: str, logs: Path) -> list[Command]:
-    """The data-prep commands (as `make shards task-shards`) for the sample's shards that are not
-    there yet: SlimPajama + Starcoder text, and the generated task documents over the prose."""
+def sample_shard_commands(cfg, logs: Path) -> list[Command]:
+    """The data-prep commands (as `make shards task-shards`) for the sample's shards that `cfg`'s
+    training blend names and that are not there yet: SlimPajama + Starcoder text, and the
+    generated task documents over the prose."""
+    wanted = {Path(b.prefix).name.removesuffix("_train") for b in cfg.data.blend}
     spec = {
         "slimpajama": ["--input", "data/sample/slimpajama/chunk*/*.jsonl.zst", "--format", "slimpajama",
                        "--valid-fraction", "0.02"],
         "starcoder": ["--input", "data/sample/starcoderdata/*/*.parquet", "--format", "starcoder"],
         "tasks": ["--format", "tasks", "--tasks", "passkey,recall,repeat", "--input",
                   "data/sample/slimpajama/chunk*/*.jsonl.zst", "--task-passes", "2"]}
-    return [Command(f"shards-{name}", [PY, "data_prep/shard.py", *args, "--tokenizer", tokenizer,
+    return [Command(f"shards-{name}", [PY, "data_prep/shard.py", *args, "--tokenizer", cfg.data.tokenizer,
                                        "--out", "shards/sample", "--name", name, "--workers", "1",
                                        "--no-progress"], logs / f"shards-{name}.log")
-            for name, args in spec.items() if not (REPO / f"shards/sample/{name}_train.bin").exists()]
+            for name, args in spec.items()
+            if name in wanted and not (REPO / f"shards/sample/{name}_train.bin").exists()]
 
 
 class Study:
@@ -83,7 +86,7 @@ class Study:
 
     # ------------------------------------------------------------------ 1. shards
     def shards(self) -> None:
-        cmds = sample_shard_commands(self.cfg.data.tokenizer, self.out / "logs")
+        cmds = sample_shard_commands(self.cfg, self.out / "logs")
         if cmds:
             self.timings["shards"] = run_commands(cmds, self.plan.workers, self.log)
 

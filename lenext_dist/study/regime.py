@@ -110,10 +110,9 @@ class Regime:
                  log: Callable[[str], None] = print):
         from lenext_dist.config import load_config
 
-        self.plan, self.out, self.repo, self.port, self.log = plan, Path(out), repo, port, log
-        cfg = load_config(repo / plan.config)
+        self.plan, self.out, self.port, self.log = plan, Path(out), port, log
+        self.cfg = cfg = load_config(repo / plan.config)
         self.blend, self.batch = cfg.data.blend, cfg.train.global_batch_size
-        self.tokenizer = cfg.data.tokenizer
         self.runs = [(lv, pos) for lv in plan.combos() for pos in plan.positions]
         self.out.mkdir(parents=True, exist_ok=True)
         # seconds of the steps of every attempt, saved after each step (a later attempt skips
@@ -148,7 +147,7 @@ class Regime:
     def shards(self) -> None:
         from .pipeline import sample_shard_commands
 
-        cmds = sample_shard_commands(self.tokenizer, self.out / "logs")
+        cmds = sample_shard_commands(self.cfg, self.out / "logs")
         if cmds:
             self.timings["shards"] = run_commands(cmds, self.plan.workers, self.log)
 
