@@ -25,6 +25,9 @@ def deepspeed_config(cfg: RunConfig, world_size: int) -> dict:
     if p.zero_stage == 3:
         # Gather the full 16-bit weights on save so export needs no zero_to_fp32 pass.
         zero["stage3_gather_16bit_weights_on_model_save"] = True
+        # every gradient through the reduce-scatter, whose averaging model/ulysses.py
+        # backward_factor corrects under sequence parallelism (DeepSpeed's default, pinned)
+        zero["reduce_scatter"] = True
     ds = {
         "train_batch_size": t.global_batch_size,
         "train_micro_batch_size_per_gpu": t.micro_batch_size,

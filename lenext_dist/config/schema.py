@@ -461,12 +461,6 @@ class RunConfig:
                "divisor of the head count")
         _check(m.seq_length % n == 0, "parallel.ulysses_size",
                f"{n} does not divide model.seq_length {m.seq_length}; pick a divisor of it")
-        # DeepSpeed 0.19.8 ZeRO-3 (stage3.py __avg_scatter_grads, taken for any parameter larger
-        # than the reduce bucket) averages over the whole world, ignoring the sequence groups:
-        # measured here, gradients came out halved at ulysses 2 (tests/distributed/test_ulysses.py)
-        _check(n == 1 or self.parallel.zero_stage < 3, "parallel.zero_stage",
-               "3 with parallel.ulysses_size > 1 would average gradients over the sequence group "
-               "(DeepSpeed 0.19.8); use zero_stage 1 or 2 (optimizer/gradient sharding)")
 
     @property
     def head_scale_init(self) -> float:

@@ -24,7 +24,7 @@ Gradients: DeepSpeed reduces over the sequence-data-parallel group (the whole wo
 by world / N (engine._reduce_non_expert_gradients, zero/stage_1_and_2.py average_tensor), i.e.
 sums over the N ranks of a group and averages over data parallelism. So each rank's loss is its
 shard's sum over the *group's* token count (`loss_denominator`); the N partial losses add up to
-the sequence mean.
+the sequence mean. ZeRO-3 is the exception: `backward_factor`.
 """
 from __future__ import annotations
 
@@ -92,6 +92,21 @@ def loss_denominator(mask_sum: Tensor) -> Tensor:
     total = mask_sum.detach().clone()
     dist.all_reduce(total, group=group())
     return total
+
+
+def backward_factor(zero_stage: int) -> int:
+    """What each rank's loss is multiplied by before the backward so the reduced gradient is the
+    sum over the group and the mean over data parallelism.
+
+    DeepSpeed 0.19.8 ZeRO-3 reduce-scatters every gradient over the sequence-data-parallel group
+    (world W = dp x N) and divides by W (stage3.py `__avg_scatter_grads` ->
+    comm/coalesced_collectives.py `reduce_scatter_coalesced`, which pre-divides by the group size):
+    unlike its all-reduce paths (stage3.py `__avg_scatter_contiguous_grads`, `allreduce_bucket`) it
+    never multiplies the sequence-parallel size back. So under ZeRO-3 the loss carries x N
+    (the config pins `reduce_scatter` so every bucket takes that path). Measured without it on 2
+    ranks: the gradient norm halved at ulysses 2; tests/distributed/test_ulysses.py compares the
+    norms, so a DeepSpeed that fixes this fails there rather than doubling gradients silently."""
+    return size() if zero_stage == 3 else 1
 
 
 def kv_repeat(num_heads: int, num_kv: int, n: int) -> int:

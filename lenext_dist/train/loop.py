@@ -216,6 +216,7 @@ def train(cfg: RunConfig) -> dict:
     own_gnorm = cfg.parallel.zero_stage == 0 and cfg.train.precision == "fp32"
     exact_params = fp32_params.has_trainable(engine)
     batches = train_batches(train_ds, cfg, dp_rank, dp, step)
+    grad_factor = ulysses.backward_factor(cfg.parallel.zero_stage)  # 1 but for ZeRO-3 under Ulysses
     while step < cfg.train.steps:
         t0 = time.perf_counter()
         micro_batches = next(batches)
@@ -227,7 +228,7 @@ def train(cfg: RunConfig) -> dict:
         gnorm = None
         for i, mb in enumerate(micro_batches):
             loss = _micro_loss(engine, mb, device)
-            engine.backward(loss)  # averages the gradients over ranks on the last micro-batch
+            engine.backward(loss * grad_factor)  # averages the gradients over ranks on the last micro-batch
             if log_now and own_gnorm and i == len(micro_batches) - 1:
                 gnorm = optim.grad_norm(engine.module)
             engine.step()  # DeepSpeed steps the optimizer on the accumulation boundary only

@@ -1,12 +1,12 @@
-"""DeepSpeed-Ulysses sequence parallelism (parallel.ulysses_size) on 2 gloo ranks: ulysses 2
-(data parallel 1) gives the loss curve of ulysses 1 (data parallel 2) at the same global batch,
-for every position variant, a window, GQA with fewer KV heads than ranks, ZeRO 0/1/2 and HeadScale
-training (equal head scales). Real loop, real megatron model, real DeepSpeed engine; all runs of
-one test share one torchrun launch (tests/distributed/ulysses_worker.py).
+"""DeepSpeed-Ulysses sequence parallelism (parallel.ulysses_size) on gloo: on 2 ranks, ulysses 2
+(data parallel 1) gives the loss curve and gradient norms of ulysses 1 (data parallel 2) at the
+same global batch, for every position variant, a window, GQA with fewer KV heads than ranks,
+ZeRO 0-3 and HeadScale training (equal head scales); on 4 ranks, ulysses 2 x data parallel 2.
+Real loop, real megatron model, real DeepSpeed engine; all runs of one test share one torchrun
+launch (tests/distributed/ulysses_worker.py).
 
-ZeRO with data parallel > 1 under Ulysses needs 4 ranks (2 x 2); on 2 ranks ulysses 2 leaves one
-data-parallel group, so ZeRO here partitions over the 2 ranks of the sequence group (DeepSpeed's
-sequence-data-parallel group), which is what these runs exercise."""
+On 2 ranks ulysses 2 leaves one data-parallel group, so ZeRO there partitions over the 2 ranks of
+the sequence group (DeepSpeed's sequence-data-parallel group); the 4-rank test has both."""
 import json
 import subprocess
 import sys
@@ -30,12 +30,14 @@ CASES = {
                                                                      "trainable": True}},
                       optim={"lr": 3.0e-2}),
     "documents": dict(attention={"position": "rope"}, data={"document_mask": True}),
+    # ZeRO-3: DeepSpeed's reduce-scatter averages over the world; model/ulysses.py backward_factor
+    "nope_z3": dict(attention={"position": "nope"}, parallel={"zero_stage": 3}),
 }
 
 
-def _launch(paths, timeout=600):
+def _launch(paths, timeout=600, ranks=2):
     cmd = [sys.executable, "-m",
-           "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+           "torch.distributed.run", "--nproc_per_node", str(ranks), "--master_addr", "127.0.0.1",
            "--master_port", str(free_port()), str(REPO / "tests/distributed/ulysses_worker.py"),
            *map(str, paths)]
     p = subprocess.run(cmd, cwd=REPO, env=env(), capture_output=True, text=True, timeout=timeout)
@@ -44,7 +46,7 @@ def _launch(paths, timeout=600):
 
 
 @pytest.mark.parametrize("group", [("nope_z1", "rope_z0", "alibi", "kerple", "xpos"),
-                                   ("window_logscale", "gqa1", "headscale", "documents")])
+                                   ("window_logscale", "gqa1", "headscale", "documents", "nope_z3")])
 def test_ulysses2_matches_ulysses1(group, sample_shards, tmp_path):
     common = {"train": {"steps": 3, "eval_interval": 0}, "checkpoint": {"interval": 0}}
     paths = []
@@ -61,6 +63,10 @@ def test_ulysses2_matches_ulysses1(group, sample_shards, tmp_path):
         ref, got = losses(tmp_path / f"{case}_u1"), losses(tmp_path / f"{case}_u2")
         assert sorted(ref) == [1, 2, 3] and len(set(ref.values())) > 1, (case, ref)
         assert got == pytest.approx(ref, rel=2e-5, abs=0), (case, ref, got)
+        # AdamW hides a gradient scaled by a constant from the loss curve; the norm does not
+        gref, ggot = (losses(tmp_path / f"{case}_u{n}", "grad_norm") for n in (1, 2))
+        assert sorted(gref) == [1, 2, 3], (case, gref)
+        assert ggot == pytest.approx(gref, rel=1e-4, abs=0), (case, gref, ggot)
         if case == "headscale":
             a, b = (json.loads((tmp_path / f"{case}_u{n}" / "head_scales.json").read_text())
                     ["head_scales"] for n in (1, 2))
@@ -69,15 +75,36 @@ def test_ulysses2_matches_ulysses1(group, sample_shards, tmp_path):
             assert b == pytest.approx(a, rel=1e-5), (a, b)
 
 
+def test_ulysses_times_data_parallel_on_4_ranks(sample_shards, tmp_path):
+    """4 ranks on 2 cores (oversubscribed, still exact): ulysses 2 x data parallel 2 against
+    ulysses 1 x data parallel 4, global batch 8, under ZeRO-1 (all-reduce, divided by W / N) and
+    ZeRO-3 (reduce-scatter over W, corrected by ulysses.backward_factor)."""
+    paths = []
+    for n in (1, 2):
+        for z in (1, 3):
+            paths.append(write_config(
+                tmp_path, sample_shards, f"z{z}_u{n}", checkpoint={"interval": 0},
+                attention={"position": "rope"}, parallel={"ulysses_size": n, "zero_stage": z},
+                train={"steps": 3, "eval_interval": 0, "global_batch_size": 8}))
+    p = _launch(paths, ranks=4)
+    assert "ulysses 2, micro 2 x accum 2 x dp 2" in p.stdout
+    for z in (1, 3):
+        for key, rel in (("loss", 2e-5), ("grad_norm", 1e-4)):
+            ref, got = (losses(tmp_path / f"z{z}_u{n}", key) for n in (1, 2))
+            assert sorted(ref) == [1, 2, 3], (z, key, ref)
+            assert got == pytest.approx(ref, rel=rel, abs=0), (z, key, ref, got)
+
+
 def test_kill9_and_resume_under_ulysses_is_bitwise(sample_shards, tmp_path):
-    """The machinery of test_resume.py under ulysses 2 (ZeRO-2 over the sequence group)."""
+    """The machinery of test_resume.py under ulysses 2 (ZeRO-3 over the sequence group: the
+    partitioned parameters and optimizer state come back)."""
     import random
 
     from helpers import kill9, pretrain_cmd, run, start, wait_for
 
     steps = 6
     sec = dict(train={"steps": steps, "eval_interval": 0},
-               parallel={"ulysses_size": 2, "zero_stage": 2},
+               parallel={"ulysses_size": 2, "zero_stage": 3},
                attention={"position": "alibi"})  # head-sliced bias rows across the restart
     ref = write_config(tmp_path, sample_shards, "ref", checkpoint={"interval": 0}, **sec)
     run(pretrain_cmd(ref, "deepspeed", 2, free_port()))

@@ -1,4 +1,4 @@
-"""Run by torchrun (2 ranks) from test_ulysses.py: the real training loop (`train`) on each config
+"""Run by torchrun (2 or 4 ranks) from test_ulysses.py: the real training loop (`train`) on each config
 named in argv, one after another in one process group (start-up paid once)."""
 import sys
 

@@ -321,8 +321,6 @@ MUTATIONS: list[M] = [
     M("ulysses-dryrun-no-divisor", "ulysses", "lenext_dist/train/dryrun.py",
       "    s = m.seq_length // cfg.parallel.ulysses_size  # tokens per rank outside attention",
       "    s = m.seq_length", (T_ULYC,)),
-    M("ulysses-zero3-allowed", "ulysses", "lenext_dist/config/schema.py",
-      "_check(n == 1 or self.parallel.zero_stage < 3,", "_check(True,", (T_ULYC,)),
     # ---- data prep units: byte ranges of .jsonl --------------------------------------------
     M("jsonl-line-at-range-end-read-twice", "prep units", "lenext_dist/prep/readers.py",
       "if pos >= self.end:", "if pos > self.end:", (T_PREP,)),

@@ -21,9 +21,7 @@ def test_bad_sizes_are_refused_with_what_to_do(override, message):
         load_config(None, ["model.seq_length=32", "parallel.ulysses_size=4", override])
 
 
-def test_zero3_is_refused_and_world_must_split():
-    with pytest.raises(ConfigError, match="parallel.zero_stage: 3 with parallel.ulysses_size > 1"):
-        load_config(None, ["parallel.ulysses_size=2", "parallel.zero_stage=3"])
+def test_world_must_split_into_sequence_groups():
     cfg = load_config(None, ["parallel.ulysses_size=2"])
     assert cfg.parallel.data_parallel_size(6) == 3
     with pytest.raises(ConfigError, match="does not divide the world size 3"):
