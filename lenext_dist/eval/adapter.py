@@ -6,8 +6,9 @@ Two layouts are supported:
 - **lenext** (`lenext_dist/hf/modeling_lenext.py`): each `model.model.layers[i].self_attn` is a
   `LenextAttention` with `head_scale` ([heads] fp32 multiplier m; lambda_h = m_h / sqrt(d)),
   `position` (the PositionVariant) and `qk(hidden_states, positions) -> (q [b, h, s, d],
-  k [b, g, s, d])`, both already rotated. The modeling module exposes `set_uniform_scale(model, c)`
-  and `set_head_scales(model, m [layers, heads])`.
+  k [b, g, s, d])`, both already rotated. Scales and eval-time variants go through the modeling
+  module's own API (`get_head_scales`, `set_uniform_scale`, `set_head_scales`, `set_position`),
+  with no second copy here.
 - **llama** (plain `transformers` Llama-like attention with `q_proj`/`k_proj`, `head_dim`,
   `scaling` and rotary `position_embeddings` passed to the attention module): q/k are recomputed
   from the projections and rotated with HF's `apply_rotary_pos_emb`; the uniform scale is set by
@@ -94,11 +95,6 @@ def _num_heads(attn: nn.Module) -> int:
     return int(n) if n is not None else int(attn.config.num_attention_heads)
 
 
-def _lenext_m(attn: nn.Module) -> Tensor:
-    hs = attn.head_scale
-    return (hs.detach() if isinstance(hs, Tensor) else torch.as_tensor(hs)).float().reshape(-1)
-
-
 def _llama_m(attn: nn.Module) -> Tensor:
     # HF logits are scaling * q.k; scaling = m / sqrt(d) -> m = scaling * sqrt(d)
     return torch.full((_num_heads(attn),), float(attn.scaling) * math.sqrt(attn.head_dim))
@@ -110,12 +106,19 @@ def head_scales(model: nn.Module) -> Tensor:
     if kind == "stock":  # folded m times whatever scaling the attention applies on top
         return torch.stack([f * _llama_m(a) for a, f in zip(attention_layers(model),
                                                              _stock_folded(model))])
-    get = _lenext_m if kind == "lenext" else _llama_m
-    return torch.stack([get(a).cpu() for a in attention_layers(model)])
+    if kind == "lenext":
+        return _own(model, "get_head_scales")(model)
+    return torch.stack([_llama_m(a) for a in attention_layers(model)])
 
 
-def _modeling_module(model: nn.Module):
-    return sys.modules.get(type(model).__module__)
+def _own(model: nn.Module, name: str) -> Callable:
+    """The lenext export's own eval API (`lenext_dist/hf/modeling_lenext.py`, shipped with the
+    model: also under remote code), so the scale logic lives with the model it changes."""
+    fn = getattr(sys.modules.get(type(model).__module__), name, None)
+    if fn is None:
+        raise TypeError(f"{type(model).__name__}: its modeling code has no `{name}`; re-export "
+                        "the checkpoint with this lenext_dist (python -m lenext_dist.convert)")
+    return fn
 
 
 def set_uniform_scale(model: nn.Module, c: float) -> None:
@@ -126,13 +129,7 @@ def set_uniform_scale(model: nn.Module, c: float) -> None:
         set_head_scales(model, torch.full((n, _num_heads(attention_layers(model)[0])), float(c)))
         return
     if kind == "lenext":
-        fn = getattr(_modeling_module(model), "set_uniform_scale", None)
-        if fn is not None:
-            fn(model, float(c))
-            return
-        for a in attention_layers(model):
-            with torch.no_grad():
-                a.head_scale.fill_(float(c))
+        _own(model, "set_uniform_scale")(model, float(c))
         return
     for a in attention_layers(model):
         a.scaling = float(c) / math.sqrt(a.head_dim)
@@ -146,7 +143,7 @@ def set_variant(model: nn.Module, *, rope: Optional[dict] = None, **options) -> 
         raise ValueError("window / RoPE scaling / log-length scale options need a custom lenext "
                          "export (python -m lenext_dist.convert --format custom); a stock or "
                          "plain Llama model has its attention fixed by its config")
-    _modeling_module(model).set_position(model, rope=rope, **options)
+    _own(model, "set_position")(model, rope=rope, **options)
 
 
 def set_head_scales(model: nn.Module, m: Tensor) -> None:
@@ -159,13 +156,7 @@ def set_head_scales(model: nn.Module, m: Tensor) -> None:
         _stock_refold(model, m)
         return
     if kind == "lenext":
-        fn = getattr(_modeling_module(model), "set_head_scales", None)
-        if fn is not None:
-            fn(model, m)
-            return
-        for a, row in zip(attention_layers(model), m):
-            with torch.no_grad():
-                a.head_scale.copy_(row.to(a.head_scale))
+        _own(model, "set_head_scales")(model, m)
         return
     if not torch.all(m == m.reshape(-1)[0]):
         raise ValueError("a plain Llama model has one scale for all heads; use a lenext model")
@@ -248,6 +239,10 @@ def capture_qk(model: nn.Module, input_ids: Tensor, on_layer: QKCallback) -> Non
                          "(a stock SmolLM3 export): use the custom export (--format custom), "
                          "whose window the entropy code applies")
     handles = []
+    # m [layers, heads]; q from q_proj already carries a stock export's folded m: only its
+    # attention `scaling` is left to apply
+    scales = (head_scales(model) if kind == "lenext"
+              else torch.stack([_llama_m(a) for a in attention_layers(model)]))
 
     def make_hook(i: int, attn: nn.Module):
         def hook(module, args, kwargs):
@@ -255,11 +250,9 @@ def capture_qk(model: nn.Module, input_ids: Tensor, on_layer: QKCallback) -> Non
             if kind == "lenext":  # LenextAttention.forward(hidden_states, positions, cache)
                 positions = args[1] if len(args) > 1 else kwargs.get("positions", 0)
                 q, k = attn.qk(hidden, positions)
-                m = _lenext_m(attn)
             else:
                 q, k = _llama_qk(attn, hidden, kwargs)
-                m = _llama_m(attn)
-            on_layer(i, q, k, m.to(q.device))
+            on_layer(i, q, k, scales[i].to(q.device))
         return hook
 
     for i, attn in enumerate(attention_layers(model)):
