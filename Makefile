@@ -86,7 +86,7 @@ MUTATION_ARGS ?=
 mutation: setup
 	$(BIN)/python tests/mutation/run.py $(MUTATION_ARGS)
 
-# The small-scale reproduction of the paper's findings (results/study/, published to study/), and
+# The small-scale reproduction of the paper's findings (results/study/, published to docs/study/), and
 # its quick version (results/study-quick/, what CI runs through tests/e2e/test_study_quick.py).
 study: setup
 	$(BIN)/python -m lenext_dist.study

@@ -15,7 +15,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from lenext_dist.launch.hostlist import hostfile, hostnames  # noqa: E402
+from lenext_dist.cluster.hostlist import hostfile, hostnames  # noqa: E402
 
 
 def main(argv=None) -> int:

@@ -7,7 +7,7 @@ HeadScale via `lenext extend`) and writes `<out>/summary.json`, figures and `<ou
 which checks the paper's claims one by one. Resumable: rerun the same command after a kill.
 
   python -m lenext_dist.study --quick                # ~4 minutes on 2 cores (CI), results/study-quick/
-  python -m lenext_dist.study                        # ~80 min, results/study/, published to study/
+  python -m lenext_dist.study                        # ~80 min, results/study/, published to docs/study/
   python -m lenext_dist.study --report-only          # redo analysis/figures/STUDY.md from the files
   python -m lenext_dist.study --regime               # the regime search (study/regime.py), results/regime/
 """
@@ -53,7 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--port", type=int, default=29650, help="first master port")
     ap.add_argument("--report-only", action="store_true", help="only analysis + STUDY.md")
     ap.add_argument("--no-copy", action="store_true",
-                    help="full study: do not publish STUDY.md and the files it cites to study/ "
+                    help="full study: do not publish STUDY.md and the files it cites to docs/study/ "
                          "(the versioned copy in the repository)")
     ap.add_argument("overrides", nargs="*", metavar="--a.b=value",
                     help="pretraining overrides for every run (after --), e.g. -- --train.steps=2000")
@@ -129,10 +129,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     md = write_outputs(study)
     print(f"[study] wrote {md} ({time.perf_counter() - t0:.0f} s)")
     if not a.quick and not a.no_copy and not a.report_only:
-        from .publish import publish
+        from .publish import PUBLISHED, publish
 
-        copied, missing = publish(out, REPO / "study")
-        print(f"[study] published {REPO / 'study' / 'STUDY.md'} and the {len(copied) - 1} files "
+        copied, missing = publish(out, REPO / PUBLISHED)
+        print(f"[study] published {REPO / PUBLISHED / 'STUDY.md'} and the {len(copied) - 1} files "
               f"it cites" + (f"; missing: {', '.join(missing)}" if missing else ""))
     return 0
 

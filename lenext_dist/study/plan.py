@@ -9,7 +9,7 @@ Presets (measured on 2 shared CPU cores, see STUDY.md of each run for the real t
   quick  configs/study/quick.yaml, 1 seed, NoPE + RoPE + every other registered variant,
          small eval budgets: ~5 minutes (CI)
   full   configs/study/full.yaml, 2 seeds of NoPE and RoPE, + other trained variants registered
-         in lenext_dist/attention/registry.py (1 seed), larger budgets: ~80 minutes (study/timings.json:
+         in lenext_dist/attention/registry.py (1 seed), larger budgets: ~80 minutes (docs/study/timings.json:
          50 min pretraining 6 runs two at a time, 31 min evaluation)
 """
 from __future__ import annotations
@@ -70,7 +70,7 @@ QUICK = StudyPlan(
     headscale_steps=20, budget_tokens=2048, curve_windows=20, entropy_samples=4,
     sweep_c=(0.8, 2.0, 0.1), sweep_samples=8, passkey_keys=2, passkey_depths=3)
 
-FULL = StudyPlan(  # the defaults above; 81 min here (study/timings.json, first attempt)
+FULL = StudyPlan(  # the defaults above; 81 min here (docs/study/timings.json, first attempt)
     name="full", config="configs/study/full.yaml", seeds=[1, 2],
     extra_variants=["alibi", "kerple_log"])
 

@@ -25,6 +25,11 @@ def cited_files(markdown: str) -> list[str]:
     return list(seen)
 
 
+PUBLISHED = "docs/study"
+"""Where the full study is published in the repository (the code is lenext_dist/study, its
+configs configs/study, its working output results/study)."""
+
+
 def publish(out: Path, dest: Path) -> tuple[list[str], list[str]]:
     """Copy out/STUDY.md + ALWAYS + the files it cites to dest (emptied first).
     Returns (copied, missing) relative paths; a cited path outside `out` is refused."""

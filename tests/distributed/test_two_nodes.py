@@ -1,5 +1,5 @@
 """Two "nodes" on loopback, started the way launch/slurm/pretrain.sbatch starts them in node mode
-(`python -m lenext_dist.launch node`, node rank from SLURM_NODEID, one launcher per node): the loss
+(`python -m lenext_dist.cluster node`, node rank from SLURM_NODEID, one launcher per node): the loss
 curve equals the single-launcher run's, bit for bit, with either launcher."""
 import os
 import signal
@@ -29,7 +29,7 @@ def test_two_node_launchers_match_one(launcher, single_launcher, sample_shards, 
     port = str(free_port())
     procs = []
     for node in (0, 1):
-        cmd = [sys.executable, "-m", "lenext_dist.launch", "node", "--launcher", launcher,
+        cmd = [sys.executable, "-m", "lenext_dist.cluster", "node", "--launcher", launcher,
                "--nproc-per-node", "1", "--", str(REPO / "launch" / "pretrain.py"), "--config", str(cfg)]
         # What srun gives each node's task; MASTER_ADDR/PORT as the sbatch script exports them.
         procs.append(start_with_env(cmd, tmp_path / f"node{node}.log", SLURM_JOB_NODELIST="node[0-1]",

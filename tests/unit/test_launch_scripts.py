@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from helpers import REPO, write_config
-from lenext_dist.launch import hostlist, rendezvous, run_state
+from lenext_dist.cluster import hostlist, rendezvous, run_state
 
 SLURM_DIR = REPO / "launch" / "slurm"
 SCRIPTS = sorted(SLURM_DIR.glob("*.sbatch")) + [REPO / "scripts" / "install_system_deps.sh"]
@@ -117,7 +117,7 @@ def test_task_subcommand_execs_with_rank_env():
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
     env.update(SLURM_PROCID="1", SLURM_STEP_NUM_TASKS="2", SLURM_LOCALID="1", SLURM_NODEID="0",
                SLURM_STEP_TASKS_PER_NODE="2", SLURM_JOB_NODELIST="h1", SLURM_JOB_ID="5")
-    out = subprocess.run([sys.executable, "-m", "lenext_dist.launch", "task", "--", sys.executable, "-c",
+    out = subprocess.run([sys.executable, "-m", "lenext_dist.cluster", "task", "--", sys.executable, "-c",
                           "import os; print(*(os.environ[k] for k in ('RANK', 'WORLD_SIZE', 'LOCAL_RANK', "
                           "'LOCAL_WORLD_SIZE', 'MASTER_ADDR', 'MASTER_PORT')))"],
                          capture_output=True, text=True, check=True, env=env, cwd=REPO).stdout.split()
@@ -134,6 +134,13 @@ def _ckpt(root: Path, step: int, complete: bool = True, latest: bool = True) -> 
         (d / COMPLETE).write_text(f"{step}\n")
     if latest:
         (root / LATEST).write_text(tag_for(step) + "\n")
+
+
+def test_old_module_name_is_refused_with_the_new_one():
+    p = subprocess.run([sys.executable, "-m", "lenext_dist.launch", "hostnames", "h1"],
+                       capture_output=True, text=True, cwd=REPO)
+    assert p.returncode == 2 and "python -m lenext_dist.cluster" in p.stderr, p.stderr
+    assert "Traceback" not in p.stderr
 
 
 def test_run_state_follows_checkpoint_contract(sample_shards, tmp_path):
@@ -204,7 +211,7 @@ def test_sbatch_dry_run_tasks_mode(cfg):
     assert p.returncode == 0, p.stderr
     assert "master n1:20031; tasks mode, 2 node(s) x 4 rank(s)" in p.stdout
     assert ("srun --nodes=2 --ntasks=8 --ntasks-per-node=4 --cpus-per-task=4 --kill-on-bad-exit=1 --mpi=none "
-            f"{sys.executable} -m lenext_dist.launch task -- {sys.executable} {REPO}/launch/pretrain.py "
+            f"{sys.executable} -m lenext_dist.cluster task -- {sys.executable} {REPO}/launch/pretrain.py "
             f"--config {cfg} --optim.lr=1e-3") in p.stdout
     p = _sbatch(_fake_job(CONFIG=str(cfg), SLURM_NTASKS_PER_NODE="4", SRUN_MPI="pmix"))
     assert p.returncode == 0 and f"--mpi=pmix {sys.executable} {REPO}/launch/pretrain.py" in p.stdout
@@ -214,7 +221,7 @@ def test_sbatch_dry_run_node_mode_and_headscale(cfg):
     p = _sbatch(_fake_job(CONFIG=str(cfg), LAUNCH_MODE="node", LAUNCHER="deepspeed", GPUS_PER_NODE="8"))
     assert p.returncode == 0, p.stderr
     assert ("srun --nodes=2 --ntasks=2 --ntasks-per-node=1 --cpus-per-task=32 --kill-on-bad-exit=1 --mpi=none "
-            f"{sys.executable} -m lenext_dist.launch node --launcher deepspeed --nproc-per-node 8 --") in p.stdout
+            f"{sys.executable} -m lenext_dist.cluster node --launcher deepspeed --nproc-per-node 8 --") in p.stdout
     # headscale.sbatch = pretrain.sbatch with the mode forced (the tiny config has no head scales)
     p = _sbatch(_fake_job(CONFIG=str(cfg), SLURM_NTASKS_PER_NODE="1"), script="headscale.sbatch")
     assert p.returncode == 2 and "train.mode" in p.stderr

@@ -1,4 +1,4 @@
-"""The published copy of a study (study/ in the repository) holds STUDY.md and what it cites."""
+"""The published copy of a study (docs/study/ in the repository) holds STUDY.md and what it cites."""
 import pytest
 
 from lenext_dist.study.publish import cited_files, publish
@@ -49,10 +49,9 @@ def test_publish_refuses_paths_outside_the_results(tmp_path):
 def test_the_checked_in_study_holds_every_file_its_study_md_cites():
     from pathlib import Path
 
-    from lenext_dist.study.publish import ALWAYS
+    from lenext_dist.study.publish import ALWAYS, PUBLISHED
 
-    study = Path(__file__).resolve().parents[2] / "study"
-    if not (study / "STUDY.md").is_file():
-        pytest.skip("no published study in this checkout")
+    study = Path(__file__).resolve().parents[2] / PUBLISHED
+    assert (study / "STUDY.md").is_file(), f"no published study at {study}"
     cited = cited_files((study / "STUDY.md").read_text())
     assert cited and [f for f in [*ALWAYS, *cited] if not (study / f).is_file()] == []

@@ -1,4 +1,4 @@
-"""python -m lenext_dist.launch COMMAND: the small decisions of the job scripts in launch/slurm/.
+"""python -m lenext_dist.cluster COMMAND: the small decisions of the job scripts in launch/slurm/.
 
     hostnames [NODELIST]                  one host per line (default: the job's nodelist)
     hostfile --slots N [NODELIST]         DeepSpeed hostfile (`host slots=N`)
@@ -17,7 +17,7 @@ import shlex
 import signal
 import sys
 
-from lenext_dist.launch import hostlist, rendezvous
+from lenext_dist.cluster import hostlist, rendezvous
 
 
 def _load(config: str, overrides: list[str]):
@@ -38,7 +38,7 @@ def _exec(cmd: list[str], env: dict) -> None:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m lenext_dist.launch", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m lenext_dist.cluster", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("hostnames")
@@ -91,7 +91,7 @@ def main(argv=None) -> int:
         _exec(cmd, env)
     else:
         cfg = _load(args.config, [a for a in args.overrides if a != "--"])
-        from lenext_dist.launch import run_state
+        from lenext_dist.cluster import run_state
 
         if args.cmd == "preflight":
             problems = run_state.preflight(cfg)

@@ -17,7 +17,7 @@ import re
 import sys
 from typing import Mapping, Optional, Sequence
 
-from lenext_dist.launch.hostlist import hostnames
+from lenext_dist.cluster.hostlist import hostnames
 
 DEFAULT_PORT = 29500
 PORT_BASE, PORT_SPAN = 20000, 10000
