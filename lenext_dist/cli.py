@@ -1,4 +1,4 @@
-"""The `lenext` command: `lenext eval {ppl,passkey,entropy,scale-sweep} ...`, `lenext report ...`,
+"""The `lenext` command: `lenext eval {ppl,passkey,tasks,entropy,scale-sweep} ...`, `lenext report ...`,
 `lenext extend ...`.
 
 Subcommands are registered in `SUBCOMMANDS` (name -> (help, build_parser, run)); others (e.g.

@@ -1,10 +1,11 @@
-"""`lenext eval {ppl,passkey,entropy,scale-sweep}`: load a model directory, run one evaluation,
+"""`lenext eval {ppl,passkey,tasks,entropy,scale-sweep}`: load a model directory, run one evaluation,
 write JSON (+ PNG) into --out. Every JSON records the exact protocol, the model (path, config,
 attention layout, scales) and the data (files, sha256, token counts).
 
 Output files in --out (default results/<model dir name>):
   ppl        ppl_<protocol>[_c<C>].json, ppl_<protocol>[_c<C>].png, penalty_<...>.png
   passkey    passkey[_c<C>].json, passkey[_c<C>].png
+  tasks      tasks[_c<C>].json, tasks[_c<C>].png
   entropy    entropy[_c<C>]_<N>.json, .png, .npz (full [layers, heads, N] array)
   scale-sweep  scale_sweep.json, scale_sweep.png, scale_sweep_losses.npz
 ([_c<C>] stands for every eval-time option given: _c<C>_w<W>_loga<A>_<ntk|yarn|pi><s>.)
@@ -22,8 +23,8 @@ from typing import Optional, Sequence
 from lenext_dist.errors import entry_point
 
 from .jobs import EvalError, job_from_args  # noqa: F401  (EvalError: re-exported from its old home)
-from .options import (DTYPES, PROTOCOLS, ROPE_SCALINGS, depths, float_, ints, nonneg_int, pos_float,
-                      pos_int)
+from .options import (DTYPES, PROTOCOLS, ROPE_SCALINGS, TASK_NAMES, depths, float_, ints, nonneg_int,
+                      pos_float, pos_int, task_names)
 
 
 def _add_common(p: argparse.ArgumentParser, data: bool = True) -> None:
@@ -84,6 +85,15 @@ def build_parser(parser: Optional[argparse.ArgumentParser] = None) -> argparse.A
     p.add_argument("--keys", type=pos_int, default=10, help="random 5-digit keys per cell")
     p.add_argument("--seed", type=nonneg_int, default=0)
     p.add_argument("--max-new-tokens", type=pos_int, default=8)
+
+    p = sub.add_parser("tasks", help="task-format retrieval (passkey/recall/repeat documents) "
+                       "by length, filler from --data")
+    _add_common(p)
+    p.add_argument("--lengths", type=ints, required=True, help="document lengths, e.g. 128,256,512")
+    p.add_argument("--tasks", type=task_names, default=None,
+                   help=f"comma-separated, from {','.join(TASK_NAMES)} (default: all)")
+    p.add_argument("--docs", type=pos_int, default=32, help="documents per (task, length)")
+    p.add_argument("--seed", type=nonneg_int, default=0)
 
     p = sub.add_parser("entropy", help="per-position attention entropy per head and layer")
     _add_common(p)

@@ -1,5 +1,5 @@
-"""Typed evaluation jobs: one dataclass per evaluation (`PplJob`, `PasskeyJob`, `EntropyJob`,
-`ScaleSweepJob`) holding its options, checked in `__post_init__` (the same one-line messages as
+"""Typed evaluation jobs: one dataclass per evaluation (`PplJob`, `PasskeyJob`, `TasksJob`,
+`EntropyJob`, `ScaleSweepJob`) holding its options, checked in `__post_init__` (the same one-line messages as
 `lenext eval`'s flags, from the same checks in eval/options.py), `run()` (load the model, evaluate,
 write JSON + PNG) and `result_path` (the JSON it writes: this module alone names result files).
 
@@ -24,8 +24,8 @@ import numpy as np
 from lenext_dist.errors import UserError
 
 from .model_io import load_model, model_info, write_json
-from .options import (DTYPES, PROTOCOLS, ROPE_SCALINGS, choice, depths, float_, ints, nonneg_int,
-                      paths, pos_float, pos_int)
+from .options import (DTYPES, PROTOCOLS, ROPE_SCALINGS, TASK_NAMES, choice, depths, float_, ints,
+                      nonneg_int, paths, pos_float, pos_int, task_names)
 
 
 class EvalError(UserError, ValueError):
@@ -252,6 +252,46 @@ class PasskeyJob(EvalJob):
 
 
 @dataclass(kw_only=True)
+class TasksJob(DataJob):
+    """Task-format retrieval (passkey / recall / repeat documents) by length (`lenext eval tasks`;
+    eval/tasks.py): the skill a model learned from task documents, past its training length."""
+    kind: ClassVar[str] = "tasks"
+    lengths: list[int] = _opt(None, ints)
+    tasks: list[str] = _opt(None, task_names)
+    docs: int = _opt(32, pos_int)
+    seed: int = _opt(0, nonneg_int)
+
+    def __post_init__(self) -> None:
+        if not self.lengths:
+            raise EvalError("lenext eval tasks: the following arguments are required: --lengths")
+        if self.tasks is None:
+            self.tasks = list(TASK_NAMES)
+        super().__post_init__()
+
+    @property
+    def stem(self) -> Path:
+        return self.out_dir / f"tasks{self.suffix}"
+
+    def _run(self) -> list[str]:
+        from . import plots
+        from .data import load_tokenizer
+        from .tasks import run_tasks
+
+        model, L, meta = self._setup()
+        docs = self._docs(min_tokens=1)
+        sp = load_tokenizer(self.tokenizer_path)
+        texts = [sp.decode(d.tokens[int(docs.bos):].tolist()).strip() for d in docs.docs]
+        res = run_tasks(model, sp, texts, self.lengths, self.tasks, docs=self.docs, seed=self.seed,
+                        bos=self.bos, progress=not self.no_progress)
+        res = {**meta, **res, "data": docs.describe()}
+        for c in res["cells"]:
+            print(f"{c['task']:>8}  length {c['length']:>6}  accuracy {c['accuracy']:.3f}  "
+                  f"(answer tokens {c['token_accuracy']:.3f})")
+        stem = str(self.stem)
+        return [write_json(res, stem + ".json"), plots.plot_tasks(res, stem + ".png")]
+
+
+@dataclass(kw_only=True)
 class EntropyJob(DataJob):
     """Per-position attention entropy per head and layer (`lenext eval entropy`)."""
     kind: ClassVar[str] = "entropy"
@@ -345,7 +385,8 @@ class ScaleSweepJob(DataJob):
                 stem + "_losses.npz"]
 
 
-JOBS: dict[str, type[EvalJob]] = {j.kind: j for j in (PplJob, PasskeyJob, EntropyJob, ScaleSweepJob)}
+JOBS: dict[str, type[EvalJob]] = {j.kind: j for j in (PplJob, PasskeyJob, TasksJob, EntropyJob,
+                                                      ScaleSweepJob)}
 
 
 def job_from_args(args: argparse.Namespace) -> EvalJob:

@@ -98,3 +98,22 @@ def choice(options: Sequence[str]) -> Callable[[str], str]:
                 f"invalid choice: {s!r} (choose from {', '.join(map(repr, options))})")
         return s
     return check
+
+
+def _task_names() -> tuple[str, ...]:
+    from lenext_dist.prep.tasks import TASKS  # the generators' registry is the list
+
+    return tuple(TASKS)
+
+
+TASK_NAMES = _task_names()
+
+
+def task_names(s) -> list[str]:
+    """'passkey,repeat' (or a list): task generators of lenext_dist/prep/tasks.py."""
+    items = s.replace(" ", "").split(",") if isinstance(s, str) else list(s)
+    out = [x for x in items if x != ""]
+    bad = [x for x in out if x not in TASK_NAMES]
+    if not out or bad:
+        raise argparse.ArgumentTypeError(f"expected tasks from {', '.join(TASK_NAMES)}, got {s!r}")
+    return out

@@ -80,6 +80,22 @@ def plot_passkey(res: dict, path: str) -> str:
     return save_figure(fig, path)
 
 
+def plot_tasks(res: dict, path: str) -> str:
+    """Accuracy against document length, one line per task (log-2 x axis)."""
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(4.8, 3.2))
+    for task, acc in res["accuracy"].items():
+        ax.plot(res["lengths"], acc, marker="o", label=task)
+    ax.set_xscale("log", base=2)
+    ax.set_ylim(-0.03, 1.03)
+    _mark_L(ax, res.get("model", {}).get("train_length"))
+    ax.set_xlabel("document length (tokens)")
+    ax.set_ylabel("accuracy (every answer token)")
+    ax.legend(fontsize=7)
+    ax.set_title("task-format retrieval")
+    return save_figure(fig, path)
+
+
 def plot_entropy(summary: dict, path: str) -> str:
     """One panel per layer (heads thin, layer mean bold), plus the all-heads mean, log-x axis."""
     plt = pyplot()

@@ -1,8 +1,9 @@
 """`lenext report --runs DIR... --out report.md`: one markdown report of result folders.
 
-A result folder is what `lenext eval ... --out DIR` writes (ppl_*.json, passkey*.json,
+A result folder is what `lenext eval ... --out DIR` writes (ppl_*.json, passkey*.json, tasks*.json,
 entropy*.json, scale_sweep.json and their PNGs). The report has one table per kind (PPL per length
 per run/protocol/scale; context use and extrapolation penalty; passkey accuracy per length;
+task-format accuracy per task and length;
 attention entropy; scale-sweep fits) and embeds every PNG by a path relative to the report.
 
 Public API: `collect`, `render`, `write_report`, `main`.
@@ -114,6 +115,18 @@ def render(runs: list[dict], out_path: str, title: str = "lenext evaluation repo
                         + [_fmt(by.get(x), 2) for x in lengths] + [_fmt(j["mean_accuracy"], 2)])
         md += ["## Passkey retrieval", "", "Exact-match accuracy averaged over depths.", ""]
         md += _table(["run", "depths", "keys"] + [str(x) for x in lengths] + ["mean"], rows)
+
+    tk = [(r, j) for r in runs for f, j in r["results"] if j["kind"] == "tasks"]
+    if tk:
+        lengths = sorted({x for _, j in tk for x in j["lengths"]})
+        rows = []
+        for r, j in tk:
+            for task, acc in j["accuracy"].items():
+                by = dict(zip(j["lengths"], acc))
+                rows.append([_label(r, j), task] + [_fmt(by.get(x), 2) for x in lengths])
+        md += ["## Task-format retrieval", "", "Share of fresh task documents (training formats, "
+               "held-out filler) with every answer token right, by document length.", ""]
+        md += _table(["run", "task"] + [str(x) for x in lengths], rows)
 
     en = [(r, j) for r in runs for f, j in r["results"] if j["kind"] == "entropy"]
     if en:

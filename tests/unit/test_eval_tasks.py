@@ -1,0 +1,101 @@
+"""Task-format retrieval (eval/tasks.py): documents of the training generators at a new length,
+with real answer spans; the teacher-forced score is exact (off by one token fails)."""
+import json
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from lenext_dist.eval.data import load_tokenizer
+from lenext_dist.eval.tasks import SLACK, make_documents, run_tasks, score
+from lenext_dist.prep.tasks import Toolkit
+from tiny_models import REPO, SAMPLE_TOKENIZER, save_tiny_lenext, tiny_lenext
+
+BOOKS = f"{REPO}/data/sample/heldout/books.jsonl.zst"
+
+
+@pytest.fixture(scope="module")
+def sp():
+    return load_tokenizer(SAMPLE_TOKENIZER)
+
+
+@pytest.fixture(scope="module")
+def texts(sp):
+    from lenext_dist.eval.data import load_documents
+
+    return [sp.decode(d.tokens.tolist()) for d in load_documents([BOOKS], SAMPLE_TOKENIZER).docs]
+
+
+@pytest.mark.parametrize("kind", ["passkey", "recall", "repeat"])
+@pytest.mark.parametrize("length", [128, 512])
+def test_documents_have_the_length_and_real_answers(sp, texts, kind, length):
+    docs = make_documents(Toolkit(sp), texts, kind, length, 6, seed=3)
+    assert len(docs) == 6
+    for d in docs:
+        ids = d.ids
+        assert length - 2 * SLACK <= len(ids) <= length  # EOS excluded; filler ends at a word
+        assert d.answers
+        for src, ans, k in d.answers:
+            assert src + k <= ans and ans + k <= len(ids)
+            assert ids[src:src + k] == ids[ans:ans + k]  # the answer copies its source
+    again = make_documents(Toolkit(sp), texts, kind, length, 6, seed=3)
+    assert [d.ids for d in again] == [d.ids for d in docs]
+    assert [d.ids for d in make_documents(Toolkit(sp), texts, kind, length, 6, seed=4)] != \
+        [d.ids for d in docs]
+
+
+class _Oracle(torch.nn.Module):
+    """Logits that put the maximum on the token `shift` positions after each position of `ids`."""
+
+    def __init__(self, ids, shift, vocab=4096):
+        super().__init__()
+        self.ids, self.shift, self.vocab = ids, shift, vocab
+        self.w = torch.nn.Parameter(torch.zeros(1))
+
+    def forward(self, input_ids):
+        n = input_ids.shape[1]
+        nxt = torch.tensor(self.ids[self.shift:] + [0] * self.shift)[:n]
+        return SimpleNamespace(logits=torch.nn.functional.one_hot(nxt, self.vocab).float()[None])
+
+
+def test_score_is_exact_about_positions(sp, texts):
+    doc = make_documents(Toolkit(sp), texts, "passkey", 128, 1, seed=0)[0]
+    right, total = score(_Oracle(doc.ids, 1), doc.ids, doc.answers)
+    assert right == total > 0
+    right, total = score(_Oracle(doc.ids, 0), doc.ids, doc.answers)  # one token late
+    assert right < total
+
+
+def test_run_tasks_cells(sp, texts):
+    model = tiny_lenext("nope", vocab_size=4096, train_length=64)
+    kw = dict(docs=3, seed=1, progress=False)
+    res = run_tasks(model, sp, texts, [128, 256], ["passkey", "repeat"], bos=True, **kw)
+    assert [(c["task"], c["length"]) for c in res["cells"]] == [
+        ("passkey", 128), ("passkey", 256), ("repeat", 128), ("repeat", 256)]
+    for c in res["cells"]:
+        assert c["documents"] == 3 and 0 <= c["accuracy"] <= c["token_accuracy"] + 1e-9 <= 1 + 1e-9
+        assert c["tokens"][1] <= c["length"]  # BOS included
+    assert res["accuracy"]["repeat"] == [c["accuracy"] for c in res["cells"][2:]]
+    assert run_tasks(model, sp, texts, [128, 256], ["passkey", "repeat"], bos=True, **kw) == res
+
+
+def test_cli_writes_json_and_refuses_unknown_tasks(tmp_path):
+    model = save_tiny_lenext(str(tmp_path / "m"), SAMPLE_TOKENIZER, position="nope", train_length=64)
+    base = [sys.executable, "-m", "lenext_dist.cli", "eval", "tasks", "--model", model, "--data",
+            BOOKS, "--lengths", "128", "--docs", "2", "--out", str(tmp_path / "r"),
+            "--no-progress"]
+    p = subprocess.run(base + ["--tasks", "repeat", "--scale-c", "1.2"], capture_output=True,
+                       text=True, cwd=REPO)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert (tmp_path / "r" / "tasks_c1.2.json").is_file() and (tmp_path / "r" / "tasks_c1.2.png").is_file()
+    from lenext_dist.eval.report import main as report
+
+    assert report(["--runs", str(tmp_path / "r"), "--out", str(tmp_path / "report.md")]) in (0, None)
+    md = (tmp_path / "report.md").read_text()
+    acc = json.loads((tmp_path / "r" / "tasks_c1.2.json").read_text())["accuracy"]["repeat"][0]
+    assert "## Task-format retrieval" in md and f"| repeat | {acc:.2f} |" in md
+    p = subprocess.run(base + ["--tasks", "passkey,vaults"], capture_output=True, text=True, cwd=REPO)
+    assert p.returncode == 2 and "argument --tasks: expected tasks from passkey" in p.stderr
+    assert "Traceback" not in p.stderr
