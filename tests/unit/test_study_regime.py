@@ -45,9 +45,11 @@ def test_passkey_length_is_the_shortest_multiple_holding_a_prompt():
 
 
 def _row(name, tokens, pk, gain, rope_gain):
-    m = dict(ppl=50.0, passkey_length=128, train_seconds=1.0, sources=[])
-    return {"name": name, "tokens": tokens, "nope": {**m, "passkey": pk, "gain": gain},
-            "rope": {**m, "passkey": 1.0, "gain": rope_gain}}
+    # the gate reads the task-format passkey; the LongLoRA one (0 here) is only shown
+    m = dict(ppl=50.0, passkey=0.0, passkey_length=128, train_seconds=1.0, sources=[])
+    return {"name": name, "tokens": tokens,
+            "nope": {**m, "tasks": {"passkey": pk, "recall": 0.0, "repeat": 0.0}, "gain": gain},
+            "rope": {**m, "tasks": {"passkey": 1.0, "recall": 0.0, "repeat": 0.0}, "gain": rope_gain}}
 
 
 def test_choose_takes_the_cheapest_passing_row_else_the_closest():
