@@ -85,9 +85,11 @@ def run_tasks(model: nn.Module, sp, texts: Sequence[str], lengths: Sequence[int]
             made = make_documents(tk, texts, kind, length - len(head), docs,
                                   seed=seed * 1_000_003 + ki * 10_007 + li)
             exact = right = total = 0
+            first = None
             for doc in made:
                 ids = head + doc.ids
                 answers = [(s + len(head), a + len(head), k) for s, a, k in doc.answers]
+                first = first or [sp.decode(ids[a:a + k]) for _, a, k in answers]
                 r, t = score(model, ids, answers)
                 exact += r == t
                 right, total = right + r, total + t
@@ -98,7 +100,7 @@ def run_tasks(model: nn.Module, sp, texts: Sequence[str], lengths: Sequence[int]
                     bar.update(1)
             cells.append({"task": kind, "length": length, "accuracy": exact / len(made),
                           "token_accuracy": right / max(total, 1), "documents": len(made),
-                          "answer_tokens": total,
+                          "answer_tokens": total, "first_answers": first,
                           "tokens": [min(len(head) + len(d.ids) for d in made),
                                      max(len(head) + len(d.ids) for d in made)]})
     if bar is not None:

@@ -43,6 +43,7 @@ T_PREP = "tests/unit/test_prep_reliability.py"
 T_GPU = "tests/unit/test_gpu_ready.py"
 T_ULY = "tests/unit/test_ulysses_attention.py"
 T_ULYC = "tests/unit/test_ulysses_config.py"
+T_TEVAL = "tests/unit/test_eval_tasks.py"
 
 MUTATIONS: list[M] = [
     # ---- attention variants (every registered one) and the core function -------------------
@@ -118,7 +119,8 @@ MUTATIONS: list[M] = [
     M("resume-drops-rng", "resume", "lenext_dist/train/checkpoint.py",
       '    set_rng_state(client["rng"])\n', "", (T_ENGINE,)),
     M("loss-divided-by-accumulation-twice", "accumulation", "lenext_dist/train/loop.py",
-      "engine.backward(loss)  #", "engine.backward(loss / len(micro_batches))  #", (T_ENGINE,)),
+      "engine.backward(loss * grad_factor)  #",
+      "engine.backward(loss * grad_factor / len(micro_batches))  #", (T_ENGINE,)),
     M("clamp-skips-zero-master", "HeadScale clamp", "lenext_dist/train/optim.py",
       "            safe_set_full_fp32_param(p, master.clamp(min=min_value))\n",
       "            pass\n", (T_ENGINE,)),
@@ -321,6 +323,13 @@ MUTATIONS: list[M] = [
     M("ulysses-dryrun-no-divisor", "ulysses", "lenext_dist/train/dryrun.py",
       "    s = m.seq_length // cfg.parallel.ulysses_size  # tokens per rank outside attention",
       "    s = m.seq_length", (T_ULYC,)),
+    # ---- task-format evaluation (eval/tasks.py) --------------------------------------------
+    M("task-eval-scores-one-token-late", "eval", "lenext_dist/eval/tasks.py",
+      "(pred[start - 1:start - 1 + k] == target[start:start + k])",
+      "(pred[start:start + k] == target[start:start + k])", (T_TEVAL,)),
+    M("task-eval-bos-not-shifting-answers", "eval", "lenext_dist/eval/tasks.py",
+      "answers = [(s + len(head), a + len(head), k) for s, a, k in doc.answers]",
+      "answers = doc.answers", (T_TEVAL,)),
     # ---- data prep units: byte ranges of .jsonl --------------------------------------------
     M("jsonl-line-at-range-end-read-twice", "prep units", "lenext_dist/prep/readers.py",
       "if pos >= self.end:", "if pos > self.end:", (T_PREP,)),

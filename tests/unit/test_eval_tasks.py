@@ -1,6 +1,7 @@
 """Task-format retrieval (eval/tasks.py): documents of the training generators at a new length,
 with real answer spans; the teacher-forced score is exact (off by one token fails)."""
 import json
+import re
 import subprocess
 import sys
 from types import SimpleNamespace
@@ -46,26 +47,37 @@ def test_documents_have_the_length_and_real_answers(sp, texts, kind, length):
         [d.ids for d in docs]
 
 
-class _Oracle(torch.nn.Module):
-    """Logits that put the maximum on the token `shift` positions after each position of `ids`."""
+class _Peek(torch.nn.Module):
+    """A scorer's yardstick, not a model: its logit maximum at position i is the input token at
+    i + shift (shift 1 = always right under teacher forcing, 0 = one token late)."""
 
-    def __init__(self, ids, shift, vocab=4096):
+    def __init__(self, shift, vocab=4096):
         super().__init__()
-        self.ids, self.shift, self.vocab = ids, shift, vocab
+        self.shift, self.vocab = shift, vocab
         self.w = torch.nn.Parameter(torch.zeros(1))
 
     def forward(self, input_ids):
-        n = input_ids.shape[1]
-        nxt = torch.tensor(self.ids[self.shift:] + [0] * self.shift)[:n]
+        nxt = torch.roll(input_ids[0], -self.shift)
         return SimpleNamespace(logits=torch.nn.functional.one_hot(nxt, self.vocab).float()[None])
 
 
 def test_score_is_exact_about_positions(sp, texts):
     doc = make_documents(Toolkit(sp), texts, "passkey", 128, 1, seed=0)[0]
-    right, total = score(_Oracle(doc.ids, 1), doc.ids, doc.answers)
+    right, total = score(_Peek(1), doc.ids, doc.answers)
     assert right == total > 0
-    right, total = score(_Oracle(doc.ids, 0), doc.ids, doc.answers)  # one token late
+    right, total = score(_Peek(0), doc.ids, doc.answers)  # one token late
     assert right < total
+
+
+@pytest.mark.parametrize("bos", [False, True])
+def test_run_tasks_finds_the_answers_with_and_without_bos(sp, texts, bos):
+    kinds = ["passkey", "recall", "repeat"]
+    res = run_tasks(_Peek(1), sp, texts, [128], kinds, docs=4, bos=bos, progress=False)
+    assert [c["accuracy"] for c in res["cells"]] == [1.0, 1.0, 1.0]
+    # the scored span is the code itself (BOS shifts every index by one)
+    assert re.fullmatch(r"\d{4,7}", res["cells"][0]["first_answers"][0].strip()), res["cells"][0]
+    res = run_tasks(_Peek(0), sp, texts, [128], kinds, docs=4, bos=bos, progress=False)
+    assert all(c["token_accuracy"] < 0.5 for c in res["cells"]), res["cells"]
 
 
 def test_run_tasks_cells(sp, texts):
