@@ -8,6 +8,7 @@ several tokens (not retrieval of one token by content, which needs no position) 
   recall   several key -> value pairs (values several words long) scattered in filler, queried at
            the end
   repeat   a real-text span recurs at the end of the document (an induction head pays)
+  copy     a span of random words in the text recurs at the end (only an induction head pays)
 
 Every generator is a registry entry (`TASKS`) with a typed parameter dataclass (docstring under
 each field, rendered into README.md by `task_reference`). A document is a list of segments joined
@@ -359,6 +360,48 @@ class Repeat(Generator):
                       actual_depth=start / max(len(filler) - span, 1))
         src = _index(segs, first)
         doc.answers.append((doc.start_of(src), doc.start_of(len(segs) - 1), len(first.ids)))
+        return doc
+
+
+@dataclass(frozen=True)
+class CopyParams:
+    length: IntRange = IntRange(64, 96)
+    """Document tokens, EOS included: <= L, and well below it so that most documents land whole
+    in one packed training sequence of L tokens."""
+    span: IntRange = IntRange(4, 12)
+    """Random pool words (one token each) in the copied span."""
+    depth: FloatRange = FloatRange(0.0, 0.5)
+    """Relative depth of the span's first occurrence in the filler; the copy ends the document."""
+
+    def __post_init__(self):
+        _check_common(self, "copy")
+        _require(self.span.lo >= 1, "copy", "span", self.span, "must be >= 1")
+
+
+@register
+class Copy(Generator):
+    """Real text holding a span of random words (at `depth`) that recurs at the end, no marker.
+    Unlike `repeat`, language cannot guess the copy: only reading it back (an induction head)
+    pays, the circuit every ordered far-back copy needs (DESIGN section 9)."""
+    name, Params = "copy", CopyParams
+
+    def overhead(self) -> int:
+        return 2 * self.p.span.hi * max(self.tk.label_tokens, 1)
+
+    def make(self, rng, take):
+        p, tk = self.p, self.tk
+        words = tk.pick_words(rng, min(p.span.draw(rng), len(tk.words)))
+        first = tk.seg(" ".join(words), "span")
+        depth = p.depth.draw(rng)
+        filler = take(p.length.draw(rng) - 1 - 2 * len(first.ids))
+        if filler is None:
+            return None
+        before, after = filler.split([depth])
+        segs = [s for s in (before, first, after) if s is not None] + \
+            [Segment(first.text, first.ids, "repeat")]
+        doc = TaskDoc(self.name, segs, depth=depth, actual_depth=_depth(filler, 0))
+        doc.answers.append((doc.start_of(_index(segs, first)), doc.start_of(len(segs) - 1),
+                            len(first.ids)))
         return doc
 
 

@@ -60,6 +60,11 @@ CASES = {
     "repeat": (["depth=0.3", "span=8:12"],
                lambda d: (d.segments[-1].role == "repeat" and 1 <= d.answers[0][2] <= 12
                           and [s.role for s in d.segments].count("span") == 1)),
+    "copy": (["depth=0.3", "span=5:8"],  # pool words are one token each
+             lambda d: (d.segments[-1].role == "repeat" and 5 <= d.answers[0][2] <= 8
+                        and [s.role for s in d.segments].count("span") == 1
+                        and d.segments[-1].text == next(s.text for s in d.segments
+                                                        if s.role == "span"))),
 }
 
 
@@ -127,7 +132,7 @@ def test_no_passkey_evaluation_template_in_generated_documents(tok):
     """The training passkey is another format family: a passkey score is not a memorized
     template. No sentence of the evaluation's prompt occurs in any document, and none of its
     wording in the generators' own text (real-text filler may say "remember it", as Austen does)."""
-    spec = task_spec("passkey,recall,repeat", [], seed=0, passes=1)
+    spec = task_spec(",".join(TASKS), [], seed=0, passes=1)
     docs = [d for p in SMALL for d in generate(p, None, spec, tok)]
     text = "\n".join(d.text for d in docs).lower()
     own = "\n".join(s.text for d in docs for s in d.segments  # the templates, not real text
@@ -142,7 +147,7 @@ def test_no_passkey_evaluation_template_in_generated_documents(tok):
 
 
 @pytest.mark.parametrize("args,message", [
-    (["--tasks", "passkey,sudoku"], "--tasks: unknown task 'sudoku' (choose from passkey, recall, repeat)"),
+    (["--tasks", "passkey,sudoku"], "--tasks: unknown task 'sudoku' (choose from passkey, recall, repeat, copy)"),
     (["--tasks", "passkey:0"], "--tasks passkey:0: the weight after ':' must be a number > 0"),
     (["--tasks", "passkey", "--task-set", "recall.pairs=2"],
      "--task-set recall.pairs=2: 'recall' is not among --tasks"),
