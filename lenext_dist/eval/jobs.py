@@ -1,7 +1,7 @@
 """Typed evaluation jobs: one dataclass per evaluation (`PplJob`, `PasskeyJob`, `TasksJob`,
-`EntropyJob`, `ScaleSweepJob`) holding its options, checked in `__post_init__` (the same one-line messages as
-`lenext eval`'s flags, from the same checks in eval/options.py), `run()` (load the model, evaluate,
-write JSON + PNG) and `result_path` (the JSON it writes: this module alone names result files).
+`EntropyJob`, `ScaleSweepJob`) holding its options, checked in `__post_init__` (the same one-line
+messages as `lenext eval`'s flags, from the same checks in eval/options.py), `run()` (load the
+model, evaluate, write JSON + PNG) and `result_path` (the JSON it writes: this module alone names result files).
 
 `lenext eval` parses its flags into these objects (eval/cli.py); `lenext extend` and the study build
 them directly and ask them where their results are; they pickle (the study's pool workers run them).
@@ -253,7 +253,7 @@ class PasskeyJob(EvalJob):
 
 @dataclass(kw_only=True)
 class TasksJob(DataJob):
-    """Task-format retrieval (passkey / recall / repeat documents) by length (`lenext eval tasks`;
+    """Task-format retrieval (documents of every task generator) by length (`lenext eval tasks`;
     eval/tasks.py): the skill a model learned from task documents, past its training length."""
     kind: ClassVar[str] = "tasks"
     lengths: list[int] = _opt(None, ints)

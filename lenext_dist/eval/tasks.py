@@ -1,5 +1,5 @@
 """Task-format retrieval (`lenext eval tasks`): fresh documents of the training task generators
-(passkey, recall, repeat; lenext_dist/prep/tasks.py) at lengths beyond the training length, their
+(passkey, recall, repeat, copy; lenext_dist/prep/tasks.py) at lengths beyond the training length, their
 filler real text from held-out documents, scored by whether the model copies every answer.
 
 Why beside the LongLoRA passkey (eval/passkey.py): a model that learned far-back copying from task
@@ -9,8 +9,8 @@ issue of the study regime). The generators are the training ones with only `leng
 the documents differ from training in length and filler alone (held-out text, other seeds).
 
 Score (teacher forced, one forward per document [1, n]): a document counts as right when the argmax
-at every answer token is that token (the answer span(s): passkey's code, recall's values, repeat's
-span), which is exactly what greedy decoding would write after the document's own prefix.
+at every answer token is that token (the answer span(s): passkey's code, recall's values, the span of
+repeat and copy), which is exactly what greedy decoding would write after the document's own prefix.
 `token_accuracy` is the share of answer tokens right.
 """
 from __future__ import annotations
@@ -40,17 +40,22 @@ def make_documents(tk: Toolkit, texts: Sequence[str], kind: str, length: int, n:
         gen = TASKS[kind](make_params(kind, {"length": f"{max(1, length - SLACK)}:{length}"}), tk)
     except PrepError as e:  # the generator's own bound, in its data-prep words
         raise ValueError(f"length {length} is too short for a {kind} document ({e})") from None
+    if not any(t.strip() for t in texts):
+        raise ValueError("no filler text: --data holds no text")
     stream = FillerStream(itertools.cycle(texts), tk)
     rng = np.random.default_rng(seed)
     docs: list[TaskDoc] = []
-    while len(docs) < n:
+    for _ in range(100 * n):  # bounded: a filler that never fits ends in an error, not a hang
         try:
             doc = gen.make(rng, stream.take)
         except SkipDocument:
             continue
         if doc is not None:
             docs.append(doc)
-    return docs
+            if len(docs) == n:
+                return docs
+    raise ValueError(f"{kind}: made {len(docs)} of {n} documents of {length} tokens from --data "
+                     "in 100 tries each; the text may be too short or have too little whitespace")
 
 
 def score(model: nn.Module, ids: list[int], answers: Iterable[tuple[int, int, int]]) -> tuple[int, int]:
