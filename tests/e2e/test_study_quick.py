@@ -7,6 +7,8 @@ import sys
 
 import pytest
 
+from lenext_dist.eval.options import TASK_NAMES
+
 from helpers import REPO, env, free_port
 
 pytestmark = pytest.mark.e2e
@@ -98,7 +100,7 @@ def test_quick_regime_search_runs_and_writes_its_table(tmp_path):
             m = row[pos]
             assert _finite(m["ppl"]) and m["ppl"] > 1 and _finite(m["gain"])
             assert 0.0 <= m["passkey"] <= 1.0 and m["passkey_length"] == 128
-            assert set(m["tasks"]) == {"passkey", "recall", "repeat"}
+            assert set(m["tasks"]) == set(TASK_NAMES)  # every generator, measured at L
             assert all(0.0 <= v <= 1.0 for v in m["tasks"].values()) and len(m["sources"]) == 3
             assert m["train_seconds"] > 0 and all((out / s).is_file() for s in m["sources"])
     assert r["chosen"] in {row["name"] for row in r["rows"]}
