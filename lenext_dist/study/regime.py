@@ -64,7 +64,7 @@ class Levers:
         text = [b for b in blend if b.prefix != task_prefix]
         total = sum(b.weight for b in text)
         new = [{"prefix": b.prefix, "weight": round((1 - self.tasks) * b.weight / total, 6)}
-               for b in text]
+               for b in text if self.tasks < 1]  # a blend weight must be > 0
         if self.tasks > 0:
             new.append({"prefix": task_prefix, "weight": self.tasks})
         every = max(1, self.steps // 3)

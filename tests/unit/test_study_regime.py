@@ -29,6 +29,11 @@ def test_overrides_set_task_share_keep_text_ratio_and_levers(share):
     assert cfg.checkpoint.interval == 30 and 90 % cfg.checkpoint.interval == 0
 
 
+def test_task_share_one_leaves_no_text_in_the_blend():
+    cfg, plan = _cfg(Levers(tasks=1.0))  # the config refuses weight-0 entries
+    assert [(b.prefix, b.weight) for b in cfg.data.blend] == [(plan.task_prefix, 1.0)]
+
+
 def test_combos_vary_one_lever_each_and_skip_repeats():
     plan = RegimePlan(base=Levers(), variations=[{"tasks": 0.0}, {"L": 64}, {"tasks": 0.3}])
     combos = plan.combos()
