@@ -86,7 +86,7 @@ def build_parser(parser: Optional[argparse.ArgumentParser] = None) -> argparse.A
     p.add_argument("--seed", type=nonneg_int, default=0)
     p.add_argument("--max-new-tokens", type=pos_int, default=8)
 
-    p = sub.add_parser("tasks", help="task-format retrieval (passkey/recall/repeat documents) "
+    p = sub.add_parser("tasks", help="task-format retrieval (documents of every task generator) "
                        "by length, filler from --data")
     _add_common(p)
     p.add_argument("--lengths", type=ints, required=True, help="document lengths, e.g. 128,256,512")

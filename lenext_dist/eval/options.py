@@ -10,6 +10,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from lenext_dist.dtypes import CHOICES
+from lenext_dist.prep.tasks import TASKS
 
 DTYPES = CHOICES  # fp32/bf16/fp16 and torch's float32/bfloat16/float16 (lenext_dist/dtypes.py)
 
@@ -100,13 +101,7 @@ def choice(options: Sequence[str]) -> Callable[[str], str]:
     return check
 
 
-def _task_names() -> tuple[str, ...]:
-    from lenext_dist.prep.tasks import TASKS  # the generators' registry is the list
-
-    return tuple(TASKS)
-
-
-TASK_NAMES = _task_names()
+TASK_NAMES = tuple(TASKS)  # the task generators' registry is the list
 
 
 def task_names(s) -> list[str]:

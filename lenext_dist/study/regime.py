@@ -10,8 +10,8 @@ combination; per combination one seed of NoPE and of RoPE is pretrained, exporte
   ppl      text PPL at L (last-stride, stride L/2, held-out books)
   gain     paired context-use gain at L (nats; eval/ppl.py: loss with 5..8 tokens of context minus
            loss with L/2+1..L tokens, same targets)
-  tasks    task-format accuracy at L (eval/tasks.py: fresh passkey / recall / repeat documents of
-           the training generators, held-out filler; every answer token right)
+  tasks    task-format accuracy at L (eval/tasks.py: fresh documents of every task generator,
+           held-out filler; every answer token right)
   passkey  the LongLoRA passkey's accuracy at the shortest multiple of L that holds a prompt with
            filler (`passkey_length`: the fixed part is ~80 tokens of the sample tokenizer, so
            L = 64 is measured at 2L)
@@ -36,6 +36,7 @@ from typing import Callable, Optional
 
 from lenext_dist.atomic import atomic_write
 from lenext_dist.eval.jobs import PasskeyJob, PplJob, TasksJob
+from lenext_dist.eval.options import TASK_NAMES
 
 from .jobs import Command, Task, run_commands, run_tasks
 
@@ -252,10 +253,12 @@ def render(rows: list[dict], plan: RegimePlan) -> str:
 
     def tasks(m):
         t = m.get("tasks") or {}
-        return "/".join(f(t.get(k), 2) for k in ("passkey", "recall", "repeat"))
+        return "/".join(f(t.get(k), 2) for k in TASK_NAMES)
 
+    kinds = "/".join(TASK_NAMES)
     md = ["| combination | tokens | NoPE ppl@L | RoPE ppl@L | NoPE gain | RoPE gain | NoPE/RoPE | "
-          "NoPE tasks@L | RoPE tasks@L | NoPE passkey (LongLoRA) | RoPE passkey (LongLoRA) | "
+          f"NoPE tasks@L ({kinds}) | RoPE tasks@L ({kinds}) | NoPE passkey (LongLoRA) | "
+          "RoPE passkey (LongLoRA) | "
           "train s (NoPE, RoPE) | JSON |", "|---" * 13 + "|"]
     for row in rows:
         n, r = row.get("nope") or {}, row.get("rope") or {}
@@ -271,7 +274,7 @@ def render(rows: list[dict], plan: RegimePlan) -> str:
     return "\n".join(
         [f"Regime search (`{plan.config}`, seed {plan.seed}, base `{plan.base.name}`, one lever "
          f"changed per row). Gates: NoPE task-format passkey at L >= {GATE_PASSKEY}, NoPE gain >= "
-         f"{GATE_GAIN} nats and >= {GATE_RATIO}x RoPE's. Tasks@L: passkey/recall/repeat documents "
+         f"{GATE_GAIN} nats and >= {GATE_RATIO}x RoPE's. Tasks@L: documents of each task generator "
          "with every answer token right (`lenext eval tasks`).", ""] + md + ["", f"Chosen: {why}.", ""])
 
 
