@@ -10,6 +10,7 @@ which checks the paper's claims one by one. Resumable: rerun the same command af
   python -m lenext_dist.study                        # ~80 min, results/study/, published to docs/study/
   python -m lenext_dist.study --report-only          # redo analysis/figures/STUDY.md from the files
   python -m lenext_dist.study --regime               # the regime search (study/regime.py), results/regime/
+  python -m lenext_dist.study --probe                # ordered-copy probe (study/probe.py), ~5 min
 """
 from __future__ import annotations
 
@@ -40,6 +41,12 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--regime", action="store_true",
                     help="the regime search instead (study/regime.py; with --quick: its CI size); "
                          "writes <out>/REGIME.md and regime.json (default results/regime[-quick])")
+    ap.add_argument("--probe", action="store_true",
+                    help="the ordered-copy probe instead (study/probe.py: DESIGN section 9's task "
+                         "through our megatron model; with --quick: its CI size); writes "
+                         "<out>/PROBE.md and probe.json (default results/probe[-quick]-<loss>)")
+    ap.add_argument("--probe-loss", choices=("answers", "all"), default="answers",
+                    help="probe: loss on the copied tokens only, or on every token (the control)")
     ap.add_argument("--out", default=None, help="results folder (results/study[-quick])")
     ap.add_argument("--seeds", type=_ints, default=None, help="NoPE/RoPE seeds, e.g. 1,2")
     ap.add_argument("--variants", default=None,
@@ -114,6 +121,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     if a.regime:
         return run_regime(a)
+    if a.probe:
+        from .probe import main_probe
+
+        return main_probe(a.quick, a.out, a.probe_loss)
     plan = make_plan(a)
     out = Path(a.out or ("results/study-quick" if a.quick else "results/study"))
     study = Study(plan, out, port=a.port)
