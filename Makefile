@@ -53,9 +53,12 @@ shards/sample/.done: data/sample/tokenizer.model
 
 # Generated task documents (passkey, recall, repeat) over the sample's prose, for
 # configs/data/sample-tasks.yaml (README: Data preparation, Task documents).
-task-shards: setup shards/sample/.tasks-done
+# The stamp names the answer masks (README "Answer masks"): shards made before them are remade, and
+# that older run's parts go first (shard.py refuses to resume a run whose settings changed).
+task-shards: setup shards/sample/.tasks-answers-done
 
-shards/sample/.tasks-done: data/sample/tokenizer.model
+shards/sample/.tasks-answers-done: data/sample/tokenizer.model
+	if [ -f shards/sample/.tasks-done ]; then rm -rf shards/sample/tasks.parts shards/sample/.tasks-done; fi
 	$(BIN)/python data_prep/shard.py --format tasks --tasks passkey,recall,repeat \
 	    --input 'data/sample/slimpajama/chunk*/*.jsonl.zst' --tokenizer data/sample/tokenizer.model \
 	    --out shards/sample --name tasks --task-passes 2 --workers $(NPROC)

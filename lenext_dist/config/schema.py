@@ -247,6 +247,11 @@ class DataConfig:
     document_mask: bool = False
     """Document masking of packed sequences: attention stays within each document of a training
     sequence (split after EOS, and at BOS), positions count from each document's start."""
+    task_loss: Literal["all", "answers"] = "all"
+    """Loss tokens of generated task documents: 'all', or 'answers' (only their answer tokens: the
+    code, the values, the copied span; the mask `shard.py --format tasks` writes beside the shard).
+    Text shards keep every token. Why: spread over the filler, the answers' few percent of the
+    loss do not teach a small NoPE to copy (README, "The ordered-copy probe")."""
 
     def __post_init__(self):
         for item in self.blend + self.valid_blend:

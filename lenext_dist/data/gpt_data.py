@@ -13,6 +13,10 @@ cuts documents exactly as it would have had the shards been written with BOS; sh
 re-tokenization and stay valid both ways. The BOS id joins the tokenizer's identifiers, so
 megatron's cached sample indices of a run without BOS are never reused with it.
 
+Answer loss (`data.task_loss: answers`): shards of generated task documents carry an answer mask
+beside them (`<prefix>_answers`, same document lengths); megatron's own sample walk over it gives
+each sample's mask, and the loss mask keeps the answer tokens only. Text shards are unchanged.
+
 Document masking (`data.document_mask`): each micro-batch also carries `document_ids` [b, s]
 (split after EOS and at BOS, lenext_dist.attention.document_ids), handed to the model as its
 attention mask.
@@ -29,6 +33,7 @@ import numpy as np
 import torch
 
 from lenext_dist.config import BlendItem, ConfigError, RunConfig
+from lenext_dist.prep.manifest import ANSWERS_SUFFIX, answers_prefix
 
 
 @dataclass
@@ -93,18 +98,46 @@ class BosDocuments:
         return np.concatenate((np.asarray([self.bos], dtype=rest.dtype), rest))[:length]
 
 
-def _gpt_dataset_class():
-    """megatron's GPTDataset, with `BosDocuments` under it when the tokenizer carries a BOS."""
+def _gpt_dataset_class(answer_loss: bool = False):
+    """megatron's GPTDataset, with `BosDocuments` under it when the tokenizer carries a BOS, and
+    with `answer_loss` the loss mask of shards that have an answer mask beside them (generated
+    task documents: prep/manifest.answers_prefix) cut to their answer tokens."""
     from megatron.core.datasets.gpt_dataset import GPTDataset
+    from megatron.core.datasets.indexed_dataset import IndexedDataset
 
-    class BosGPTDataset(GPTDataset):
+    class LenextGPTDataset(GPTDataset):
         @staticmethod
         def build_low_level_dataset(dataset_path, config):
             inner = GPTDataset.build_low_level_dataset(dataset_path, config)
             bos = config.tokenizer.bos
-            return inner if bos is None else BosDocuments(inner, bos)
+            docs = inner if bos is None else BosDocuments(inner, bos)
+            mask_prefix = answers_prefix(dataset_path)
+            if answer_loss and os.path.isfile(mask_prefix + ".idx"):
+                # the same document lengths as the shard: megatron's own sample walk over it
+                # (`_answer_mask`) lines its values up with the tokens; the BOS is no answer
+                mask = IndexedDataset(mask_prefix, multimodal=False, mmap=config.mmap_bin_files)
+                docs.answer_mask = mask if bos is None else BosDocuments(mask, 0)
+            return docs
 
-    return BosGPTDataset
+        def __getitem__(self, idx):
+            sample = super().__getitem__(idx)
+            masks = getattr(self.dataset, "answer_mask", None)
+            if masks is None:
+                return sample
+            # [s + 1] mask values of the sample's tokens (megatron pads with -1): labels are
+            # tokens[1:], so the loss mask of label j is the mask of token j + 1
+            answer = torch.from_numpy(self._answer_mask(0 if idx is None else idx, masks))
+            return {**sample, "loss_mask": sample["loss_mask"] * (answer[1:] == 1)}
+
+        def _answer_mask(self, idx: int, masks):
+            tokens = self.dataset
+            self.dataset = masks  # megatron's walk reads self.dataset.get(doc, offset, length)
+            try:
+                return self._query_document_sample_shuffle_indices(idx)[0]
+            finally:
+                self.dataset = tokens
+
+    return LenextGPTDataset
 
 
 def _check_prefixes(items: list[BlendItem], key: str) -> None:
@@ -182,8 +215,13 @@ def build_datasets(cfg: RunConfig, world_size: int):
         mid_level_dataset_surplus=0.05,
     )
     sizes = [t.steps * t.global_batch_size, valid_samples, None]
-    # without BOS: megatron's own class (its name is part of the sample-index cache names)
-    cls = _gpt_dataset_class() if d.bos else GPTDataset
+    answer_loss = d.task_loss == "answers"
+    if answer_loss and not any(os.path.isfile(answers_prefix(b.prefix) + ".idx") for b in d.blend):
+        raise ConfigError("data.task_loss: 'answers', but no shard of data.blend has an answer mask "
+                          f"beside it (<prefix>{ANSWERS_SUFFIX}.bin/.idx, written by `shard.py "
+                          "--format tasks`): remake the task shards (`make task-shards`) or set 'all'")
+    # plain runs: megatron's own class (its name is part of the sample-index cache names)
+    cls = _gpt_dataset_class(answer_loss) if d.bos or answer_loss else GPTDataset
     train, valid, _ = BlendedMegatronDatasetBuilder(cls, sizes, lambda: True, gcfg).build()
     return train, (valid if d.valid_blend and valid_samples else None)
 

@@ -65,6 +65,16 @@ def output_prefix(out_dir: str, name: str, split: str) -> str:
     return os.path.join(out_dir, f"{name}_{split}")
 
 
+ANSWERS_SUFFIX = "_answers"
+
+
+def answers_prefix(prefix: str) -> str:
+    """The answer mask beside the shard `prefix` (generated task documents only): a megatron
+    indexed dataset of uint8 with the shard's document lengths, 1 on answer tokens (the tokens
+    `data.task_loss: answers` trains on)."""
+    return prefix + ANSWERS_SUFFIX
+
+
 def input_key(path: str) -> str:
     """A file-name-safe key for one input: readable basename + hash of the full path
     (SlimPajama repeats basenames across chunk directories)."""

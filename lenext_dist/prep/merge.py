@@ -16,7 +16,10 @@ import shutil
 import sys
 from .errors import PrepError
 from .lock import RunLock
+import numpy as np
+
 from .manifest import (
+    answers_prefix,
     build_manifest,
     check_inputs_unchanged,
     check_name,
@@ -69,6 +72,33 @@ def merge(
                         "(or the same shard command).") from None
 
 
+def _concatenate(IndexedDatasetBuilder, parts: list[str], prefix: str, dtype) -> None:
+    """Concatenate the partial shards `parts` (in order) into `prefix`.bin/.idx (atomically)."""
+    tmp = f"{prefix}.tmp-{os.getpid()}"
+    builder = IndexedDatasetBuilder(tmp + ".bin", dtype=dtype)
+    # add_index calls gc.collect() once per partial, which walks every live object
+    # (~0.25 s with torch imported: hours for SlimPajama's ~60K files). Freezing the
+    # existing objects first makes each collection only look at new ones.
+    gc.freeze()
+    try:
+        for part in parts:
+            builder.add_index(part)
+        builder.finalize(tmp + ".idx")
+    except BaseException:
+        try:
+            builder.data_file.close()
+        except OSError:  # the final flush fails again on a full disk
+            pass
+        for ext in (".bin", ".idx"):
+            if os.path.exists(tmp + ext):
+                os.remove(tmp + ext)
+        raise
+    finally:
+        gc.unfreeze()
+    for ext in (".bin", ".idx"):
+        os.replace(tmp + ext, prefix + ext)
+
+
 def _merge(out_dir: str, name: str, command: str, remove_parts: bool, plan: dict) -> dict:
     IndexedDatasetBuilder = indexed_dataset().IndexedDatasetBuilder
     # Inputs gone by now are fine (merged on another machine); changed ones are not.
@@ -84,31 +114,14 @@ def _merge(out_dir: str, name: str, command: str, remove_parts: bool, plan: dict
     for stale in glob.glob(os.path.join(out_dir, glob.escape(name) + "_*.tmp-*")):
         os.remove(stale)  # left by a killed merge
     outputs = {}
+    answers = plan["settings"]["format"] == "tasks"  # generated documents carry answer masks
     for split in splits_for(plan["settings"]):
         prefix = output_prefix(out_dir, name, split)
-        tmp = f"{prefix}.tmp-{os.getpid()}"
-        builder = IndexedDatasetBuilder(tmp + ".bin", dtype=dtype)
-        # add_index calls gc.collect() once per partial, which walks every live object
-        # (~0.25 s with torch imported: hours for SlimPajama's ~60K files). Freezing the
-        # existing objects first makes each collection only look at new ones.
-        gc.freeze()
-        try:
-            for unit in plan["units"]:
-                builder.add_index(partial_prefix(out_dir, name, unit["key"], split))
-            builder.finalize(tmp + ".idx")
-        except BaseException:
-            try:
-                builder.data_file.close()
-            except OSError:  # the final flush fails again on a full disk
-                pass
-            for ext in (".bin", ".idx"):
-                if os.path.exists(tmp + ext):
-                    os.remove(tmp + ext)
-            raise
-        finally:
-            gc.unfreeze()
-        for ext in (".bin", ".idx"):
-            os.replace(tmp + ext, prefix + ext)
+        parts = [partial_prefix(out_dir, name, unit["key"], split) for unit in plan["units"]]
+        _concatenate(IndexedDatasetBuilder, parts, prefix, dtype)
+        if answers:
+            _concatenate(IndexedDatasetBuilder, [answers_prefix(p) for p in parts],
+                         answers_prefix(prefix), np.uint8)
         outputs[split] = {
             "prefix": os.path.abspath(prefix),
             "documents": sum(r["docs_written"].get(split, 0) for r in records),
@@ -116,6 +129,7 @@ def _merge(out_dir: str, name: str, command: str, remove_parts: bool, plan: dict
             "bin_sha256": sha256_file(prefix + ".bin"),
             "idx_sha256": sha256_file(prefix + ".idx"),
             "bin_bytes": os.path.getsize(prefix + ".bin"),
+            **({"answers": os.path.abspath(answers_prefix(prefix))} if answers else {}),
         }
     # Every distinct command that produced part of the data (Slurm tasks, reruns), then ours.
     commands = sorted({r["command"] for r in records if r.get("command")})

@@ -46,6 +46,9 @@ _PARQUET_BATCH_ROWS = 512
 class Doc(NamedTuple):
     text: str
     set_name: Optional[str]
+    answers: tuple = ()
+    """(start, length) token spans of a generated task document's answers (task_source.py); the
+    worker writes them as the shard's answer mask (manifest.answers_prefix)."""
 
 
 Record = Union[Doc, Bad]

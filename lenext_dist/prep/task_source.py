@@ -207,7 +207,8 @@ class TaskReader:
             if self._box:  # progress: bytes of the source file over all passes
                 src, p = self._box
                 self.bytes_done = (p * size + src.bytes_done) // passes
-            yield item if isinstance(item, Bad) else Doc(item.text, None)
+            yield item if isinstance(item, Bad) else Doc(
+                item.text, None, tuple((start, k) for _, start, k in item.answers))
         self.bytes_done = size
 
 
@@ -244,7 +245,9 @@ def task_spec(tasks: str, sets: Sequence[str], seed: int, passes: int) -> dict:
             raise PrepError(f"--task-set {s}: no task in --tasks has a parameter {fld!r}")
         for n in targets:
             overrides[n][fld] = value.strip()
-    return {"seed": int(seed), "passes": int(passes),
+    # answer_mask: the run writes <shard>_answers beside each shard (a run of an earlier version,
+    # without masks, has another fingerprint and is not silently resumed)
+    return {"seed": int(seed), "passes": int(passes), "answer_mask": True,
             "generators": [{"name": n, "weight": w,
                             "params": params_to_json(make_params(n, overrides[n]))}
                            for n, w in chosen.items()]}

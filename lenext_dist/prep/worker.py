@@ -20,7 +20,9 @@ from collections import Counter
 from typing import Callable, Optional
 
 from .errors import EMPTY, EXCLUDED_SET, Bad, PrepError
-from .manifest import done_path, partial_prefix, parts_dir, write_json_atomic
+import numpy as np
+
+from .manifest import answers_prefix, done_path, partial_prefix, parts_dir, write_json_atomic
 from .readers import open_reader
 from .task_source import TaskReader
 from .tokenizer import get_tokenizer, in_valid_split, sha256_file
@@ -39,37 +41,55 @@ def splits_for(settings: dict) -> list[str]:
 
 
 class _SplitWriters:
-    """megatron IndexedDatasetBuilders for each split of one input, under temp names."""
+    """megatron IndexedDatasetBuilders for each split of one input, under temp names; with
+    `answers`, each split's answer mask too (uint8, same document lengths: manifest.answers_prefix)."""
 
-    def __init__(self, out_dir: str, name: str, key: str, splits: list[str], dtype):
+    def __init__(self, out_dir: str, name: str, key: str, splits: list[str], dtype,
+                 answers: bool = False):
         from .mcore_io import indexed_dataset  # megatron's writer, without megatron.core's init
 
-        self.final = {s: partial_prefix(out_dir, name, key, s) for s in splits}
-        self.tmp = {s: f"{p}.tmp-{os.getpid()}" for s, p in self.final.items()}
-        self.builders = {}
+        builder = indexed_dataset().IndexedDatasetBuilder
+        self.tmp: dict[str, str] = {}  # final prefix -> temp prefix
+        self.builders: dict[tuple[str, bool], object] = {}  # (split, is mask) -> builder
+        self.final: dict[tuple[str, bool], str] = {}
         for s in splits:
-            self.builders[s] = indexed_dataset().IndexedDatasetBuilder(self.tmp[s] + ".bin", dtype=dtype)
+            for mask in (False, True) if answers else (False,):
+                prefix = partial_prefix(out_dir, name, key, s)
+                final = answers_prefix(prefix) if mask else prefix
+                self.final[s, mask] = final
+                self.tmp[final] = f"{final}.tmp-{os.getpid()}"
+                self.builders[s, mask] = builder(self.tmp[final] + ".bin",
+                                                 dtype=np.uint8 if mask else dtype)
 
-    def add(self, split: str, tokens) -> None:
+    def add(self, split: str, tokens, answers: tuple = ()) -> None:
         # One document = one sequence, as megatron's preprocess_data.py writes it.
-        self.builders[split].add_document(tokens, [len(tokens)])
+        self.builders[split, False].add_document(tokens, [len(tokens)])
+        if (split, True) in self.builders:
+            mask = np.zeros(len(tokens), np.uint8)
+            for start, k in answers:
+                if start + k > len(tokens):  # the generator's token count is the tokenizer's
+                    raise PrepError(f"a generated document's answer ({start}+{k}) lies past its "
+                                    f"{len(tokens)} tokens (report this: task_source.py)")
+                mask[start:start + k] = 1
+            self.builders[split, True].add_document(mask, [len(mask)])
 
     def commit(self) -> None:
-        for s, b in self.builders.items():
-            b.finalize(self.tmp[s] + ".idx")
-        for s in self.builders:
+        for key, b in self.builders.items():
+            b.finalize(self.tmp[self.final[key]] + ".idx")
+        for final, tmp in self.tmp.items():
             for ext in (".bin", ".idx"):
-                os.replace(self.tmp[s] + ext, self.final[s] + ext)
+                os.replace(tmp + ext, final + ext)
 
     def discard(self) -> None:
-        for s, b in self.builders.items():
+        for b in self.builders.values():
             try:
                 b.data_file.close()
             except OSError:  # its final flush fails again on a full disk; the file goes anyway
                 pass
+        for tmp in self.tmp.values():
             for ext in (".bin", ".idx"):
                 try:
-                    os.remove(self.tmp[s] + ext)
+                    os.remove(tmp + ext)
                 except FileNotFoundError:
                     pass
 
@@ -142,14 +162,16 @@ def _process_unit(unit, entry, out_dir, name, settings, fingerprint, command, pr
     by_set: Counter = Counter()
     problems: list[str] = []  # first few bad locations, so a user can look at them
 
-    writers = _SplitWriters(out_dir, name, unit["key"], splits, tok.dtype)
-    if settings["format"] == "tasks":  # documents generated over the file's text (one unit)
+    tasks = settings["format"] == "tasks"
+    writers = _SplitWriters(out_dir, name, unit["key"], splits, tok.dtype, answers=tasks)
+    if tasks:  # documents generated over the file's text (one unit)
         reader = TaskReader(path, settings["text_key"], settings["tasks"], tok)
     else:
         reader = open_reader(path, settings["format"], settings["text_key"],
                              **{k: unit[k] for k in ("start", "end", "row_groups") if k in unit})
     batch_texts: list[str] = []
     batch_splits: list[str] = []
+    batch_answers: list[tuple] = []
     batch_chars = 0
     reported_bytes = 0
 
@@ -157,8 +179,9 @@ def _process_unit(unit, entry, out_dir, name, settings, fingerprint, command, pr
         nonlocal batch_chars, reported_bytes
         n_tok = 0
         if batch_texts:
-            for split, ids in zip(batch_splits, tok.encode_batch(batch_texts)):
-                writers.add(split, ids)
+            for split, ids, answers in zip(batch_splits, tok.encode_batch(batch_texts),
+                                           batch_answers):
+                writers.add(split, ids, answers)
                 tokens[split] += len(ids)
                 n_tok += len(ids)
         if progress is not None:
@@ -166,6 +189,7 @@ def _process_unit(unit, entry, out_dir, name, settings, fingerprint, command, pr
             reported_bytes = reader.bytes_done
         batch_texts.clear()
         batch_splits.clear()
+        batch_answers.clear()
         batch_chars = 0
 
     def count_bad(bad: Bad) -> None:
@@ -182,7 +206,7 @@ def _process_unit(unit, entry, out_dir, name, settings, fingerprint, command, pr
                 count_bad(rec)
                 continue
             stats_read += 1
-            text, set_name = rec
+            text, set_name = rec.text, rec.set_name
             if set_name is not None:
                 by_set[set_name] += 1
             if filtering:
@@ -199,6 +223,7 @@ def _process_unit(unit, entry, out_dir, name, settings, fingerprint, command, pr
             split = "valid" if in_valid_split(text, valid_fraction) else "train"
             batch_texts.append(text)
             batch_splits.append(split)
+            batch_answers.append(rec.answers)
             written[split] += 1
             batch_chars += len(text)
             if batch_chars >= BATCH_CHARS or len(batch_texts) >= BATCH_DOCS:

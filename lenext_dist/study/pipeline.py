@@ -50,7 +50,16 @@ def sample_shard_commands(cfg, logs: Path) -> list[Command]:
                                        "--out", "shards/sample", "--name", name, "--workers", "1",
                                        "--no-progress"], logs / f"shards-{name}.log")
             for name, args in spec.items()
-            if name in wanted and not (REPO / f"shards/sample/{name}_train.bin").exists()]
+            if name in wanted and not (REPO / f"{_made(name)}.idx").exists()]
+
+
+def _made(name: str) -> str:
+    """The file prefix whose presence says shard run `name` is done (task shards: the answer
+    mask, which shards made before it existed lack)."""
+    from lenext_dist.prep.manifest import answers_prefix
+
+    prefix = f"shards/sample/{name}_train"
+    return answers_prefix(prefix) if name == "tasks" else prefix
 
 
 class Study:

@@ -55,10 +55,14 @@ class Levers:
     mask: bool = True
     L: int = 128
     steps: int = 1500
+    task_loss: str = "all"
+    """'answers': task documents count only their answer tokens in the loss (data.task_loss)."""
 
     @property
     def name(self) -> str:
-        return (f"t{self.tasks:g}-bos{int(self.bos)}-mask{int(self.mask)}-L{self.L}-{self.steps}st")
+        loss = "-answers" if self.task_loss == "answers" else ""  # earlier rows keep their names
+        return (f"t{self.tasks:g}-bos{int(self.bos)}-mask{int(self.mask)}-L{self.L}-{self.steps}st"
+                f"{loss}")
 
     def overrides(self, blend: list, task_prefix: str) -> list[str]:
         """`--a.b=value` overrides; `blend` is the config's training blend (BlendItems)."""
@@ -71,6 +75,7 @@ class Levers:
         every = max(1, self.steps // 3)
         return [f"--data.blend={json.dumps(new)}", f"--data.bos={str(self.bos).lower()}",
                 f"--data.document_mask={str(self.mask).lower()}", f"--model.seq_length={self.L}",
+                f"--data.task_loss={self.task_loss}",
                 f"--train.steps={self.steps}", f"--train.eval_interval={every}",
                 f"--checkpoint.interval={every}"]
 

@@ -133,7 +133,9 @@ def _micro_loss(engine, batch: dict, device) -> torch.Tensor:
     per_token = engine(input_ids=b["tokens"], position_ids=b["position_ids"],
                        attention_mask=b.get("document_ids"), labels=b["labels"])  # [b, s] fp32
     mask = b["loss_mask"].float()
-    return (per_token.float() * mask).sum() / ulysses.loss_denominator(mask.sum())
+    # at least 1: under data.task_loss=answers a micro-batch of task windows may hold no answer
+    # (a zero loss and gradient then, not 0/0)
+    return (per_token.float() * mask).sum() / ulysses.loss_denominator(mask.sum()).clamp(min=1.0)
 
 
 @torch.no_grad()

@@ -44,6 +44,7 @@ T_GPU = "tests/unit/test_gpu_ready.py"
 T_ULY = "tests/unit/test_ulysses_attention.py"
 T_ULYC = "tests/unit/test_ulysses_config.py"
 T_TEVAL = "tests/unit/test_eval_tasks.py"
+T_ANS = "tests/unit/test_data_answers.py"
 
 MUTATIONS: list[M] = [
     # ---- attention variants (every registered one) and the core function -------------------
@@ -223,7 +224,14 @@ MUTATIONS: list[M] = [
       "length = int(self.sequence_lengths[idx]) - offset", "length = int(self.inner.sequence_lengths[idx]) - offset",
       (T_BOS,)),
     M("bos-dataset-class-dropped", "BOS", "lenext_dist/data/gpt_data.py",
-      "cls = _gpt_dataset_class() if d.bos else GPTDataset", "cls = GPTDataset", (T_BOS,)),
+      "cls = _gpt_dataset_class(answer_loss) if d.bos or answer_loss else GPTDataset", "cls = GPTDataset", (T_BOS,)),
+    M("answer-loss-mask-off-by-one", "answer loss", "lenext_dist/data/gpt_data.py",
+      "(answer[1:] == 1)", "(answer[:-1] == 1)", (T_ANS,)),
+    M("answer-loss-mask-without-bos", "answer loss", "lenext_dist/data/gpt_data.py",
+      "docs.answer_mask = mask if bos is None else BosDocuments(mask, 0)", "docs.answer_mask = mask",
+      (T_ANS,)),
+    M("answer-mask-not-written", "answer loss", "lenext_dist/prep/worker.py",
+      "mask[start:start + k] = 1", "pass", (T_TASKS,)),
     # ---- stock exports ----------------------------------------------------------------------
     M("stock-ntk-base-not-folded", "stock export", "lenext_dist/convert/stock.py",
       '"rope_theta": float(r.base * r.factor ** (d / (d - 2)))}', '"rope_theta": float(r.base * r.factor)}',

@@ -11,6 +11,7 @@ import pytest
 from prep_helpers import REPO, SLIMPAJAMA, TOKENIZER, file_bytes, load_docs, shard
 from lenext_dist.eval import passkey as eval_passkey
 from lenext_dist.prep.cli import shard_main
+from lenext_dist.prep.manifest import answers_prefix
 from lenext_dist.prep.readers import Doc, open_reader
 from lenext_dist.prep.task_source import generate, task_spec
 from lenext_dist.prep.tasks import TASKS, task_reference
@@ -75,7 +76,8 @@ def test_documents_hold_their_answers_at_the_stated_depth(task, prose, tok, tmp_
     docs = list(generate(str(prose), None, spec, tok))
     shard([str(prose)], tmp_path, task, fmt="tasks", tasks=spec)
     written = load_docs(tmp_path / f"{task}_train")
-    assert len(written) == len(docs) > 300
+    masks = load_docs(answers_prefix(str(tmp_path / f"{task}_train")))  # data.task_loss: answers
+    assert len(written) == len(docs) == len(masks) > 300
     depth = float(sets[0].split("=")[1])
     dev = []
     for doc, ids in zip(docs, written):
@@ -84,6 +86,10 @@ def test_documents_hold_their_answers_at_the_stated_depth(task, prose, tok, tmp_
         assert len(ids) <= 112 and structure(doc), doc.text
         for src, ans, n in doc.answers:
             assert src < ans and ids[src:src + n] == ids[ans:ans + n]  # ordered copy, n tokens
+        mask = masks[doc_i := len(dev)]
+        assert mask.dtype == np.uint8 and len(mask) == len(ids), doc_i
+        assert np.flatnonzero(mask).tolist() == sorted(
+            j for _, ans, n in doc.answers for j in range(ans, ans + n))  # the answers, nothing else
         assert doc.depth == depth
         dev.append(_filler_depth(doc, doc.answers[0][0]) - depth)
     lengths = [len(ids) for ids in written]
@@ -106,6 +112,8 @@ def test_bytes_depend_on_the_seed_only_not_on_workers(tmp_path, tok):
     shard(SMALL, tmp_path / "w2", "t", fmt="tasks", tasks=spec, workers=2)
     one = file_bytes(tmp_path / "w1", "t")
     assert one == file_bytes(tmp_path / "w2", "t")
+    masks = ("train_answers",)  # the answer masks too
+    assert file_bytes(tmp_path / "w1", "t", masks) == file_bytes(tmp_path / "w2", "t", masks)
     other = task_spec("passkey,recall:2,repeat", ["length=64:96"], seed=1, passes=1)
     seed0, seed1 = (generate(SMALL[0], None, s, tok) for s in (spec, other))
     assert [next(seed0).text for _ in range(20)] != [next(seed1).text for _ in range(20)]

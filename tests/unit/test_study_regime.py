@@ -27,6 +27,10 @@ def test_overrides_set_task_share_keep_text_ratio_and_levers(share):
     assert (cfg.data.bos, cfg.data.document_mask) == (False, True)
     assert (cfg.model.seq_length, cfg.train.steps) == (64, 90)
     assert cfg.checkpoint.interval == 30 and 90 % cfg.checkpoint.interval == 0
+    assert cfg.data.task_loss == "all"
+    answers = Levers(tasks=share, task_loss="answers")
+    assert _cfg(answers)[0].data.task_loss == "answers"
+    assert answers.name.endswith("-answers") and not Levers(tasks=share).name.endswith("-answers")
 
 
 def test_task_share_one_leaves_no_text_in_the_blend():
@@ -39,7 +43,7 @@ def test_combos_vary_one_lever_each_and_skip_repeats():
     combos = plan.combos()
     assert combos[0] == plan.base and len(combos) == 3  # tasks 0.3 is the base again
     for c in combos[1:]:
-        changed = [k for k in ("tasks", "bos", "mask", "L", "steps")
+        changed = [k for k in ("tasks", "bos", "mask", "L", "steps", "task_loss")
                    if getattr(c, k) != getattr(plan.base, k)]
         assert len(changed) == 1
     assert len({c.name for c in combos}) == len(combos)
