@@ -1,5 +1,6 @@
 """Task documents as a data source, as a user runs it: data_prep/shard.py --format tasks (2
-workers), then launch/pretrain.py with the task shards in the blend. One rank, 6 steps: the cost
+workers), then launch/pretrain.py with the task shards in the blend, trained on their answer
+tokens (data.task_loss: answers, the masks the shard step wrote). One rank, 6 steps: the cost
 is the launcher's start-up (justified: the claim is that the source feeds a real run)."""
 import glob
 import json
@@ -29,13 +30,15 @@ def test_task_shards_feed_pretraining_through_the_blend(sample_shards, tmp_path)
     manifest = json.load(open(tmp_path / "shards" / "tasks.manifest.json"))
     assert manifest["documents"]["written"]["train"] > 1000
     assert "[shard tasks] done." in p.stderr
+    assert os.path.isfile(tmp_path / "shards" / "tasks_train_answers.idx")
 
     prose = sample_shards["blend"][0]["prefix"]
     tasks = str(tmp_path / "shards" / "tasks_train")
     cfg = write_config(tmp_path, sample_shards, "mix", train={"steps": 6, "eval_interval": 0},
                        checkpoint={"interval": 0},
                        data={"blend": [{"prefix": prose, "weight": 0.5},
-                                       {"prefix": tasks, "weight": 0.5}]})
+                                       {"prefix": tasks, "weight": 0.5}],
+                             "task_loss": "answers"})  # the answer masks written beside the shard
     run(pretrain_cmd(cfg, "deepspeed", 1, free_port()))
     losses = [json.loads(line)["loss"] for line in open(tmp_path / "mix" / "metrics.jsonl")
               if '"loss"' in line]
