@@ -14,6 +14,17 @@ def _one_thread():
 
 
 @pytest.fixture(scope="module")
+def gloo_1rank():
+    """A 1-rank in-memory gloo group for one module (megatron's dataset builder needs one)."""
+    from lenext_dist.model import init_single_process_group
+
+    own = init_single_process_group()
+    yield
+    if own:
+        dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
 def megatron_1rank():
     """A 1-rank gloo group + megatron's parallel state for one module; yields `init_megatron`
     (call it with a seed to re-seed megatron's RNG trackers)."""

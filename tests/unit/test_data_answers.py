@@ -3,9 +3,7 @@ the shard, and the training samples' loss mask keeps exactly the answer tokens o
 documents (checked by matching each whole document of a sample to the shard by its tokens, not by
 megatron's sample walk the implementation uses), with and without BOS; text shards keep every
 token, and a blend with no mask at all is refused."""
-import numpy as np
 import pytest
-import torch.distributed as dist
 
 from prep_helpers import SLIMPAJAMA, TOKENIZER, load_docs, shard
 from lenext_dist.config import BlendItem, ConfigError, DataConfig, ModelConfig, RunConfig, TrainConfig
@@ -26,16 +24,6 @@ def shards(tmp_path_factory):
     return tasks, str(out / "text_train"), load_docs(tasks), load_docs(answers_prefix(tasks))
 
 
-@pytest.fixture(scope="module")
-def group():
-    from lenext_dist.model import init_single_process_group
-
-    own = init_single_process_group()
-    yield
-    if own:
-        dist.destroy_process_group()
-
-
 def run_cfg(blend, tmp, **data):
     return RunConfig(model=ModelConfig(num_layers=1, hidden_size=32, num_attention_heads=2,
                                        ffn_hidden_size=64, vocab_size=4096, seq_length=160),
@@ -46,7 +34,7 @@ def run_cfg(blend, tmp, **data):
 
 
 @pytest.mark.parametrize("bos", [False, True])
-def test_loss_mask_is_the_answers_of_every_task_document(shards, group, tmp_path, bos):
+def test_loss_mask_is_the_answers_of_every_task_document(shards, gloo_1rank, tmp_path, bos):
     import sentencepiece as spm
 
     tasks, _, docs, masks = shards
@@ -71,7 +59,7 @@ def test_loss_mask_is_the_answers_of_every_task_document(shards, group, tmp_path
     assert whole >= 20 and answers >= 100
 
 
-def test_text_shards_keep_every_token_and_a_blend_without_masks_is_refused(shards, group, tmp_path):
+def test_text_shards_keep_every_token_and_a_blend_without_masks_is_refused(shards, gloo_1rank, tmp_path):
     tasks, text, _, _ = shards
     train, _ = build_datasets(run_cfg([(tasks, 0.5), (text, 0.5)], tmp_path, task_loss="answers"), 1)
     full = cut = 0

@@ -6,7 +6,6 @@ import os
 import numpy as np
 import pytest
 import torch
-import torch.distributed as dist
 
 from lenext_dist.attention import document_ids
 from lenext_dist.config import BlendItem, ConfigError, DataConfig, ModelConfig, RunConfig, TrainConfig
@@ -35,16 +34,6 @@ def shard(tmp_path_factory):
     return prefix, docs, sp.bos_id(), sp.eos_id()
 
 
-@pytest.fixture(scope="module")
-def group():
-    from lenext_dist.model import init_single_process_group
-
-    own = init_single_process_group()
-    yield
-    if own:
-        dist.destroy_process_group()
-
-
 def run_cfg(prefix, tmp, **data):
     return RunConfig(model=ModelConfig(num_layers=1, hidden_size=32, num_attention_heads=2,
                                        ffn_hidden_size=64, vocab_size=4096, seq_length=16),
@@ -69,7 +58,7 @@ def test_bos_documents_reads_bos_then_the_document(shard):
     assert ds.get(4, 0, 1).tolist() == [bos]
 
 
-def test_training_batches_have_bos_at_every_document_start(shard, group, tmp_path):
+def test_training_batches_have_bos_at_every_document_start(shard, gloo_1rank, tmp_path):
     prefix, docs, bos, eos = shard
     with_bos = [[bos] + d.tolist() for d in docs]
     cfg = run_cfg(prefix, tmp_path, bos=True, document_mask=True)
