@@ -3,7 +3,8 @@ its context, measured with the project's own pipeline before the study is spent 
 
 Why: the text-only study was void (NoPE used a few tokens of context; DESIGN section 9). The levers
 of issue 17 (a share of generated task documents, BOS at document starts, document masking of
-packed sequences) and the training length / step count are varied one at a time around a base
+packed sequences), the loss on task answers only (data.task_loss) and the training length / step
+count are varied one at a time around a base
 combination; per combination one seed of NoPE and of RoPE is pretrained, exported and measured:
 
   tokens   training tokens (steps x global batch x L)
@@ -91,7 +92,7 @@ class RegimePlan:
     base: Levers = Levers()
     variations: list[dict] = field(default_factory=lambda: [
         {"tasks": 0.0}, {"tasks": 0.1}, {"bos": False}, {"mask": False}, {"L": 64},
-        {"steps": 3000}])
+        {"steps": 3000}, {"task_loss": "answers"}])
     """Each a change of `base` (one lever at a time)."""
     positions: tuple[str, ...] = ("nope", "rope")
     seed: int = 1
