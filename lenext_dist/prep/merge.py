@@ -14,10 +14,11 @@ import glob
 import os
 import shutil
 import sys
-from .errors import PrepError
-from .lock import RunLock
+
 import numpy as np
 
+from .errors import PrepError
+from .lock import RunLock
 from .manifest import (
     answers_prefix,
     build_manifest,

@@ -19,9 +19,9 @@ import time
 from collections import Counter
 from typing import Callable, Optional
 
-from .errors import EMPTY, EXCLUDED_SET, Bad, PrepError
 import numpy as np
 
+from .errors import EMPTY, EXCLUDED_SET, Bad, PrepError
 from .manifest import answers_prefix, done_path, partial_prefix, parts_dir, write_json_atomic
 from .readers import open_reader
 from .task_source import TaskReader
@@ -49,17 +49,15 @@ class _SplitWriters:
         from .mcore_io import indexed_dataset  # megatron's writer, without megatron.core's init
 
         builder = indexed_dataset().IndexedDatasetBuilder
-        self.tmp: dict[str, str] = {}  # final prefix -> temp prefix
         self.builders: dict[tuple[str, bool], object] = {}  # (split, is mask) -> builder
-        self.final: dict[tuple[str, bool], str] = {}
+        self.paths: dict[tuple[str, bool], tuple[str, str]] = {}  # -> (temp, final prefix)
         for s in splits:
+            prefix = partial_prefix(out_dir, name, key, s)
             for mask in (False, True) if answers else (False,):
-                prefix = partial_prefix(out_dir, name, key, s)
                 final = answers_prefix(prefix) if mask else prefix
-                self.final[s, mask] = final
-                self.tmp[final] = f"{final}.tmp-{os.getpid()}"
-                self.builders[s, mask] = builder(self.tmp[final] + ".bin",
-                                                 dtype=np.uint8 if mask else dtype)
+                tmp = f"{final}.tmp-{os.getpid()}"
+                self.paths[s, mask] = (tmp, final)
+                self.builders[s, mask] = builder(tmp + ".bin", dtype=np.uint8 if mask else dtype)
 
     def add(self, split: str, tokens, answers: tuple = ()) -> None:
         # One document = one sequence, as megatron's preprocess_data.py writes it.
@@ -75,8 +73,8 @@ class _SplitWriters:
 
     def commit(self) -> None:
         for key, b in self.builders.items():
-            b.finalize(self.tmp[self.final[key]] + ".idx")
-        for final, tmp in self.tmp.items():
+            b.finalize(self.paths[key][0] + ".idx")
+        for tmp, final in self.paths.values():
             for ext in (".bin", ".idx"):
                 os.replace(tmp + ext, final + ext)
 
@@ -86,7 +84,7 @@ class _SplitWriters:
                 b.data_file.close()
             except OSError:  # its final flush fails again on a full disk; the file goes anyway
                 pass
-        for tmp in self.tmp.values():
+        for tmp, _ in self.paths.values():
             for ext in (".bin", ".idx"):
                 try:
                     os.remove(tmp + ext)
