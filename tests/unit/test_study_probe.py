@@ -32,7 +32,7 @@ def test_plan_refuses_what_it_cannot_hold():
         ProbePlan(length=8, copy=4)
 
 
-def test_quick_run_writes_every_cell_and_the_scale_reaches_the_model(tmp_path):
+def test_quick_run_writes_every_cell(tmp_path):
     seen = []
     plan = replace(QUICK_PROBE, positions=("nope",))
     result = run_probe(plan, tmp_path, log=seen.append)
