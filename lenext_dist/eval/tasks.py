@@ -58,11 +58,17 @@ def make_documents(tk: Toolkit, texts: Sequence[str], kind: str, length: int, n:
                      "in 100 tries each; the text may be too short or have too little whitespace")
 
 
-def score(model: nn.Module, ids: list[int], answers: Iterable[tuple[int, int, int]]) -> tuple[int, int]:
-    """(answer tokens right, answer tokens) of one document `ids` (answers index into `ids`)."""
+def score(model: nn.Module, ids: list[int], answers: Iterable[tuple[int, int, int]],
+          pad_to: int = 0, pad_id: int = 0) -> tuple[int, int]:
+    """(answer tokens right, answer tokens) of one document `ids` (answers index into `ids`).
+    pad_to: right-pad the input to this many tokens with `pad_id`. Attention is causal, so the
+    padding changes no scored logit; it gives every document of a length one shape, which a
+    compiled kernel (FlexAttention on CPU, attention/paths.py) then compiles once instead of per
+    document (~30 s each for a window at 2K here)."""
     device = next(model.parameters()).device
+    x = ids + [pad_id] * max(0, pad_to - len(ids))
     with torch.inference_mode():
-        pred = model(input_ids=torch.tensor([ids], device=device)).logits[0].argmax(-1).cpu()
+        pred = model(input_ids=torch.tensor([x], device=device)).logits[0].argmax(-1).cpu()
     target = torch.tensor(ids)
     right = total = 0
     for _, start, k in answers:
@@ -95,7 +101,7 @@ def run_tasks(model: nn.Module, sp, texts: Sequence[str], lengths: Sequence[int]
                 ids = head + doc.ids
                 answers = [(s + len(head), a + len(head), k) for s, a, k in doc.answers]
                 first = first or [sp.decode(ids[a:a + k]) for _, a, k in answers]
-                r, t = score(model, ids, answers)
+                r, t = score(model, ids, answers, pad_to=length, pad_id=sp.eos_id())
                 exact += r == t
                 right, total = right + r, total + t
                 if len(examples) < 3 * len(kinds) * len(lengths) and r != t:
@@ -115,6 +121,7 @@ def run_tasks(model: nn.Module, sp, texts: Sequence[str], lengths: Sequence[int]
             "accuracy": acc, "missed_examples": examples,
             "protocol": {"documents": f"{docs} per (task, length), the training generators "
                          f"(lenext_dist/prep/tasks.py) with length {SLACK} tokens below the "
-                         "target at most, filler from --data cycled",
+                         "target at most, filler from --data cycled, right-padded with EOS to "
+                         "the target (causal: the padding changes no scored logit)",
                          "score": "teacher forced: right when the argmax at every answer token is "
                          "that token (= greedy decoding of the answer)", "seed": seed, "bos": bos}}

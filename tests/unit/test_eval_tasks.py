@@ -111,3 +111,23 @@ def test_cli_writes_json_and_refuses_unknown_tasks(tmp_path):
     p = subprocess.run(base + ["--tasks", "passkey,vaults"], capture_output=True, text=True, cwd=REPO)
     assert p.returncode == 2 and "argument --tasks: expected tasks from passkey" in p.stderr
     assert "Traceback" not in p.stderr
+
+
+@pytest.mark.parametrize("position,options", [("nope", {}), ("rope", {}), ("alibi", {}),
+                                              ("nope", {"window": 16}), ("nope", {"log_scale_a": 0.3})])
+def test_right_padding_changes_no_scored_logit(position, options):
+    """score() pads every document of a length to one shape (one compile of a flex kernel per
+    length, not per document); a causal model's logits before the padding must not move."""
+    from lenext_dist.eval.adapter import set_variant
+
+    model = tiny_lenext(position, train_length=32)
+    if options:
+        set_variant(model, **options)
+    ids = torch.randint(3, 4096, (1, 40), generator=torch.Generator().manual_seed(0))
+    padded = torch.cat([ids, torch.full((1, 24), 2)], 1)
+    with torch.inference_mode():
+        a, b = model(input_ids=ids).logits, model(input_ids=padded).logits[:, :40]
+    torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    # and the scorer with padding counts the same answers as without
+    ans = [(5, 30, 6)]
+    assert score(model, ids[0].tolist(), ans) == score(model, ids[0].tolist(), ans, pad_to=64, pad_id=2)
