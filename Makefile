@@ -24,9 +24,10 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 # The embedded default, the whole pipeline: real-text sample + generated task documents (30% of the
-# tokens: passkey, recall, repeat) -> shards/sample -> a tiny NoPE model on 2 CPU ranks (ZeRO-2) ->
-# HF export (verified by logits) -> sliding-window PPL and passkey accuracy at 1x/2x/4x the
-# training length with c = 1.0 and c = 1.2 -> report. A few minutes.
+# tokens: passkey, recall, copy) -> shards/sample -> a tiny NoPE model on 2 CPU ranks (ZeRO-2) ->
+# HF export (verified by logits) -> sliding-window PPL, passkey accuracy and task-format retrieval
+# (the training generators' documents) at 1x/2x/4x the training length with c = 1.0 and c = 1.2
+# -> report. A few minutes.
 DEMO      := tiny-cpu-nope-tasks
 EVAL_DATA := data/sample/heldout/books.jsonl.zst
 demo: setup shards task-shards
@@ -37,6 +38,8 @@ demo: setup shards task-shards
 	      --budget-tokens 20000 --scale-c $$c --out runs/$(DEMO)/eval || exit 1; \
 	  $(BIN)/lenext eval passkey --model runs/$(DEMO)/hf --lengths 128,256,512 --depths 3 --keys 5 \
 	      --scale-c $$c --out runs/$(DEMO)/eval || exit 1; \
+	  $(BIN)/lenext eval tasks --model runs/$(DEMO)/hf --data $(EVAL_DATA) --lengths 128,256,512 \
+	      --tasks passkey,recall,copy --docs 16 --scale-c $$c --out runs/$(DEMO)/eval || exit 1; \
 	done
 	$(BIN)/lenext report --runs runs/$(DEMO)/eval --out runs/$(DEMO)/report.md
 	@echo "report: runs/$(DEMO)/report.md"
@@ -51,15 +54,17 @@ shards/sample/.done: data/sample/tokenizer.model
 	    --tokenizer data/sample/tokenizer.model --out shards/sample --name starcoder --workers $(NPROC)
 	touch $@
 
-# Generated task documents (passkey, recall, repeat) over the sample's prose, for
-# configs/data/sample-tasks.yaml (README: Data preparation, Task documents).
-# The stamp names the answer masks (README "Answer masks"): shards made before them are remade, and
-# that older run's parts go first (shard.py refuses to resume a run whose settings changed).
-task-shards: setup shards/sample/.tasks-answers-done
+# Generated task documents (passkey twice as often as recall and copy) over the sample's prose, for
+# configs/data/sample-tasks.yaml and the study (README: Data preparation, Task documents). The
+# generator list is lenext_dist/study/pipeline.py's SAMPLE_TASKS (the study makes these shards too).
+# The stamp names the answer masks and the generator list: shards made before them are remade, and
+# that older run's outputs go first (shard.py refuses to resume a run whose settings changed).
+task-shards: setup shards/sample/.tasks-copy-done
 
-shards/sample/.tasks-answers-done: data/sample/tokenizer.model
-	if [ -f shards/sample/.tasks-done ]; then rm -rf shards/sample/tasks.parts shards/sample/.tasks-done; fi
-	$(BIN)/python data_prep/shard.py --format tasks --tasks passkey,recall,repeat \
+shards/sample/.tasks-copy-done: data/sample/tokenizer.model
+	rm -rf shards/sample/.tasks-done shards/sample/.tasks-answers-done shards/sample/tasks.parts \
+	    shards/sample/tasks.manifest.json shards/sample/tasks_train*
+	$(BIN)/python data_prep/shard.py --format tasks --tasks passkey:2,recall,copy \
 	    --input 'data/sample/slimpajama/chunk*/*.jsonl.zst' --tokenizer data/sample/tokenizer.model \
 	    --out shards/sample --name tasks --task-passes 2 --workers $(NPROC)
 	touch $@
