@@ -93,6 +93,11 @@ def _spread(vals: list[float]) -> dict:
     return {"mean": float(np.mean(v)), "min": float(min(v)), "max": float(max(v)), "n": len(v)}
 
 
+def _method_key(c: Cell) -> str:
+    """A table row: the cell's method, and its extension factor for per-length methods."""
+    return c.method + ("" if c.matched_factor is None else f" (s={c.matched_factor})")
+
+
 class Analysis:
     """Reads <out>/eval, <out>/extend; `summary()` returns the dict written to summary.json."""
 
@@ -118,7 +123,7 @@ class Analysis:
             j, f = self._ppl(c)
             if j is None:
                 continue
-            key = c.method + ("" if c.matched_factor is None else f" (s={c.matched_factor})")
+            key = _method_key(c)
             row = rows.setdefault(key, {"method": key, "family": c.method, "factor": c.matched_factor,
                                         "runs": {}})
             row["runs"][c.run] = {"ppl": {str(r["length"]): r["ppl"] for r in j["results"]},
@@ -205,12 +210,13 @@ class Analysis:
         return out
 
     def passkey(self) -> dict:
+        """Per cell: the LongLoRA passkey's accuracy by length and depth."""
         out = {}
         for c in self.cells:
             if "passkey" in (jobs := self.s.cell_jobs(c)):
                 f = jobs["passkey"].result_path
                 if (j := _load(f)) is not None:
-                    out[c.name] = self._pk(j, f)
+                    out[c.name] = {"method": _method_key(c), "run": c.run, **self._pk(j, f)}
         return out
 
     def _pk(self, j: dict, f: Path) -> dict:
@@ -218,13 +224,49 @@ class Analysis:
                 "accuracy": j["accuracy"], "by_length": j["accuracy_by_length"],
                 "keys": len(j["keys"]), "source": self.rel(f)}
 
+    def tasks(self) -> dict:
+        """Per cell: task-format retrieval by length (documents right, answer tokens right),
+        per task generator."""
+        out = {}
+        for c in self.cells:
+            if "tasks" in (jobs := self.s.cell_jobs(c)):
+                f = jobs["tasks"].result_path
+                if (j := _load(f)) is not None:
+                    tok: dict = {}
+                    for x in j["cells"]:
+                        tok.setdefault(x["task"], []).append(x["token_accuracy"])
+                    out[c.name] = {"method": _method_key(c), "run": c.run, "lengths": j["lengths"],
+                                   "accuracy": j["accuracy"], "token_accuracy": tok,
+                                   "docs": j.get("docs"), "source": self.rel(f)}
+        return out
+
+    @staticmethod
+    def retrieval(tasks: dict, task: str = "passkey") -> list[dict]:
+        """Per method (over its seeds): task-format accuracy of `task` by length, documents right
+        and answer tokens right, mean [min..max]."""
+        by: dict[str, list[dict]] = {}
+        for rec in tasks.values():
+            if task in rec["accuracy"]:
+                by.setdefault(rec["method"], []).append(rec)
+        out = []
+        for method, recs in by.items():
+            lengths = recs[0]["lengths"]
+            out.append({"method": method, "task": task, "lengths": lengths,
+                        "runs": [r["run"] for r in recs],
+                        "exact": [_spread([r["accuracy"][task][i] for r in recs])
+                                  for i in range(len(lengths))],
+                        "tokens": [_spread([r["token_accuracy"][task][i] for r in recs])
+                                   for i in range(len(lengths))],
+                        "sources": [r["source"] for r in recs]})
+        return out
+
     def headscale(self) -> dict:
         """Per NoPE run and target T: the HeadScale cell's PPL and m_h, the fitted uniform c(T)
         cell (the search's initialization) for comparison, the learned scales' file."""
         out: dict = {}
         by_name = {c.name: c for c in self.cells}
         for c in self.cells:
-            if c.headscale_target is None:
+            if c.headscale_target is None or c.ablation is not None:
                 continue
             T = self.L * c.matched_factor
             rec: dict = {}
@@ -247,6 +289,30 @@ class Analysis:
                 out.setdefault(c.run, {})[str(T)] = rec
         return out
 
+    def ablations(self, tasks: dict) -> dict:
+        """Per HeadScale ablation cell: PPL by length, task-format passkey by length, m_h, beside
+        the full HeadScale cell of the same run and target."""
+        out: dict = {}
+        by_name = {c.name: c for c in self.cells}
+        for c in self.cells:
+            if c.ablation is None:
+                continue
+            full = by_name.get(f"{c.run}-hs{c.headscale_target}")
+            rec: dict = {"run": c.run, "ablation": c.ablation, "method": c.method,
+                         "target": c.headscale_target, "full": full and full.name}
+            for key, cell in (("ablated", c), ("headscale", full)):
+                j, f = self._ppl(cell) if cell is not None else (None, None)
+                if j is None:
+                    continue
+                t = tasks.get(cell.name, {})
+                rec[key] = {"ppl": {str(x["length"]): x["ppl"] for x in j["results"]},
+                            "m_h": j.get("model", {}).get("head_scale"), "source": self.rel(f),
+                            "passkey": (t.get("accuracy") or {}).get("passkey"),
+                            "passkey_tokens": (t.get("token_accuracy") or {}).get("passkey"),
+                            "tasks_source": t.get("source")}
+            out[c.name] = rec
+        return out
+
     def training(self) -> dict:
         out = {}
         for r in self.s.runs:
@@ -265,7 +331,7 @@ class Analysis:
         return out
 
     def summary(self) -> dict:
-        table = self.table()
+        table, tasks = self.table(), self.tasks()
         return {"L": self.L, "lengths": self.s.lengths, "plan": self.s.plan.to_dict(),
                 "runs": [r.name for r in self.s.runs], "notes": self.s.notes,
                 "definitions": {"delta_loss": DELTA_LOSS, "delta_entropy": DELTA_ENT,
@@ -273,5 +339,7 @@ class Analysis:
                                 "text": __doc__},
                 "training": self.training(), "table": table, "matched": self.matched(table),
                 "context": self.context(), "inflection": self.inflections(), "fit": self.fits(),
-                "passkey": self.passkey(), "headscale": self.headscale(),
+                "passkey": self.passkey(), "tasks": tasks,
+                "retrieval": {t: self.retrieval(tasks, t) for t in self.s.task_names},
+                "headscale": self.headscale(), "ablations": self.ablations(tasks),
                 "timings": self.s.timings}

@@ -1,10 +1,12 @@
 """`python -m lenext_dist.study [--quick] [--out DIR]`: the small-scale study of issue 8.
 
-Pretrains NoPE and RoPE (and other registered variants) of one shape at a short L on the real-text
-sample, exports them, evaluates every length-extension method at L, 2L, 4L, 8L (PPL, per-position
-loss, attention entropy, passkey, context use, extrapolation penalty, the uniform-scale fit,
-HeadScale via `lenext extend`) and writes `<out>/summary.json`, figures and `<out>/STUDY.md`,
-which checks the paper's claims one by one. Resumable: rerun the same command after a kill.
+Pretrains NoPE and RoPE (and other registered variants) of one shape in the regime the regime
+search chose (configs/study/full.yaml: the sample text + generated task documents), exports them,
+evaluates every length-extension method at L, 2L, 4L, 8L (PPL, per-position loss, attention
+entropy, context use, extrapolation penalty, the uniform-scale fit, HeadScale and its ablations via
+`lenext extend`) and for retrieval at 1x..16x L (the LongLoRA passkey, task-format documents),
+and writes `<out>/summary.json`, figures and `<out>/STUDY.md`, which checks the paper's claims one
+by one. Resumable: rerun the same command after a kill.
 
   python -m lenext_dist.study --quick                # ~4 minutes on 2 cores (CI), results/study-quick/
   python -m lenext_dist.study                        # ~80 min, results/study/, published to docs/study/
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -85,6 +88,9 @@ def write_outputs(study) -> Path:
     from .writeup import claims, render
 
     summary = Analysis(study).summary()
+    if study.plan.regime:  # the search's record travels with STUDY.md (publish copies what it cites)
+        shutil.copytree(REPO / study.plan.regime, study.out / "regime", dirs_exist_ok=True)
+        summary["regime"] = json.loads((study.out / "regime" / "regime.json").read_text())
     summary["claims"] = claims(summary)
     (study.out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
     figs = all_figures(summary, study.out)
@@ -133,9 +139,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     attempts = json.loads(timings_f.read_text()).get("attempts", []) if timings_f.exists() else []
     if not a.report_only:
         (out / "plan.json").write_text(json.dumps(plan.to_dict(), indent=1))
-        study.run_all()  # every invocation is one attempt (a resumed study skips finished steps)
+        # every invocation is one attempt (a resumed study skips finished steps), saved step by step
+        study.run_all(lambda t: timings_f.write_text(json.dumps({"attempts": [*attempts, t]}, indent=1)))
         attempts.append(study.timings)
-        timings_f.write_text(json.dumps({"attempts": attempts}, indent=1))
     study.timings = {"attempts": attempts}
     md = write_outputs(study)
     print(f"[study] wrote {md} ({time.perf_counter() - t0:.0f} s)")

@@ -3,7 +3,9 @@
   fig1_loss_entropy.png   Figure 1 analogue: per-position loss and mean attention entropy of NoPE,
                           RoPE and NoPE with uniform scales, inflection points marked
   table2_ppl.png          PPL against evaluation length, one line per method (seed mean, min..max bar)
-  passkey.png             passkey heatmaps of NoPE, NoPE + HeadScale and RoPE side by side
+  retrieval.png           task-format retrieval against length, one line per method (seed mean),
+                          documents right and answer tokens right, per task generator
+  passkey.png             LongLoRA passkey heatmaps (length x depth), one per method (first seed)
   scale_fit.png           best uniform c per position bin and c(s) = 1 + a ln s, per NoPE seed
 """
 from __future__ import annotations
@@ -75,23 +77,56 @@ def table2(summary: dict, out: Path) -> str:
     return save_figure(fig, out / "table2_ppl.png")
 
 
+def retrieval(summary: dict, out: Path) -> str:
+    plt = pyplot()
+    tasks = [t for t, rows in summary.get("retrieval", {}).items() if rows]
+    if not tasks:
+        return ""
+    fig, axes = plt.subplots(2, len(tasks), figsize=(5.5 * len(tasks), 8), squeeze=False)
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    styles = ["-", "--", ":", "-."]
+    for j, t in enumerate(tasks):
+        for i, r in enumerate(summary["retrieval"][t]):
+            style = dict(color=colors[i % len(colors)], ls=styles[(i // len(colors)) % len(styles)],
+                         marker="o", ms=3, lw=1)
+            for row, kind in ((0, "exact"), (1, "tokens")):
+                ys = [st["mean"] for st in r[kind]]
+                axes[row][j].plot(r["lengths"], ys, label=r["method"], **style)
+        for row, what in ((0, "documents with every answer token right"), (1, "answer tokens right")):
+            ax = axes[row][j]
+            ax.set_xscale("log", base=2)
+            ax.set_ylim(-0.02, 1.02)
+            ax.axvline(summary["L"], color="k", ls=":", lw=1)
+            ax.set_title(f"{t}: {what}", fontsize=9)
+            ax.set_xlabel("document length (tokens)")
+    axes[1][-1].legend(fontsize=5, ncol=2)
+    return save_figure(fig, out / "retrieval.png")
+
+
 def passkey(summary: dict, out: Path) -> str:
     plt = pyplot()
-    items = list(summary["passkey"].items())
+    first = {}
+    for name, p in summary["passkey"].items():
+        first.setdefault(p["method"], (name, p))  # one cell per method: the first seed's
+    items = list(first.values())
     if not items:
         return ""
-    fig, axes = plt.subplots(1, len(items), figsize=(3.2 * len(items), 2.8), squeeze=False)
-    for ax, (name, p) in zip(axes[0], items):
+    cols = min(5, len(items))
+    rows = -(-len(items) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(3.2 * cols, 2.9 * rows), squeeze=False)
+    for ax in axes.flat[len(items):]:
+        ax.axis("off")
+    for ax, (name, p) in zip(axes.flat, items):
         acc = np.asarray(p["accuracy"])
         ax.imshow(acc, vmin=0, vmax=1, cmap="RdYlGn", aspect="auto")
-        ax.set_xticks(range(acc.shape[1]), [f"{d:.2f}" for d in p["depths"]], fontsize=7)
-        ax.set_yticks(range(acc.shape[0]), [str(x) for x in p["lengths"]], fontsize=7)
+        ax.set_xticks(range(acc.shape[1]), [f"{d:.2f}" for d in p["depths"]], fontsize=6)
+        ax.set_yticks(range(acc.shape[0]), [str(x) for x in p["lengths"]], fontsize=6)
         for i in range(acc.shape[0]):
             for j in range(acc.shape[1]):
-                ax.text(j, i, f"{acc[i, j]:.1f}", ha="center", va="center", fontsize=6)
-        ax.set_title(f"{name}\nmean {p['mean']:.2f}", fontsize=8)
-        ax.set_xlabel("depth", fontsize=7)
-    axes[0][0].set_ylabel("prompt length")
+                ax.text(j, i, f"{acc[i, j]:.1f}", ha="center", va="center", fontsize=5)
+        ax.set_title(f"{p['method']}\n{name}: mean {p['mean']:.2f}", fontsize=7)
+        ax.set_xlabel("depth", fontsize=6)
+        ax.set_ylabel("prompt length", fontsize=6)
     return save_figure(fig, out / "passkey.png")
 
 
@@ -120,4 +155,5 @@ def scale_fit(summary: dict, out: Path) -> str:
 
 def all_figures(summary: dict, out: Path) -> dict:
     return {"fig1": fig1(summary, out), "table2": table2(summary, out),
-            "passkey": passkey(summary, out), "scale_fit": scale_fit(summary, out)}
+            "retrieval": retrieval(summary, out), "passkey": passkey(summary, out),
+            "scale_fit": scale_fit(summary, out)}

@@ -7,12 +7,14 @@
   4. sweep        a scale-sweep job (lenext_dist.eval.jobs) at 8L per NoPE run -> <out>/eval/<run>-sweep/
   5. cells        per cell (plan.py), typed evaluation jobs on the run's export with the cell's
                   eval-time options (RoPE+NTK/YaRN, window, log-length scale, uniform c): ppl
-                  (last-stride, L..8L, + context diagnostics), for curve cells ppl full/curve-all
-                  at 8L and entropy at 8L, passkey for the bases           -> <out>/eval/<cell>/
+                  (last-stride, L..8L, + context diagnostics), retrieval by length (LongLoRA passkey
+                  and task-format documents, 1x..16x L), for curve cells ppl full/curve-all
+                  at 8L and entropy at 8L                                 -> <out>/eval/<cell>/
   6. HeadScale    `lenext extend`'s workflow (ExtendOptions) per NoPE run (the first
                   `headscale_seeds`), seeded with the export, the sweep and the base evaluation
                   above so it only searches, exports and evaluates uniform c(T) and HeadScale
-                                                                         -> <out>/extend/<run>/
+                  and its two ablations (plan.ABLATIONS) at the largest target
+                                                                         -> <out>/extend/<run>[-<ablation>]/
 Jobs are objects run in the study's pool workers (jobs.py); each names its own result file, which
 the analysis reads back through the same job (`cell_jobs`, `sweep_job`).
 Analysis and STUDY.md: analysis.py, figures.py, writeup.py.
@@ -23,16 +25,24 @@ import json
 import os
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Optional
 
-from lenext_dist.eval.jobs import EntropyJob, EvalJob, PasskeyJob, PplJob, ScaleSweepJob
+from lenext_dist.eval.jobs import EntropyJob, EvalJob, PasskeyJob, PplJob, ScaleSweepJob, TasksJob
 from lenext_dist.extend.workflow import ExtendOptions
 
 from .jobs import REPO, Command, Task, run_commands, run_tasks
-from .plan import Cell, Run, StudyPlan, cells, runs
+from .plan import ABLATIONS, Cell, Run, StudyPlan, cells, runs
 
 PY = sys.executable
+SAMPLE_TASKS = "passkey:2,recall,copy"
+"""The generators of the sample's task shards (`make task-shards`; README "Task documents"): the
+passkey twice as often as recall and copy; the mix of the study's regime (STUDY.md, regime table)."""
+TASK_PASSES = 2
+RETRIEVAL_MIN = 128
+"""Shortest retrieval length: a passkey prompt with one filler sentence, and a task document of
+the sample's generators with filler (study/regime.py PASSKEY_MIN)."""
 
 
 def sample_shard_commands(cfg, logs: Path) -> list[Command]:
@@ -44,22 +54,34 @@ def sample_shard_commands(cfg, logs: Path) -> list[Command]:
         "slimpajama": ["--input", "data/sample/slimpajama/chunk*/*.jsonl.zst", "--format", "slimpajama",
                        "--valid-fraction", "0.02"],
         "starcoder": ["--input", "data/sample/starcoderdata/*/*.parquet", "--format", "starcoder"],
-        "tasks": ["--format", "tasks", "--tasks", "passkey,recall,repeat", "--input",
-                  "data/sample/slimpajama/chunk*/*.jsonl.zst", "--task-passes", "2"]}
+        "tasks": ["--format", "tasks", "--tasks", SAMPLE_TASKS, "--input",
+                  "data/sample/slimpajama/chunk*/*.jsonl.zst", "--task-passes", str(TASK_PASSES)]}
     return [Command(f"shards-{name}", [PY, "data_prep/shard.py", *args, "--tokenizer", cfg.data.tokenizer,
                                        "--out", "shards/sample", "--name", name, "--workers", "1",
                                        "--no-progress"], logs / f"shards-{name}.log")
             for name, args in spec.items()
-            if name in wanted and not (REPO / f"{_made(name)}.idx").exists()]
+            if name in wanted and not _made(name)]
 
 
-def _made(name: str) -> str:
-    """The file prefix whose presence says shard run `name` is done (task shards: the answer
-    mask, which shards made before it existed lack)."""
+def _made(name: str) -> bool:
+    """Whether shard run `name` is done: its train shard is there, and for the task shards the
+    answer mask too (shards made before masks existed lack it) and the manifest's generator list
+    is SAMPLE_TASKS (older sample shards had another); stale task shards are an error, not reused."""
     from lenext_dist.prep.manifest import answers_prefix
+    from lenext_dist.prep.task_source import task_spec
 
-    prefix = f"shards/sample/{name}_train"
-    return answers_prefix(prefix) if name == "tasks" else prefix
+    prefix = REPO / f"shards/sample/{name}_train"
+    if name != "tasks":
+        return prefix.with_suffix(".idx").exists()
+    manifest = REPO / "shards/sample/tasks.manifest.json"
+    if not manifest.exists():
+        return False
+    made = json.loads(manifest.read_text())["settings"]["tasks"]
+    if (made != task_spec(SAMPLE_TASKS, [], 0, TASK_PASSES)
+            or not Path(f"{answers_prefix(str(prefix))}.idx").exists()):
+        raise SystemExit(f"[study] {manifest}: task shards of another generator list or without "
+                         "answer masks; remake them with `make task-shards`")
+    return True
 
 
 class Study:
@@ -161,19 +183,27 @@ class Study:
     def cells(self) -> list[Cell]:
         return cells(self.plan, self.runs, self.L, self.fitted())
 
-    def passkey_lengths(self) -> list[int]:
-        return [n for n in self.lengths if n >= 128] or [max(self.lengths)]
+    def retrieval_lengths(self) -> list[int]:
+        """The passkey and task-format lengths: retrieval_factors x L, those >= RETRIEVAL_MIN."""
+        ns = [self.L * f for f in self.plan.retrieval_factors]
+        return [n for n in ns if n >= RETRIEVAL_MIN] or [max(ns)]
+
+    @property
+    def task_names(self) -> list[str]:
+        """The task generators the study scores: those of the sample's task shards."""
+        return [t.partition(":")[0] for t in SAMPLE_TASKS.split(",")]
 
     def model_path(self, cell: Cell) -> Path:
         """The model folder a cell evaluates: its run's export, or a HeadScale export of extend."""
         if cell.headscale_target is None:
             return self.model_dir(cell.run)
         run = next(r for r in self.runs if r.name == cell.run)
-        return self.extend_options(run).export_dir(cell.headscale_target)
+        return self.extend_options(run, cell.ablation).export_dir(cell.headscale_target)
 
     def cell_jobs(self, cell: Cell) -> dict[str, EvalJob]:
-        """Every evaluation of a cell: `ppl` (last-stride), and as the cell asks `curve` (ppl
-        full/curve-all at 8L), `entropy` (at 8L), `passkey`."""
+        """Every evaluation of a cell: `ppl` (last-stride), `passkey` (LongLoRA) and `tasks`
+        (task-format retrieval) by length, and as the cell asks `curve` (ppl full/curve-all at
+        8L) and `entropy` (at 8L)."""
         p, L, N = self.plan, self.L, self.L * max(self.plan.factors)
         model = self.model_path(cell)
         m = dict(model=str(model), out=str(self.eval_dir(cell.name)), scale_c=cell.scale_c,
@@ -188,10 +218,13 @@ class Study:
                                    **self._common())
         if cell.curve and p.entropy_samples:
             jobs["entropy"] = EntropyJob(**m, length=N, samples=p.entropy_samples, **self._common())
-        if cell.passkey and p.passkey_keys:
-            jobs["passkey"] = PasskeyJob(**m, lengths=self.passkey_lengths(),
+        if p.passkey_keys:
+            jobs["passkey"] = PasskeyJob(**m, lengths=self.retrieval_lengths(),
                                          depths=str(p.passkey_depths), keys=p.passkey_keys,
                                          no_progress=True, threads=1)
+        if p.task_docs:
+            jobs["tasks"] = TasksJob(**m, lengths=self.retrieval_lengths(), tasks=self.task_names,
+                                     docs=p.task_docs, **self._common())
         return jobs
 
     def cell_task(self, cell: Cell) -> Optional[Task]:
@@ -200,19 +233,28 @@ class Study:
             return None
         return Task(f"eval {cell.name}", jobs=todo, log=self.out / "logs" / f"eval-{cell.name}.log")
 
-    def extend_options(self, r: Run) -> ExtendOptions:
+    def extend_options(self, r: Run, ablation: Optional[str] = None) -> ExtendOptions:
         """extend only searches and exports here (evaluation at L alone, no passkey/entropy): the
-        study evaluates the exports itself (cells with `headscale_target`) with the protocol of every cell."""
+        study evaluates the exports itself (cells with `headscale_target`) with the protocol of
+        every cell. An ablation (plan.ABLATIONS) searches the largest target alone, in a folder
+        of its own."""
         p, L = self.plan, self.L
-        return ExtendOptions(
+        i = self.runs.index(r)
+        opts = ExtendOptions(
             base=str(self.run_dir(r.name)), targets=[L * f for f in p.headscale_targets],
             out=str(self.extend_dir(r.name)), steps=p.headscale_steps, nproc=1, global_batch=8,
-            port=self.port + 40 + self.runs.index(r), data=list(p.data), eval_factors=[1],
+            port=self.port + 40 + i, data=list(p.data), eval_factors=[1],
             stride=max(1, L // 2), budget_tokens=p.budget_tokens, passkey_keys=0,
             entropy_samples=0, threads=1)
+        if ablation is None:
+            return opts
+        k = list(ABLATIONS).index(ablation) + 1
+        return replace(opts, **ABLATIONS[ablation][1], targets=[L * max(p.headscale_targets)],
+                       out=str(self.extend_dir(f"{r.name}-{ablation}")),
+                       port=self.port + 40 + k * len(self.runs) + i)
 
-    def extend_task(self, r: Run) -> Optional[Task]:
-        ext = self.extend_options(r)
+    def extend_task(self, r: Run, ablation: Optional[str] = None) -> Optional[Task]:
+        ext = self.extend_options(r, ablation)
         if ext.report_path.exists():
             return None
         # seed lenext extend with what the study already has (it skips a step whose output exists)
@@ -224,8 +266,9 @@ class Study:
                 if link.is_symlink():
                     link.unlink()
                 link.symlink_to(os.path.relpath(target.resolve(), link.parent))
-        return Task(f"extend {r.name}", jobs=[ext],
-                    log=self.out / "logs" / f"extend-{r.name}.log", after=(f"eval {r.name}",))
+        name = r.name if ablation is None else f"{r.name}-{ablation}"
+        return Task(f"extend {name}", jobs=[ext],
+                    log=self.out / "logs" / f"extend-{name}.log", after=(f"eval {r.name}",))
 
     def evaluate(self) -> None:
         t = self.sweep_tasks()
@@ -233,9 +276,10 @@ class Study:
             self.timings["sweep"] = run_tasks(t, self.plan.workers, log=self.log)
         tasks: list[Task] = []
         hs_runs = [r for r in self.runs if r.position == "nope"][: self.plan.headscale_seeds]
-        for r in hs_runs:  # the longest job first: it runs on one lane while the other evaluates
-            if (task := self.extend_task(r)) is not None:
-                tasks.append(task)
+        for r in hs_runs:  # the longest jobs first: they run on one lane while the other evaluates
+            for ablation in (None, *self.plan.headscale_ablations):
+                if (task := self.extend_task(r, ablation)) is not None:
+                    tasks.append(task)
         cells_ = self.cells()
         base_first = sorted([c for c in cells_ if c.headscale_target is None],
                             key=lambda c: (c.name not in {r.name for r in hs_runs}, c.name))
@@ -248,12 +292,14 @@ class Study:
             self.timings["evaluate_headscale"] = run_tasks(later, self.plan.workers, log=self.log)
 
     # ------------------------------------------------------------------ all
-    def run_all(self) -> dict:
+    def run_all(self, save: Callable[[dict], None] = lambda timings: None) -> dict:
+        """Every step; `save(timings)` after each (a killed attempt keeps its finished steps' times)."""
         t0 = time.perf_counter()
         for step in (self.shards, self.pretrain, self.export, self.evaluate):
             s = time.perf_counter()
             self.log(f"[study] == {step.__name__}")
             step()
             self.timings.setdefault("steps", {})[step.__name__] = round(time.perf_counter() - s, 1)
-        self.timings["total_seconds"] = round(time.perf_counter() - t0, 1)
+            self.timings["total_seconds"] = round(time.perf_counter() - t0, 1)
+            save(self.timings)
         return self.timings

@@ -5,6 +5,9 @@ way: a run's export, optionally with eval-time options (RoPE+NTK/YaRN with facto
 sliding window, log-length scale, a uniform scale c). `cells()` lists every cell of the study;
 the HeadScale cells come from `lenext extend` (see pipeline.py).
 
+Every cell is also evaluated for retrieval by length (the LongLoRA passkey and the task-format
+documents of the training generators, 1x..16x L).
+
 Presets (measured on 2 shared CPU cores, see STUDY.md of each run for the real timings):
   quick  configs/study/quick.yaml, 1 seed, NoPE + RoPE + every other registered variant,
          small eval budgets: ~5 minutes (CI)
@@ -17,6 +20,12 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field, replace
 from typing import Optional
+
+ABLATIONS: dict[str, tuple[str, dict]] = {
+    "no_bound": ("w/o bound m_h >= 1", {"min_value": None}),
+    "init_1": ("w/o fit init (m_h = 1)", {"init": 1.0}),
+}
+"""HeadScale ablations (paper section 4.5, Table 4): name -> (label, ExtendOptions changes)."""
 
 
 @dataclass
@@ -34,8 +43,11 @@ class StudyPlan:
     uniform_c: list[float] = field(default_factory=lambda: [0.8, 1.0, 1.2, 1.5])
     rope_factors: list[int] = field(default_factory=lambda: [2, 4, 8])
     """RoPE+NTK / RoPE+YaRN extension factors s (each evaluated at every length)."""
-    headscale_targets: list[int] = field(default_factory=lambda: [2, 4])
+    headscale_targets: list[int] = field(default_factory=lambda: [2, 4, 8])
     """HeadScale targets as multiples of L (`lenext extend` per NoPE seed)."""
+    headscale_ablations: list[str] = field(default_factory=lambda: list(ABLATIONS))
+    """The paper's two HeadScale ablations (Table 4; ABLATIONS), each a search at the largest
+    target for the first NoPE seed."""
     headscale_seeds: int = 1
     """How many NoPE seeds get the HeadScale search (the first ones)."""
     headscale_steps: int = 200
@@ -50,6 +62,11 @@ class StudyPlan:
     sweep_samples: int = 32
     passkey_keys: int = 5
     passkey_depths: int = 5
+    retrieval_factors: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16])
+    """Lengths (multiples of L, those >= 128 tokens: a prompt with filler) of the retrieval
+    evaluations of every cell: the LongLoRA passkey and the task-format documents."""
+    task_docs: int = 32
+    """Task-format documents per generator and length (`lenext eval tasks`)."""
     workers: int = 2
     """Parallel lanes (training runs side by side with 1 rank x 1 thread each; eval workers)."""
     train_ranks: int = 1
@@ -58,6 +75,9 @@ class StudyPlan:
     data: list[str] = field(default_factory=lambda: ["data/sample/heldout/books.jsonl.zst"])
     overrides: list[str] = field(default_factory=list)
     """Extra `--a.b=value` overrides for every pretraining run (e.g. --train.steps=2000)."""
+    regime: Optional[str] = None
+    """The regime search's record this study's config was chosen from (a folder holding
+    regime.json and the JSON its rows cite); STUDY.md shows its table and choice."""
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -68,13 +88,20 @@ QUICK = StudyPlan(
     extra_variants=["alibi", "kerple_log", "kerple_power", "sandwich", "xpos"],
     uniform_c=[0.8, 1.2, 1.5], rope_factors=[2, 4], headscale_targets=[2, 4],
     headscale_steps=20, budget_tokens=2048, curve_windows=20, entropy_samples=4,
-    sweep_c=(0.8, 2.0, 0.1), sweep_samples=8, passkey_keys=2, passkey_depths=3)
+    sweep_c=(0.8, 2.0, 0.1), sweep_samples=8, passkey_keys=2, passkey_depths=3,
+    retrieval_factors=[1, 2], task_docs=4)
 
 FULL = StudyPlan(  # the defaults above; 81 min here (docs/study/timings.json, first attempt)
     name="full", config="configs/study/full.yaml", seeds=[1, 2],
-    extra_variants=["alibi", "kerple_log"])
+    extra_variants=["alibi", "kerple_log"], regime="docs/regime")
 
 PRESETS = {"quick": QUICK, "full": FULL}
+
+ABLATIONS: dict[str, tuple[str, dict]] = {
+    "no_bound": ("w/o bound m_h >= 1", {"min_value": None}),
+    "init_1": ("w/o fit init (m_h = 1)", {"init": 1.0}),
+}
+"""HeadScale ablations (paper section 4.5, Table 4): name -> (label, ExtendOptions changes)."""
 
 
 def preset(name: str, **changes) -> StudyPlan:
@@ -121,13 +148,14 @@ class Cell:
     log_scale_a: Optional[float] = None
     curve: bool = False
     """Also the per-position loss curve (full windows of 8L) and the attention entropy."""
-    passkey: bool = False
     matched_factor: Optional[int] = None
     """For per-length methods (s = T/L): the only length factor this cell belongs to in the
     'matched' table (None: every length)."""
     headscale_target: Optional[int] = None
     """For a HeadScale cell: its target length T; the model is `lenext extend`'s export of that
     search (ExtendOptions.export_dir), evaluated after the searches."""
+    ablation: Optional[str] = None
+    """For a HeadScale ablation cell: its ABLATIONS name (a search of its own)."""
 
 
 def _fmt_c(c: float) -> str:
@@ -142,8 +170,7 @@ def cells(plan: StudyPlan, run_list: list[Run], L: int,
     for r in run_list:
         n = r.name
         base_curve = True
-        out.append(Cell(n, n, r.position, r.position, curve=base_curve,
-                        passkey=r.position in ("nope", "rope")))
+        out.append(Cell(n, n, r.position, r.position, curve=base_curve))
         out.append(Cell(f"{n}-window", n, f"{r.position} + window L", r.position,
                         window=L))
         if r.position == "rope":
@@ -174,6 +201,9 @@ def cells(plan: StudyPlan, run_list: list[Run], L: int,
     for r in nope:
         for f in plan.headscale_targets:
             out.append(Cell(f"{r.name}-hs{L * f}", r.name, "nope HeadScale", "nope",
-                            passkey=True, matched_factor=f,
-                            headscale_target=L * f))
+                            matched_factor=f, headscale_target=L * f))
+        f = max(plan.headscale_targets)
+        for a in plan.headscale_ablations:
+            out.append(Cell(f"{r.name}-hs{L * f}-{a}", r.name, f"nope HeadScale {ABLATIONS[a][0]}",
+                            "nope", matched_factor=f, headscale_target=L * f, ablation=a))
     return out

@@ -22,8 +22,8 @@ The gates are the study's acceptance (issue 18): NoPE passkey >= 0.9, NoPE gain 
 methods are to keep past L is the one the model learned at L; the LongLoRA prompt asks a CPU-scale
 model for a template it never saw (both are in the table). `choose` picks the cheapest
 combination (fewest training tokens) that passes all, else the one closest to passing (the largest
-worst gate ratio). Results: <out>/regime.json and <out>/REGIME.md, each number with the JSON it
-came from.
+worst gate ratio, ties broken by the next worst). Results: <out>/regime.json and <out>/REGIME.md,
+each number with the JSON it came from.
 """
 from __future__ import annotations
 
@@ -247,13 +247,15 @@ def choose(rows: list[dict]) -> tuple[Optional[dict], str]:
     if passing:
         best = min(passing, key=lambda row: row["tokens"])
         return best, f"`{best['name']}`: the cheapest combination passing every gate"
-    best, g = max(scored, key=lambda x: min(x[1].values()))
+    # closest: the largest worst-gate ratio, ties (e.g. every passkey at 0) broken by the next worst
+    best, g = max(scored, key=lambda x: sorted(x[1].values()))
     worst = min(g, key=g.get)
     return best, (f"`{best['name']}`: no combination passes every gate; this one is closest "
                   f"(its worst gate, {worst}, at {g[worst]:.2f} of the required)")
 
 
-def render(rows: list[dict], plan: RegimePlan) -> str:
+def table_lines(rows: list[dict]) -> list[str]:
+    """The regime table (markdown lines): per row NoPE and RoPE side by side, each number's JSON."""
     def f(x, nd=3):
         return "-" if x is None else f"{x:.{nd}f}"
 
@@ -275,13 +277,18 @@ def render(rows: list[dict], plan: RegimePlan) -> str:
                   f"{tasks(n)} | {tasks(r)} | "
                   f"{f(n.get('passkey'), 2)} @{n.get('passkey_length', '-')} | "
                   f"{f(r.get('passkey'), 2)} | {f(n.get('train_seconds'), 0)}, "
-                  f"{f(r.get('train_seconds'), 0)} | {srcs} |")
+                  f"{f(r.get('train_seconds'), 0)} | {srcs or row.get('provenance', '-')} |")
+    return md
+
+
+def render(rows: list[dict], plan: RegimePlan) -> str:
     best, why = choose(rows)
     return "\n".join(
         [f"Regime search (`{plan.config}`, seed {plan.seed}, base `{plan.base.name}`, one lever "
          f"changed per row). Gates: NoPE task-format passkey at L >= {GATE_PASSKEY}, NoPE gain >= "
          f"{GATE_GAIN} nats and >= {GATE_RATIO}x RoPE's. Tasks@L: documents of each task generator "
-         "with every answer token right (`lenext eval tasks`).", ""] + md + ["", f"Chosen: {why}.", ""])
+         "with every answer token right (`lenext eval tasks`).", ""] + table_lines(rows)
+        + ["", f"Chosen: {why}.", ""])
 
 
 def write(regime: Regime) -> Path:

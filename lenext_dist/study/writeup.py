@@ -34,11 +34,13 @@ def render(summary: dict, figures: dict, title: str) -> str:
           f"stride L/2, {p['budget_tokens']} scored tokens per cell.", ""]
     for n in summary["notes"]:
         md.append(f"- Note: {n}")
+    md += _regime_md(summary.get("regime"))
     md += ["", "## Claims, one by one", "", "| claim | paper | measured here | verdict | strength | JSON |",
            "|---|---|---|---|---|---|"]
     for c in summary["claims"]:
         md.append(f"| {c['claim']} | {c['paper']} | {c['measured']} | **{c['verdict']}** | {c['strength']} | "
                   + ", ".join(f"`{s}`" for s in c["sources"][:4]) + (" ..." if len(c["sources"]) > 4 else "") + " |")
+    md += _retrieval_md(summary)
     md += ["", "## Training", "", "| run | tokens | final train loss | valid loss | tokens/s (median) | JSON |",
            "|---|---|---|---|---|---|"]
     for r, t in summary["training"].items():
@@ -70,10 +72,13 @@ def render(summary: dict, figures: dict, title: str) -> str:
     for r, f in summary["fit"].items():
         md.append(f"| {r} | {_f(f.get('a'), 4)} | {_f(f.get('r2'), 4)} | {f.get('n_points')} | "
                   f"{_f(f.get('best_c_mean'))} | {_f(f.get('best_c_beyond_L'))} | `{f['source']}` |")
-    md += ["", "## Passkey retrieval", "", "![passkey](passkey.png)", "",
-           "| model | mean | by length | JSON |", "|---|---|---|---|"]
+    md += ["", "## LongLoRA passkey (length x depth, every cell)", "",
+           "The LongLoRA prompt (eval/passkey.py), a template these models never saw in training; "
+           "heatmaps of one cell per method (the first seed's): `passkey.png`.", "",
+           "![passkey](passkey.png)", "",
+           "| cell | method | mean | by length | JSON |", "|---|---|---|---|---|"]
     for k, v in summary["passkey"].items():
-        md.append(f"| {k} | {_f(v['mean'])} | "
+        md.append(f"| {k} | {v['method']} | {_f(v['mean'])} | "
                   + ", ".join(f"{n}: {_f(a)}" for n, a in zip(v["lengths"], v["by_length"]))
                   + f" | `{v['source']}` |")
     if summary["passkey"] and not any(v["mean"] for v in summary["passkey"].values()):
@@ -90,11 +95,76 @@ def render(summary: dict, figures: dict, title: str) -> str:
             md.append(f"- {run}, T = {T}: m_h min {_f(m.get('min'), 3)} mean {_f(m.get('mean'), 3)} max "
                       f"{_f(m.get('max'), 3)}; init c(T) = {_f(c0, 3)}{lifted}; scales "
                       f"`{h.get('head_scales_source', '-')}`; full report `extend/{run}/report.md`.")
+    md += _ablations_md(summary)
     md += ["", "## Definitions", "", "```", summary["definitions"]["text"].strip(), "```", "",
            f"Context use gate: gain < {CTX_MIN_GAIN} nats means the model does not use its context. "
            f"'Close' = within {int(CLOSE * 100)}%.", "",
            "## Timings", "", "```", _timings(summary["timings"]), "```", ""]
     return "\n".join(md)
+
+
+def _regime_md(rec) -> list[str]:
+    """The regime search's table (its record, `regime/regime.json`) and the row it chose."""
+    if not rec:
+        return []
+    from .regime import GATE_GAIN, GATE_PASSKEY, GATE_RATIO, choose, table_lines
+
+    rows = [{**r, **{p: {**r[p], "sources": [f"regime/{x}" for x in r[p].get("sources", [])]}
+                     for p in ("nope", "rope") if p in r}} for r in rec["rows"]]
+    _, why = choose(rows)
+    return ["", "## Regime search (`regime/regime.json`)", "",
+            rec["about"] + f" Gates: NoPE task-format passkey at L >= {GATE_PASSKEY}, NoPE gain >= "
+            f"{GATE_GAIN} nats and >= {GATE_RATIO}x RoPE's.", "",
+            "| combination | levers | provenance |", "|---|---|---|",
+            *[f"| `{r['name']}` | {r.get('levers', '-')} | {r.get('provenance', '-')} |" for r in rows],
+            "", *table_lines(rows), "", f"Chosen: {why}. This study's config is that row "
+            "(NoPE and RoPE seed 1 retrain it); every claim that needs retrieval at L stays "
+            "unjudgeable unless the claims below find it.", ""]
+
+
+def _retrieval_md(summary: dict) -> list[str]:
+    """Task-format retrieval by length per method: the headline beside PPL."""
+    ret = summary.get("retrieval") or {}
+    if not any(ret.values()):
+        return []
+    lengths = next(r["lengths"] for rows in ret.values() for r in rows)
+    md = ["", "## Retrieval by length (task format; the headline beside PPL)", "",
+          "Fresh documents of the training task generators at each length, held-out filler "
+          "(`lenext eval tasks`); a document is right when every answer token is the argmax. "
+          "Per method the seed mean [min..max]; `documents right / answer tokens right`. "
+          "Figure `retrieval.png`.", "", "![retrieval](retrieval.png)", ""]
+    for task, rows in ret.items():
+        md += [f"**{task}**", "", "| method | " + " | ".join(str(n) for n in lengths) + " | JSON |",
+               "|---|" + "---|" * (len(lengths) + 1)]
+        for r in rows:
+            md.append(f"| {r['method']} | " + " | ".join(
+                f"{_st(e)} / {_st(t)}" for e, t in zip(r["exact"], r["tokens"])) + " | "
+                + ", ".join(f"`{x}`" for x in r["sources"]) + " |")
+        md.append("")
+    return md
+
+
+def _ablations_md(summary: dict) -> list[str]:
+    abl = summary.get("ablations") or {}
+    if not abl:
+        return []
+    md = ["", "HeadScale ablations (paper Table 4), each at the largest target beside the full "
+          "search (PPL at T; task-format passkey at the longest length, documents / answer tokens):",
+          "", "| cell | ablation | PPL at T | HeadScale PPL at T | passkey | HeadScale passkey | "
+          "m_h min/mean/max | JSON |",
+          "|---|---|---|---|---|---|---|---|"]
+    for name, r in abl.items():
+        a, h = r.get("ablated") or {}, r.get("headscale") or {}
+        T = str(r["target"])
+
+        def pk(x):
+            return f"{_f((x.get('passkey') or [None])[-1])} / {_f((x.get('passkey_tokens') or [None])[-1])}"
+        m = a.get("m_h") or {}
+        md.append(f"| {name} | {r['method']} | {_f(a.get('ppl', {}).get(T))} | "
+                  f"{_f(h.get('ppl', {}).get(T))} | {pk(a)} | {pk(h)} | "
+                  f"{_f(m.get('min'), 3)}/{_f(m.get('mean'), 3)}/{_f(m.get('max'), 3)} | "
+                  + ", ".join(f"`{x}`" for x in (a.get("source"), a.get("tasks_source")) if x) + " |")
+    return md + [""]
 
 
 def _timings(t: dict) -> str:

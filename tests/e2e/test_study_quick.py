@@ -22,11 +22,11 @@ def test_quick_study_runs_and_writes_a_sane_study(tmp_path):
     out = tmp_path / "study"
     cmd = [sys.executable, "-m", "lenext_dist.study", "--quick", "--out", str(out),
            "--port", str(free_port())]
-    p = subprocess.run(cmd, cwd=REPO, env=env(), capture_output=True, text=True, timeout=900)
+    p = subprocess.run(cmd, cwd=REPO, env=env(), capture_output=True, text=True, timeout=1500)
     assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-4000:]
 
     for f in ("STUDY.md", "summary.json", "plan.json", "timings.json", "fig1_loss_entropy.png",
-              "table2_ppl.png", "passkey.png", "scale_fit.png"):
+              "table2_ppl.png", "passkey.png", "retrieval.png", "scale_fit.png"):
         assert (out / f).is_file() and (out / f).stat().st_size > 0, f
     s = json.loads((out / "summary.json").read_text())
     L = s["L"]
@@ -65,6 +65,21 @@ def test_quick_study_runs_and_writes_a_sane_study(tmp_path):
     for rec in hs.values():
         assert rec["m_h"]["min"] >= 1.0 - 1e-6  # the constraint m_h >= 1
         assert (out / rec["head_scales_source"]).is_file()
+    # retrieval by length for every cell (task format: one row per method and task)
+    assert len(s["tasks"]) == len(s["passkey"]) >= 20
+    for task, rows in s["retrieval"].items():
+        methods = {r["method"] for r in rows}
+        assert {"nope", "rope", "nope + window L", "alibi", "nope HeadScale (s=4)"} <= methods, task
+        for r in rows:
+            assert all(0.0 <= st["mean"] <= 1.0 for st in r["exact"] + r["tokens"])
+            assert all((out / x).is_file() for x in r["sources"])
+    # the two HeadScale ablations at the largest target, each beside the full search
+    abl = s["ablations"]
+    assert {r["ablation"] for r in abl.values()} == {"no_bound", "init_1"}
+    for r in abl.values():
+        assert r["target"] == 4 * L and r["ablated"]["ppl"] and r["headscale"]["ppl"]
+    m_init1 = next(r for r in abl.values() if r["ablation"] == "init_1")["ablated"]["m_h"]
+    assert m_init1["min"] >= 1.0 - 1e-6  # init 1 keeps the bound
 
     # STUDY.md states every claim with a verdict and its JSON sources, context use first
     md = (out / "STUDY.md").read_text()
@@ -72,7 +87,8 @@ def test_quick_study_runs_and_writes_a_sane_study(tmp_path):
     assert claims[0].startswith("Context use")
     for c in ("NoPE ~ RoPE within L", "NoPE extends ~20% past L zero-shot, RoPE ~10%",
               "The entropy inflection coincides with the PPL inflection",
-              "A uniform scale moves both inflections", "Fitted c(s) = 1 + a ln s"):
+              "A uniform scale moves both inflections", "Fitted c(s) = 1 + a ln s",
+              "Retrieval at L (precondition of the passkey claims)"):
         assert c in claims and c in md
     assert all(c["sources"] and c["verdict"] for c in s["claims"])
     assert "eval/nope-s1/ppl_last-stride.json" in md
@@ -90,7 +106,7 @@ def test_quick_regime_search_runs_and_writes_its_table(tmp_path):
     out = tmp_path / "regime"
     cmd = [sys.executable, "-m", "lenext_dist.study", "--regime", "--quick", "--out", str(out),
            "--port", str(free_port())]
-    p = subprocess.run(cmd, cwd=REPO, env=env(), capture_output=True, text=True, timeout=900)
+    p = subprocess.run(cmd, cwd=REPO, env=env(), capture_output=True, text=True, timeout=1500)
     assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-4000:]
     r = json.loads((out / "regime.json").read_text())
     assert [row["name"] for row in r["rows"]] == ["t0.3-bos1-mask1-L128-40st", "t0-bos1-mask1-L128-40st"]

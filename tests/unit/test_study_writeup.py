@@ -2,6 +2,7 @@
 HeadScale gates, on hand-made summaries (the quick-study e2e test checks files, not verdicts)."""
 import pytest
 
+from lenext_dist.eval.claims import HOLDS, RETRIEVES
 from lenext_dist.study.writeup import CLOSE, CTX_MIN_GAIN, GAIN, claims
 
 
@@ -58,3 +59,56 @@ def test_headscale_gates(ppl_L, ppl_T, expected):
     for r in s["table"][0]["runs"].values():
         r["ppl"] = dict(base)
     assert verdict(s, "HeadScale").startswith(expected)
+
+
+def with_tasks(s, acc, tok=None, lengths=(64, 128)):
+    """acc / tok: per run, the task-format passkey accuracy by length."""
+    tok = tok or acc
+    s["tasks"] = {r: {"lengths": list(lengths), "accuracy": {"passkey": a},
+                      "token_accuracy": {"passkey": tok[r]}, "source": f"tasks/{r}.json"}
+                  for r, a in acc.items()}
+    s["plan"] = {"uniform_c": [1.2]}
+    return s
+
+
+def test_retrieval_gate_and_the_claims_it_gates():
+    assert RETRIEVES == 0.9 and HOLDS == 0.5
+    good = {"nope-s0": [0.95, 0.9], "nope-s1": [0.9, 0.8], "rope-s0": [1.0, 0.1], "rope-s1": [1.0, 0.2]}
+    s = with_tasks(summary([0.2, 0.2]), good)
+    assert verdict(s, "Retrieval at L") == "NoPE retrieves at L"
+    assert verdict(s, "NoPE's retrieval holds") == "agrees"
+    # one seed below the gate: not learned, and every retrieval verdict says why it is unjudgeable
+    s = with_tasks(summary([0.2, 0.2]), {**good, "nope-s1": [0.85, 0.8]})
+    assert verdict(s, "Retrieval at L") == "NoPE does NOT retrieve at L"
+    assert "Unjudgeable" in verdict(s, "NoPE's retrieval holds")
+    s = with_tasks(summary([0.2, 0.2]), {**good, "rope-s0": [1.0, 0.7], "rope-s1": [1.0, 0.6]})
+    assert verdict(s, "NoPE's retrieval holds") == "disagrees (RoPE holds too)"
+    s = with_tasks(summary([0.2, 0.2]), {**good, "rope-s1": [1.0, 0.6]})
+    assert verdict(s, "NoPE's retrieval holds") == "inconclusive (seeds disagree)"
+    s = with_tasks(summary([0.2, 0.2]), {**good, "nope-s0": [1.0, 0.4], "nope-s1": [1.0, 0.3]})
+    assert verdict(s, "NoPE's retrieval holds") == "disagrees (NoPE fails too)"
+    s = with_tasks(summary([0.2, 0.2]), {**good, "nope-s0": [0.0, 0.0]})
+    assert verdict(s, "NoPE's retrieval holds").startswith("inconclusive")
+
+
+def test_uniform_scale_retrieval_reads_the_best_c_per_length():
+    acc = {"nope-s0": [0.9, 0.1], "nope-s1": [0.9, 0.1], "rope-s0": [1, 0], "rope-s1": [1, 0]}
+    tok = {**acc, "nope-s0-c1.2": [0.8, 0.6]}
+    s = with_tasks(summary([0.2, 0.2]), {**acc, "nope-s0-c1.2": [0.8, 0.5]}, tok)
+    assert verdict(s, "A uniform scale c > 1").startswith("agrees")  # c = 1 at L, 1.2 at 2L
+    tok["nope-s0-c1.2"] = [0.95, 0.05]
+    s = with_tasks(summary([0.2, 0.2]), {**acc, "nope-s0-c1.2": [0.95, 0.0]}, tok)
+    assert verdict(s, "A uniform scale c > 1").startswith("disagrees")
+
+
+@pytest.mark.parametrize("abl_tokens,expected", [(0.2, "agrees"), (0.6, "disagrees"),
+                                                 (0.5, "inconclusive")])
+def test_headscale_ablation_is_judged_on_retrieval(abl_tokens, expected):
+    def side(tok):
+        return {"ppl": {"512": 10.0}, "source": "p.json", "passkey": [0.0, 0.0],
+                "passkey_tokens": [0.9, tok], "tasks_source": "t.json"}
+    s = summary([0.2, 0.2])
+    s["ablations"] = {"nope-s0-hs512-no_bound": {
+        "run": "nope-s0", "method": "nope HeadScale w/o bound m_h >= 1", "target": 512,
+        "ablated": side(abl_tokens), "headscale": side(0.5)}}
+    assert verdict(s, "HeadScale w/o bound").startswith(expected)
