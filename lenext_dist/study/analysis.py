@@ -26,7 +26,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from .plan import Cell
+from .plan import ROPE_EXTENSIONS, Cell
 
 DELTA_LOSS = 0.05
 DELTA_ENT = 0.05
@@ -134,12 +134,12 @@ class Analysis:
         return list(rows.values())
 
     def matched(self, table: list[dict]) -> list[dict]:
-        """Per-length methods, each length with its own s = T/L (RoPE+NTK/YaRN, fitted c(T),
+        """Per-length methods, each length with its own s = T/L (RoPE+PI/NTK/YaRN, fitted c(T),
         HeadScale(T)); at L the base model."""
         base = {r["method"]: r for r in table if r["factor"] is None}
         out = []
-        for fam, base_name in (("rope + NTK", "rope"), ("rope + YaRN", "rope"),
-                               ("nope c(T) fitted", "nope"), ("nope HeadScale", "nope")):
+        fams = [(f"rope + {label}", "rope") for label in ROPE_EXTENSIONS.values()]
+        for fam, base_name in fams + [("nope c(T) fitted", "nope"), ("nope HeadScale", "nope")]:
             cols = {}
             for W in self.s.lengths:
                 f = W // self.L

@@ -6,7 +6,7 @@
   3. export       python API of lenext_dist.convert                     -> <out>/models/<run>/
   4. sweep        a scale-sweep job (lenext_dist.eval.jobs) at 8L per NoPE run -> <out>/eval/<run>-sweep/
   5. cells        per cell (plan.py), typed evaluation jobs on the run's export with the cell's
-                  eval-time options (RoPE+NTK/YaRN, window, log-length scale, uniform c): ppl
+                  eval-time options (RoPE+PI/NTK/YaRN, window, log-length scale, uniform c): ppl
                   (last-stride, L..8L, + context diagnostics), retrieval by length (LongLoRA passkey
                   and task-format documents, 1x..16x L), for curve cells ppl full/curve-all
                   at 8L and entropy at 8L                                 -> <out>/eval/<cell>/

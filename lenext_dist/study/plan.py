@@ -1,7 +1,7 @@
 """What a study runs: the `StudyPlan` (quick and full presets) and its evaluation cells.
 
 A *run* is one pretraining (position variant x seed). A *cell* is one model folder evaluated one
-way: a run's export, optionally with eval-time options (RoPE+NTK/YaRN with factor s,
+way: a run's export, optionally with eval-time options (RoPE+PI/NTK/YaRN with factor s,
 sliding window, log-length scale, a uniform scale c). `cells()` lists every cell of the study;
 the HeadScale cells come from `lenext extend` (see pipeline.py).
 
@@ -27,6 +27,9 @@ ABLATIONS: dict[str, tuple[str, dict]] = {
 }
 """HeadScale ablations (paper section 4.5, Table 4): name -> (label, ExtendOptions changes)."""
 
+ROPE_EXTENSIONS = {"pi": "PI", "ntk": "NTK", "yarn": "YaRN"}
+"""RoPE's eval-time extensions (attention/rope.py; `rope_scaling`) -> their table label."""
+
 
 @dataclass
 class StudyPlan:
@@ -42,7 +45,7 @@ class StudyPlan:
     """Evaluation lengths as multiples of L."""
     uniform_c: list[float] = field(default_factory=lambda: [0.8, 1.0, 1.2, 1.5])
     rope_factors: list[int] = field(default_factory=lambda: [2, 4, 8])
-    """RoPE+NTK / RoPE+YaRN extension factors s (each evaluated at every length)."""
+    """RoPE+PI / NTK / YaRN extension factors s (each evaluated at every length)."""
     headscale_targets: list[int] = field(default_factory=lambda: [2, 4, 8])
     """HeadScale targets as multiples of L (`lenext extend` per NoPE seed)."""
     headscale_ablations: list[str] = field(default_factory=lambda: list(ABLATIONS))
@@ -175,8 +178,8 @@ def cells(plan: StudyPlan, run_list: list[Run], L: int,
                         window=L))
         if r.position == "rope":
             for s in plan.rope_factors:
-                for kind in ("ntk", "yarn"):
-                    out.append(Cell(f"{n}-{kind}{s}", n, f"rope + {kind.upper() if kind == 'ntk' else 'YaRN'}",
+                for kind, label in ROPE_EXTENSIONS.items():
+                    out.append(Cell(f"{n}-{kind}{s}", n, f"rope + {label}",
                                     "rope", rope_scaling=kind, rope_factor=float(s),
                                     matched_factor=s))
         if r.position == "nope":

@@ -34,7 +34,7 @@ def test_quick_study_runs_and_writes_a_sane_study(tmp_path):
 
     # every PPL of the Table 2 analogue is finite, every source file exists
     rows = {r["method"]: r for r in s["table"]}
-    for m in ("nope", "rope", "nope c=1.2", "rope + NTK (s=2)", "rope + YaRN (s=4)",
+    for m in ("nope", "rope", "nope c=1.2", "rope + PI (s=2)", "rope + NTK (s=2)", "rope + YaRN (s=4)",
               "nope c(T) fitted (s=2)", "nope HeadScale (s=2)", "nope HeadScale (s=4)",
               "nope + window L",
               # every other registered variant (project issue 7): one row each in the table
