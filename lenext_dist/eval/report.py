@@ -121,11 +121,15 @@ def render(runs: list[dict], out_path: str, title: str = "lenext evaluation repo
         lengths = sorted({x for _, j in tk for x in j["lengths"]})
         rows = []
         for r, j in tk:
-            for task, acc in j["accuracy"].items():
-                by = dict(zip(j["lengths"], acc))
-                rows.append([_label(r, j), task] + [_fmt(by.get(x), 2) for x in lengths])
+            cell = {(c["task"], c["length"]): c for c in j["cells"]}
+            for task in j["accuracy"]:
+                rows.append([_label(r, j), task] + [
+                    f"{_fmt(c['accuracy'], 2)} ({_fmt(c['token_accuracy'], 2)})"
+                    if (c := cell.get((task, x))) else "-" for x in lengths])
         md += ["## Task-format retrieval", "", "Share of fresh task documents (training formats, "
-               "held-out filler) with every answer token right, by document length.", ""]
+               "held-out filler) with every answer token right, by document length; in brackets "
+               "the share of answer tokens right (a partial skill, e.g. where a code goes and its "
+               "first digits, shows here before any document is right).", ""]
         md += _table(["run", "task"] + [str(x) for x in lengths], rows)
 
     en = [(r, j) for r in runs for f, j in r["results"] if j["kind"] == "entropy"]

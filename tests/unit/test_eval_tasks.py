@@ -106,8 +106,9 @@ def test_cli_writes_json_and_refuses_unknown_tasks(tmp_path):
 
     assert report(["--runs", str(tmp_path / "r"), "--out", str(tmp_path / "report.md")]) in (0, None)
     md = (tmp_path / "report.md").read_text()
-    acc = json.loads((tmp_path / "r" / "tasks_c1.2.json").read_text())["accuracy"]["repeat"][0]
-    assert "## Task-format retrieval" in md and f"| repeat | {acc:.2f} |" in md
+    cell = json.loads((tmp_path / "r" / "tasks_c1.2.json").read_text())["cells"][0]
+    assert "## Task-format retrieval" in md
+    assert f"| repeat | {cell['accuracy']:.2f} ({cell['token_accuracy']:.2f}) |" in md
     p = subprocess.run(base + ["--tasks", "passkey,vaults"], capture_output=True, text=True, cwd=REPO)
     assert p.returncode == 2 and "argument --tasks: expected tasks from passkey" in p.stderr
     assert "Traceback" not in p.stderr
