@@ -34,15 +34,13 @@ from lenext_dist.extend.workflow import ExtendOptions
 
 from .jobs import REPO, Command, Task, run_commands, run_tasks
 from .plan import ABLATIONS, Cell, Run, StudyPlan, cells, runs
+from .regime import PASSKEY_MIN
 
 PY = sys.executable
 SAMPLE_TASKS = "passkey:2,recall,copy"
 """The generators of the sample's task shards (`make task-shards`; README "Task documents"): the
 passkey twice as often as recall and copy; the mix of the study's regime (STUDY.md, regime table)."""
 TASK_PASSES = 2
-RETRIEVAL_MIN = 128
-"""Shortest retrieval length: a passkey prompt with one filler sentence, and a task document of
-the sample's generators with filler (study/regime.py PASSKEY_MIN)."""
 
 
 def sample_shard_commands(cfg, logs: Path) -> list[Command]:
@@ -184,9 +182,10 @@ class Study:
         return cells(self.plan, self.runs, self.L, self.fitted())
 
     def retrieval_lengths(self) -> list[int]:
-        """The passkey and task-format lengths: retrieval_factors x L, those >= RETRIEVAL_MIN."""
+        """The passkey and task-format lengths: retrieval_factors x L, those that hold a prompt
+        with filler (PASSKEY_MIN; a task document of the sample's generators fits too)."""
         ns = [self.L * f for f in self.plan.retrieval_factors]
-        return [n for n in ns if n >= RETRIEVAL_MIN] or [max(ns)]
+        return [n for n in ns if n >= PASSKEY_MIN] or [max(ns)]
 
     @property
     def task_names(self) -> list[str]:
