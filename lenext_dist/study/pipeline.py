@@ -33,8 +33,7 @@ from lenext_dist.eval.jobs import EntropyJob, EvalJob, PasskeyJob, PplJob, Scale
 from lenext_dist.extend.workflow import ExtendOptions
 
 from .jobs import REPO, Command, Task, run_commands, run_tasks
-from .plan import ABLATIONS, Cell, Run, StudyPlan, cells, runs
-from .regime import PASSKEY_MIN
+from .plan import ABLATIONS, PASSKEY_MIN, Cell, Run, StudyPlan, cells, runs
 
 PY = sys.executable
 SAMPLE_TASKS = "passkey:2,recall,copy"
@@ -182,8 +181,7 @@ class Study:
         return cells(self.plan, self.runs, self.L, self.fitted())
 
     def retrieval_lengths(self) -> list[int]:
-        """The passkey and task-format lengths: retrieval_factors x L, those that hold a prompt
-        with filler (PASSKEY_MIN; a task document of the sample's generators fits too)."""
+        """The passkey and task-format lengths: retrieval_factors x L, those >= PASSKEY_MIN."""
         ns = [self.L * f for f in self.plan.retrieval_factors]
         return [n for n in ns if n >= PASSKEY_MIN] or [max(ns)]
 

@@ -27,6 +27,9 @@ ABLATIONS: dict[str, tuple[str, dict]] = {
 }
 """HeadScale ablations (paper section 4.5, Table 4): name -> (label, ExtendOptions changes)."""
 
+PASSKEY_MIN = 128
+"""Shortest retrieval length: a passkey prompt with one filler sentence (eval/passkey.py, sample
+tokenizer); a task document of the sample's generators with filler fits too."""
 ROPE_EXTENSIONS = {"pi": "PI", "ntk": "NTK", "yarn": "YaRN"}
 """RoPE's eval-time extensions (attention/rope.py; `rope_scaling`) -> their table label."""
 

@@ -40,9 +40,8 @@ from lenext_dist.eval.jobs import PasskeyJob, PplJob, TasksJob
 from lenext_dist.eval.options import TASK_NAMES
 
 from .jobs import Command, Task, run_commands, run_tasks
+from .plan import PASSKEY_MIN
 
-PASSKEY_MIN = 128
-"""Shortest passkey prompt length with one filler sentence (eval/passkey.py, sample tokenizer)."""
 GATE_PASSKEY, GATE_GAIN, GATE_RATIO = 0.9, 0.10, 0.7
 
 
