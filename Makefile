@@ -26,14 +26,14 @@ $(VENV)/.installed: pyproject.toml
 # The embedded default, the whole pipeline: real-text sample + generated task documents (30% of the
 # tokens: passkey, recall, copy) -> shards/sample -> a tiny NoPE model on 2 CPU ranks (ZeRO-2) ->
 # HF export (verified by logits) -> sliding-window PPL, passkey accuracy and task-format retrieval
-# (the training generators' documents) at 1x/2x/4x the training length with c = 1.0 and c = 1.2
+# (the training generators' documents) at 1x/2x/4x the training length with c = 1.0 and c = 1.5
 # -> report. A few minutes.
 DEMO      := tiny-cpu-nope-tasks
 EVAL_DATA := data/sample/heldout/books.jsonl.zst
 demo: setup shards task-shards
 	$(BIN)/deepspeed --num_gpus $(NPROC) --master_port $(PORT) launch/pretrain.py --config configs/exp/$(DEMO).yaml
 	$(BIN)/python -m lenext_dist.convert --checkpoint runs/$(DEMO)/checkpoints --out runs/$(DEMO)/hf --overwrite --verify
-	for c in 1.0 1.2; do \
+	for c in 1.0 1.5; do \
 	  $(BIN)/lenext eval ppl --model runs/$(DEMO)/hf --data $(EVAL_DATA) --lengths 128,256,512 --stride 64 \
 	      --budget-tokens 20000 --scale-c $$c --out runs/$(DEMO)/eval || exit 1; \
 	  $(BIN)/lenext eval passkey --model runs/$(DEMO)/hf --lengths 128,256,512 --depths 3 --keys 5 \

@@ -253,8 +253,9 @@ def _rgate(summary: dict) -> str:
     """Appended to every retrieval verdict when NoPE does not retrieve at L."""
     acc = _retrieves(summary)
     return ("" if acc and min(acc) >= RETRIEVES else
-            f" Unjudgeable: NoPE does not retrieve at L (task-format passkey < {RETRIEVES}), so "
-            "there is no skill whose survival past L could be measured.")
+            " Unjudgeable as the paper states it (whole answers): NoPE retrieves no whole passkey "
+            f"at L (documents right < {RETRIEVES}), so any reading here is of answer tokens, a "
+            "partial skill.")
 
 
 def _lengths(summary: dict) -> list[int]:
