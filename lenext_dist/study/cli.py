@@ -9,7 +9,7 @@ and writes `<out>/summary.json`, figures and `<out>/STUDY.md`, which checks the 
 by one. Resumable: rerun the same command after a kill.
 
   python -m lenext_dist.study --quick                # ~4 minutes on 2 cores (CI), results/study-quick/
-  python -m lenext_dist.study                        # ~80 min, results/study/, published to docs/study/
+  python -m lenext_dist.study                        # ~95 min, results/study/, published to docs/study/
   python -m lenext_dist.study --report-only          # redo analysis/figures/STUDY.md from the files
   python -m lenext_dist.study --regime               # the regime search (study/regime.py), results/regime/
   python -m lenext_dist.study --probe                # ordered-copy probe (study/probe.py), ~5 min

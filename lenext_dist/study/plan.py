@@ -12,8 +12,9 @@ Presets (measured on 2 shared CPU cores, see STUDY.md of each run for the real t
   quick  configs/study/quick.yaml, 1 seed, NoPE + RoPE + every other registered variant,
          small eval budgets: ~5 minutes (CI)
   full   configs/study/full.yaml, 2 seeds of NoPE and RoPE, + other trained variants registered
-         in lenext_dist/attention/registry.py (1 seed), larger budgets: ~80 minutes (docs/study/timings.json:
-         50 min pretraining 6 runs two at a time, 31 min evaluation)
+         in lenext_dist/attention/registry.py (1 seed), larger budgets: ~95 minutes alone
+         (docs/study/timings.json: 78 min pretraining 6 runs two at a time beside other work,
+         ~66 alone; 25 min evaluation)
 """
 from __future__ import annotations
 
@@ -97,7 +98,7 @@ QUICK = StudyPlan(
     sweep_c=(0.8, 2.0, 0.1), sweep_samples=8, passkey_keys=2, passkey_depths=3,
     retrieval_factors=[1, 2], task_docs=4)
 
-FULL = StudyPlan(  # the defaults above; 81 min here (docs/study/timings.json, first attempt)
+FULL = StudyPlan(  # the defaults above; 102 min here beside other work (docs/study/timings.json)
     name="full", config="configs/study/full.yaml", seeds=[1, 2],
     extra_variants=["alibi", "kerple_log"], regime="docs/regime")
 
