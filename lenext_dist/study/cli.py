@@ -12,6 +12,7 @@ by one. Resumable: rerun the same command after a kill.
   python -m lenext_dist.study                        # ~95 min, results/study/, published to docs/study/
   python -m lenext_dist.study --report-only          # redo analysis/figures/STUDY.md from the files
   python -m lenext_dist.study --regime               # the regime search (study/regime.py), results/regime/
+  python -m lenext_dist.study --regime --publish     # ... and merge its rows into docs/regime/regime.json
   python -m lenext_dist.study --probe                # ordered-copy probe (study/probe.py), ~5 min
 """
 from __future__ import annotations
@@ -44,6 +45,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--regime", action="store_true",
                     help="the regime search instead (study/regime.py; with --quick: its CI size); "
                          "writes <out>/REGIME.md and regime.json (default results/regime[-quick])")
+    ap.add_argument("--publish", action="store_true",
+                    help="with --regime: merge its measured rows into the record docs/regime/ "
+                         "(what the full study's STUDY.md shows; study/regime.py publish)")
     ap.add_argument("--probe", action="store_true",
                     help="the ordered-copy probe instead (study/probe.py: DESIGN section 9's task "
                          "through our megatron model; with --quick: its CI size); writes "
@@ -103,7 +107,8 @@ def write_outputs(study) -> Path:
 def run_regime(a) -> int:
     from dataclasses import replace
 
-    from .regime import QUICK_REGIME, Regime, RegimePlan, write
+    from .plan import REGIME_RECORD
+    from .regime import QUICK_REGIME, Regime, RegimePlan, publish, write
 
     plan = QUICK_REGIME if a.quick else RegimePlan()
     if a.workers:
@@ -114,12 +119,18 @@ def run_regime(a) -> int:
         regime.run_all()
     md = write(regime)
     print(f"[regime] wrote {md}")
+    if a.publish:
+        names = publish(out, REPO / REGIME_RECORD)
+        print(f"[regime] merged {len(names)} rows into {REGIME_RECORD}/regime.json: {', '.join(names)}")
     return 0
 
 
 @entry_point
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    a = build_parser().parse_args(argv)
+    ap = build_parser()
+    a = ap.parse_args(argv)
+    if a.publish and not a.regime:
+        ap.error("--publish merges a regime search's rows into docs/regime/: use it with --regime")
     import os
 
     os.chdir(REPO)

@@ -28,6 +28,10 @@ ABLATIONS: dict[str, tuple[str, dict]] = {
 }
 """HeadScale ablations (paper section 4.5, Table 4): name -> (label, ExtendOptions changes)."""
 
+REGIME_RECORD = "docs/regime"
+"""The regime search's record in the repository: regime.json and the JSON its rows cite, what the
+full study's STUDY.md shows (StudyPlan.regime); `python -m lenext_dist.study --regime --publish`
+merges a search's rows into it (regime.publish)."""
 PASSKEY_MIN = 128
 """Shortest retrieval length: a passkey prompt with one filler sentence (eval/passkey.py, sample
 tokenizer); a task document of the sample's generators with filler fits too."""
@@ -100,7 +104,7 @@ QUICK = StudyPlan(
 
 FULL = StudyPlan(  # the defaults above; 102 min here beside other work (docs/study/timings.json)
     name="full", config="configs/study/full.yaml", seeds=[1, 2],
-    extra_variants=["alibi", "kerple_log"], regime="docs/regime")
+    extra_variants=["alibi", "kerple_log"], regime=REGIME_RECORD)
 
 PRESETS = {"quick": QUICK, "full": FULL}
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 import sys
 import time
 from dataclasses import asdict, dataclass, field, replace
@@ -299,3 +300,31 @@ def write(regime: Regime) -> Path:
     md = regime.out / "REGIME.md"
     md.write_text("# " + regime.plan.name + "\n\n" + render(rows, regime.plan))
     return md
+
+
+def publish(out: Path, dest: Path) -> list[str]:
+    """Merge the measured rows of <out>/regime.json (both positions evaluated) into the record
+    <dest>/regime.json: a row of the same name is replaced, the record's other rows stay with
+    their provenance; the JSON each merged row cites is copied to the same relative path under
+    `dest`. Returns the merged rows' names."""
+    run = json.loads((Path(out) / "regime.json").read_text())
+    path = Path(dest) / "regime.json"
+    rec = json.loads(path.read_text()) if path.exists() else {"about": "The regime search's record.",
+                                                              "rows": []}
+    merged = []
+    for row in run["rows"]:
+        if not (row.get("nope") and row.get("rope")):
+            continue
+        for side in ("nope", "rope"):
+            for rel in row[side]["sources"]:
+                (Path(dest) / rel).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(Path(out) / rel, Path(dest) / rel)
+        lv = row["levers"]
+        merged.append({**row, "levers": ", ".join(f"{k} {v}" for k, v in lv.items()),
+                       "provenance": f"`python -m lenext_dist.study --regime` ({run['plan']['config']}, "
+                                     f"seed {run['plan']['seed']})"})
+    names = {r["name"] for r in merged}
+    rec["rows"] = [r for r in rec["rows"] if r["name"] not in names] + merged
+    Path(dest).mkdir(parents=True, exist_ok=True)
+    atomic_write(path, json.dumps(rec, indent=1))
+    return [r["name"] for r in merged]

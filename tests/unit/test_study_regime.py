@@ -1,5 +1,7 @@
 """The regime search's logic (lenext_dist/study/regime.py): the lever overrides load into the
 config they describe, and the choice follows the gates."""
+import json
+
 import pytest
 
 from lenext_dist.config import load_config, split_cli_overrides
@@ -73,3 +75,28 @@ def test_choose_takes_the_cheapest_passing_row_else_the_closest():
     assert choose([_row("r", 1, 1.0, 0.2, 0.2 / GATE_RATIO * 1.01)])[1].find("closest") > 0
     assert "`b`" in render(rows, RegimePlan())
     assert choose([{"name": "x", "tokens": 1}])[0] is None
+
+
+def test_publish_merges_measured_rows_into_the_record_and_copies_their_json(tmp_path):
+    from lenext_dist.study.regime import publish
+
+    out, dest = tmp_path / "results", tmp_path / "docs"
+    m = dict(ppl=50.0, gain=0.1, passkey=0.0, passkey_length=128, train_seconds=1.0,
+             tasks={"passkey": 0.0})
+    rows = [{"name": "a", "tokens": 1, "levers": {"tasks": 0.3, "bos": True},
+             "nope": {**m, "sources": ["eval/a-nope/ppl.json"]},
+             "rope": {**m, "sources": ["eval/a-rope/ppl.json"]}},
+            {"name": "b", "tokens": 1, "levers": {"tasks": 0.0}}]  # not measured yet: left out
+    for rel in ("eval/a-nope/ppl.json", "eval/a-rope/ppl.json"):
+        (out / rel).parent.mkdir(parents=True)
+        (out / rel).write_text("{}")
+    (out / "regime.json").write_text(json.dumps({"plan": {"config": "c.yaml", "seed": 1}, "rows": rows}))
+    dest.mkdir()
+    (dest / "regime.json").write_text(json.dumps({"about": "x", "rows": [
+        {"name": "a", "provenance": "by hand"}, {"name": "old", "provenance": "by hand"}]}))
+    assert publish(out, dest) == ["a"]
+    rec = json.loads((dest / "regime.json").read_text())
+    assert [r["name"] for r in rec["rows"]] == ["old", "a"] and rec["about"] == "x"
+    a = rec["rows"][1]
+    assert "--regime" in a["provenance"] and a["levers"] == "tasks 0.3, bos True"
+    assert (dest / "eval/a-nope/ppl.json").is_file() and (dest / "eval/a-rope/ppl.json").is_file()
