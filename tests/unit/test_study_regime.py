@@ -75,6 +75,9 @@ def test_choose_takes_the_cheapest_passing_row_else_the_closest():
     assert choose([_row("r", 1, 1.0, 0.2, 0.2 / GATE_RATIO * 1.01)])[1].find("closest") > 0
     assert "`b`" in render(rows, RegimePlan())
     assert choose([{"name": "x", "tokens": 1}])[0] is None
+    # every passkey at 0 (a tie on the worst gate): the next worst gate decides
+    rows = [_row("weak", 1, 0.0, 0.05, 0.2), _row("strong", 2, 0.0, 0.12, 0.19), _row("mid", 3, 0.0, 0.09, 0.2)]
+    assert choose(rows)[0]["name"] == "strong"
 
 
 def test_publish_merges_measured_rows_into_the_record_and_copies_their_json(tmp_path):
