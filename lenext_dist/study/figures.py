@@ -3,8 +3,9 @@
   fig1_loss_entropy.png   Figure 1 analogue: per-position loss and mean attention entropy of NoPE,
                           RoPE and NoPE with uniform scales, inflection points marked
   table2_ppl.png          PPL against evaluation length, one line per method (seed mean, min..max bar)
-  retrieval.png           task-format retrieval against length, one line per method (seed mean),
-                          documents right and answer tokens right, per task generator
+  retrieval.png           task-format retrieval against length, one line per method (seed mean;
+                          per-length methods at the largest s), documents right and answer
+                          tokens right, per task generator
   passkey.png             LongLoRA passkey heatmaps (length x depth), one per method (first seed)
   scale_fit.png           best uniform c per position bin and c(s) = 1 + a ln s, per NoPE seed
 """
@@ -85,8 +86,11 @@ def retrieval(summary: dict, out: Path) -> str:
     fig, axes = plt.subplots(2, len(tasks), figsize=(5.5 * len(tasks), 8), squeeze=False)
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     styles = ["-", "--", ":", "-."]
+    # per-length methods at their largest factor only (the tables hold every factor)
+    s_max = f"(s={max(summary['plan']['factors'])})"
     for j, t in enumerate(tasks):
-        for i, r in enumerate(summary["retrieval"][t]):
+        rows = [r for r in summary["retrieval"][t] if "(s=" not in r["method"] or s_max in r["method"]]
+        for i, r in enumerate(rows):
             style = dict(color=colors[i % len(colors)], ls=styles[(i // len(colors)) % len(styles)],
                          marker="o", ms=3, lw=1)
             for row, kind in ((0, "exact"), (1, "tokens")):
