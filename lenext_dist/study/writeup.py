@@ -111,15 +111,21 @@ def _regime_md(rec) -> list[str]:
 
     rows = [{**r, **{p: {**r[p], "sources": [f"regime/{x}" for x in r[p].get("sources", [])]}
                      for p in ("nope", "rope") if p in r}} for r in rec["rows"]]
-    _, why = choose(rows)
+    best, why = choose(rows)
+    study = rec.get("study_row")  # the row this study's config is (a fact of the record)
+    if study and best and study != best["name"]:
+        which = (f"This study's config is row `{study}`, chosen before the later rows were "
+                 f"measured; the record's choice is now `{best['name']}` and the study has not "
+                 "been rerun in it.")
+    else:
+        which = "This study's config is that row (NoPE and RoPE seed 1 retrain it)."
     return ["", "## Regime search (`regime/regime.json`)", "",
             rec["about"] + f" Gates: NoPE task-format passkey at L >= {GATE_PASSKEY}, NoPE gain >= "
             f"{GATE_GAIN} nats and >= {GATE_RATIO}x RoPE's.", "",
             "| combination | levers | provenance |", "|---|---|---|",
             *[f"| `{r['name']}` | {r.get('levers', '-')} | {r.get('provenance', '-')} |" for r in rows],
-            "", *table_lines(rows), "", f"Chosen: {why}. This study's config is that row "
-            "(NoPE and RoPE seed 1 retrain it); every claim that needs retrieval at L stays "
-            "unjudgeable unless the claims below find it.", ""]
+            "", *table_lines(rows), "", f"Chosen: {why}. {which} Every claim that needs "
+            "retrieval at L stays unjudgeable unless the claims below find it.", ""]
 
 
 def _retrieval_md(summary: dict) -> list[str]:

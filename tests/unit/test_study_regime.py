@@ -103,3 +103,14 @@ def test_publish_merges_measured_rows_into_the_record_and_copies_their_json(tmp_
     a = rec["rows"][1]
     assert "--regime" in a["provenance"] and a["levers"] == "tasks 0.3, bos True"
     assert (dest / "eval/a-nope/ppl.json").is_file() and (dest / "eval/a-rope/ppl.json").is_file()
+
+
+def test_study_md_names_the_row_the_study_trains_when_the_records_choice_moves():
+    from lenext_dist.study.writeup import _regime_md
+
+    rec = {"about": "x", "study_row": "weak",
+           "rows": [_row("weak", 1, 0.0, 0.05, 0.2), _row("strong", 2, 0.0, 0.12, 0.19)]}
+    md = "\n".join(_regime_md(rec))
+    assert "config is row `weak`" in md and "choice is now `strong`" in md
+    md = "\n".join(_regime_md({**rec, "study_row": "strong"}))
+    assert "config is that row" in md and "choice is now" not in md
