@@ -13,6 +13,7 @@ combination; per combination one seed of NoPE and of RoPE is pretrained, exporte
            loss with L/2+1..L tokens, same targets)
   tasks    task-format accuracy at L (eval/tasks.py: fresh documents of every task generator,
            held-out filler; every answer token right)
+  task_tokens  the same documents' answer tokens right (the share of single tokens)
   passkey  the LongLoRA passkey's accuracy at the shortest multiple of L that holds a prompt with
            filler (`passkey_length`: the fixed part is ~80 tokens of the sample tokenizer, so
            L = 64 is measured at 2L)
@@ -209,11 +210,12 @@ class Regime:
         jobs = self.jobs(lv, pos)
         ppl = json.loads(jobs["ppl"].result_path.read_text())
         pk = json.loads(jobs["passkey"].result_path.read_text())
-        tk = json.loads(jobs["tasks"].result_path.read_text())["accuracy"]
+        tk = json.loads(jobs["tasks"].result_path.read_text())
         diag = {d["length"]: d for d in ppl.get("diagnostics", [])}
         return {"ppl": ppl["results"][0]["ppl"],
                 "gain": diag.get(lv.L, {}).get("context_use", {}).get("gain"),
-                "tasks": {k: v[0] for k, v in tk.items()},
+                "tasks": {k: v[0] for k, v in tk["accuracy"].items()},
+                "task_tokens": task_tokens(tk, lv.L),
                 "passkey": pk["accuracy_by_length"][0], "passkey_length": pk["lengths"][0],
                 "train_seconds": self.timings.get("pretrain", {}).get(
                     f"pretrain {self.run_name(lv, pos)}"),
@@ -228,6 +230,12 @@ class Regime:
                     r[pos] = self.measure(lv, pos)
             rows.append(r)
         return rows
+
+
+def task_tokens(result: dict, L: int) -> dict:
+    """Per task, the share of answer tokens that are the argmax at length L (`lenext eval tasks`
+    JSON): what tells rows apart while no document is wholly right."""
+    return {c["task"]: c["token_accuracy"] for c in result["cells"] if c["length"] == L}
 
 
 def gate_ratios(row: dict) -> Optional[dict]:
@@ -259,22 +267,22 @@ def table_lines(rows: list[dict]) -> list[str]:
     def f(x, nd=3):
         return "-" if x is None else f"{x:.{nd}f}"
 
-    def tasks(m):
-        t = m.get("tasks") or {}
+    def tasks(m, key="tasks"):
+        t = m.get(key) or {}
         return "/".join(f(t.get(k), 2) for k in TASK_NAMES)
 
     kinds = "/".join(TASK_NAMES)
     md = ["| combination | tokens | NoPE ppl@L | RoPE ppl@L | NoPE gain | RoPE gain | NoPE/RoPE | "
-          f"NoPE tasks@L ({kinds}) | RoPE tasks@L ({kinds}) | NoPE passkey (LongLoRA) | "
-          "RoPE passkey (LongLoRA) | "
-          "train s (NoPE, RoPE) | JSON |", "|---" * 13 + "|"]
+          f"NoPE tasks@L ({kinds}) | RoPE tasks@L ({kinds}) | NoPE answer tokens@L | "
+          "RoPE answer tokens@L | NoPE passkey (LongLoRA) | RoPE passkey (LongLoRA) | "
+          "train s (NoPE, RoPE) | JSON |", "|---" * 15 + "|"]
     for row in rows:
         n, r = row.get("nope") or {}, row.get("rope") or {}
         ratio = (n["gain"] / r["gain"]) if n.get("gain") is not None and r.get("gain") else None
         srcs = ", ".join(f"`{s}`" for m in (n, r) for s in m.get("sources", []))
         md.append(f"| `{row['name']}` | {row['tokens']:,} | {f(n.get('ppl'), 2)} | {f(r.get('ppl'), 2)} | "
                   f"{f(n.get('gain'))} | {f(r.get('gain'))} | {f(ratio, 2)} | "
-                  f"{tasks(n)} | {tasks(r)} | "
+                  f"{tasks(n)} | {tasks(r)} | {tasks(n, 'task_tokens')} | {tasks(r, 'task_tokens')} | "
                   f"{f(n.get('passkey'), 2)} @{n.get('passkey_length', '-')} | "
                   f"{f(r.get('passkey'), 2)} | {f(n.get('train_seconds'), 0)}, "
                   f"{f(r.get('train_seconds'), 0)} | {srcs or row.get('provenance', '-')} |")

@@ -114,3 +114,16 @@ def test_study_md_names_the_row_the_study_trains_when_the_records_choice_moves()
     assert "config is row `weak`" in md and "choice is now `strong`" in md
     md = "\n".join(_regime_md({**rec, "study_row": "strong"}))
     assert "config is that row" in md and "choice is now" not in md
+
+
+def test_table_shows_answer_tokens_read_from_the_tasks_json_at_L():
+    from lenext_dist.study.regime import table_lines, task_tokens
+
+    result = {"cells": [{"task": "passkey", "length": 128, "token_accuracy": 0.42},
+                        {"task": "passkey", "length": 256, "token_accuracy": 0.07},
+                        {"task": "recall", "length": 128, "token_accuracy": 0.01}]}
+    assert task_tokens(result, 128) == {"passkey": 0.42, "recall": 0.01}
+    row = _row("a", 1, 0.0, 0.1, 0.2)
+    row["nope"]["task_tokens"] = task_tokens(result, 128)
+    line = table_lines([row])[-1]
+    assert "| 0.42/0.01/-/- |" in line and "| -/-/-/- |" in line  # RoPE has none
