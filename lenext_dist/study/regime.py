@@ -11,12 +11,13 @@ combination; per combination one seed of NoPE and of RoPE is pretrained, exporte
   ppl      text PPL at L (last-stride, stride L/2, held-out books)
   gain     paired context-use gain at L (nats; eval/ppl.py: loss with 5..8 tokens of context minus
            loss with L/2+1..L tokens, same targets)
-  tasks    task-format accuracy at L (eval/tasks.py: fresh documents of every task generator,
+  tasks    task-format accuracy at P (eval/tasks.py: fresh documents of every task generator,
            held-out filler; every answer token right)
   task_tokens  the same documents' answer tokens right (the share of single tokens)
-  passkey  the LongLoRA passkey's accuracy at the shortest multiple of L that holds a prompt with
-           filler (`passkey_length`: the fixed part is ~80 tokens of the sample tokenizer, so
-           L = 64 is measured at 2L)
+  passkey  the LongLoRA passkey's accuracy at P
+P (`passkey_length`) is the shortest multiple of L that holds a LongLoRA prompt with filler and a
+task document (plan.PASSKEY_MIN): L, except 2L for L = 64 (a passkey document needs >= 62 tokens,
+and a cell's documents span 16 tokens below its length).
 
 The gates are the study's acceptance (issue 18): NoPE passkey >= 0.9, NoPE gain >= 0.10 nats and
 >= 0.7x RoPE's. The passkey gate is judged on the task-format passkey: the skill the extension
@@ -145,14 +146,14 @@ class Regime:
         return self.out / "models" / name
 
     def jobs(self, lv: Levers, pos: str) -> dict:
-        name, p = self.run_name(lv, pos), self.plan
+        name, p, at = self.run_name(lv, pos), self.plan, passkey_length(lv.L)
         m = dict(model=str(self.model_dir(name)), out=str(self.out / "eval" / name),
                  no_progress=True, threads=1)
         return {"ppl": PplJob(**m, data=list(p.data), lengths=[lv.L], stride=max(1, lv.L // 2),
                               budget_tokens=p.budget_tokens),
-                "passkey": PasskeyJob(**m, lengths=[passkey_length(lv.L)],
+                "passkey": PasskeyJob(**m, lengths=[at],
                                       depths=str(p.passkey_depths), keys=p.passkey_keys),
-                "tasks": TasksJob(**m, data=list(p.data), lengths=[lv.L], docs=p.task_docs)}
+                "tasks": TasksJob(**m, data=list(p.data), lengths=[at], docs=p.task_docs)}
 
     def _trained(self, name: str, steps: int) -> bool:
         from lenext_dist.train.checkpoint import latest_tag
@@ -215,7 +216,7 @@ class Regime:
         return {"ppl": ppl["results"][0]["ppl"],
                 "gain": diag.get(lv.L, {}).get("context_use", {}).get("gain"),
                 "tasks": {k: v[0] for k, v in tk["accuracy"].items()},
-                "task_tokens": task_tokens(tk, lv.L),
+                "task_tokens": task_tokens(tk, passkey_length(lv.L)),
                 "passkey": pk["accuracy_by_length"][0], "passkey_length": pk["lengths"][0],
                 "train_seconds": self.timings.get("pretrain", {}).get(
                     f"pretrain {self.run_name(lv, pos)}"),
@@ -273,8 +274,8 @@ def table_lines(rows: list[dict]) -> list[str]:
 
     kinds = "/".join(TASK_NAMES)
     md = ["| combination | tokens | NoPE ppl@L | RoPE ppl@L | NoPE gain | RoPE gain | NoPE/RoPE | "
-          f"NoPE tasks@L ({kinds}) | RoPE tasks@L ({kinds}) | NoPE answer tokens@L | "
-          "RoPE answer tokens@L | NoPE passkey (LongLoRA) | RoPE passkey (LongLoRA) | "
+          f"NoPE tasks@P ({kinds}) | RoPE tasks@P ({kinds}) | NoPE answer tokens@P | "
+          "RoPE answer tokens@P | NoPE passkey (LongLoRA) @P | RoPE passkey (LongLoRA) | "
           "train s (NoPE, RoPE) | JSON |", "|---" * 15 + "|"]
     for row in rows:
         n, r = row.get("nope") or {}, row.get("rope") or {}
@@ -289,13 +290,17 @@ def table_lines(rows: list[dict]) -> list[str]:
     return md
 
 
+GATES = (f"Gates: NoPE task-format passkey at P >= {GATE_PASSKEY}, NoPE gain >= {GATE_GAIN} nats and "
+         f">= {GATE_RATIO}x RoPE's. Tasks@P: documents of each task generator with every answer "
+         "token right (`lenext eval tasks`); P: the shortest multiple of L holding a task "
+         "document and a LongLoRA prompt (L; 2L for L = 64).")
+
+
 def render(rows: list[dict], plan: RegimePlan) -> str:
     best, why = choose(rows)
     return "\n".join(
         [f"Regime search (`{plan.config}`, seed {plan.seed}, base `{plan.base.name}`, one lever "
-         f"changed per row). Gates: NoPE task-format passkey at L >= {GATE_PASSKEY}, NoPE gain >= "
-         f"{GATE_GAIN} nats and >= {GATE_RATIO}x RoPE's. Tasks@L: documents of each task generator "
-         "with every answer token right (`lenext eval tasks`).", ""] + table_lines(rows)
+         f"changed per row). {GATES}", ""] + table_lines(rows)
         + ["", f"Chosen: {why}.", ""])
 
 

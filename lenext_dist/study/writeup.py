@@ -107,7 +107,7 @@ def _regime_md(rec) -> list[str]:
     """The regime search's table (its record, `regime/regime.json`) and the row it chose."""
     if not rec:
         return []
-    from .regime import GATE_GAIN, GATE_PASSKEY, GATE_RATIO, choose, table_lines
+    from .regime import GATES, choose, table_lines
 
     rows = [{**r, **{p: {**r[p], "sources": [f"regime/{x}" for x in r[p].get("sources", [])]}
                      for p in ("nope", "rope") if p in r}} for r in rec["rows"]]
@@ -120,8 +120,7 @@ def _regime_md(rec) -> list[str]:
     else:
         which = "This study's config is that row (NoPE and RoPE seed 1 retrain it)."
     return ["", "## Regime search (`regime/regime.json`)", "",
-            rec["about"] + f" Gates: NoPE task-format passkey at L >= {GATE_PASSKEY}, NoPE gain >= "
-            f"{GATE_GAIN} nats and >= {GATE_RATIO}x RoPE's.", "",
+            f"{rec['about']} {GATES}", "",
             "| combination | levers | provenance |", "|---|---|---|",
             *[f"| `{r['name']}` | {r.get('levers', '-')} | {r.get('provenance', '-')} |" for r in rows],
             "", *table_lines(rows), "", f"Chosen: {why}. {which} Every claim that needs "

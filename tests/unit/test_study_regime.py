@@ -127,3 +127,25 @@ def test_table_shows_answer_tokens_read_from_the_tasks_json_at_L():
     row["nope"]["task_tokens"] = task_tokens(result, 128)
     line = table_lines([row])[-1]
     assert "| 0.42/0.01/-/- |" in line and "| -/-/-/- |" in line  # RoPE has none
+
+
+def test_every_combination_is_evaluated_at_a_length_holding_every_task_document(tmp_path):
+    """The L = 64 row: a passkey document needs >= 62 tokens and a cell spans 16 below its length,
+    so its task documents and LongLoRA prompt are measured at 2L (a length of 64 is refused)."""
+    from lenext_dist.eval.data import load_tokenizer
+    from lenext_dist.eval.options import TASK_NAMES
+    from lenext_dist.eval.tasks import make_documents
+    from lenext_dist.prep.tasks import Toolkit
+    from lenext_dist.study.regime import Regime
+
+    sp = load_tokenizer(str(REPO / "data/sample/tokenizer.model"))
+    texts = ["The quick brown fox jumps over the lazy dog near the river bank today. " * 40]
+    reg = Regime(RegimePlan(), tmp_path, REPO)
+    for lv in {lv.L: lv for lv in reg.plan.combos()}.values():
+        jobs = reg.jobs(lv, "nope")
+        at = jobs["tasks"].lengths[0]
+        assert at == jobs["passkey"].lengths[0] == passkey_length(lv.L) and at % lv.L == 0
+        for kind in TASK_NAMES:
+            assert len(make_documents(Toolkit(sp), texts, kind, at, 2, seed=0)) == 2
+    with pytest.raises(ValueError, match="too short for a passkey"):
+        make_documents(Toolkit(sp), texts, "passkey", 64, 2, seed=0)
