@@ -216,7 +216,7 @@ class Regime:
         return {"ppl": ppl["results"][0]["ppl"],
                 "gain": diag.get(lv.L, {}).get("context_use", {}).get("gain"),
                 "tasks": {k: v[0] for k, v in tk["accuracy"].items()},
-                "task_tokens": task_tokens(tk, passkey_length(lv.L)),
+                "task_tokens": task_tokens(tk, jobs["tasks"].lengths[0]),
                 "passkey": pk["accuracy_by_length"][0], "passkey_length": pk["lengths"][0],
                 "train_seconds": self.timings.get("pretrain", {}).get(
                     f"pretrain {self.run_name(lv, pos)}"),
