@@ -176,6 +176,9 @@ MUTATIONS: list[M] = [
     M("regime-closest-without-tie-break", "study gates", "lenext_dist/study/regime.py",
       "best, g = max(scored, key=lambda x: sorted(x[1].values()))",
       "best, g = max(scored, key=lambda x: min(x[1].values()))", ("tests/unit/test_study_regime.py",)),
+    M("regime-tasks-scored-at-L", "study gates", "lenext_dist/study/regime.py",
+      '"tasks": TasksJob(**m, data=list(p.data), lengths=[at]',
+      '"tasks": TasksJob(**m, data=list(p.data), lengths=[lv.L]', ("tests/unit/test_study_regime.py",)),
     # ---- data preparation -------------------------------------------------------------------
     M("token-dtype-uint16-always", "token dtype", "lenext_dist/prep/tokenizer.py",
       "return indexed_dataset().DType.optimal_dtype(vocab_size)", "return np.uint16", ("tests/unit/test_prep_tokenizer.py::test_token_dtype_follows_the_vocabulary_size",)),
