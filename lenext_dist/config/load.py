@@ -4,7 +4,8 @@ A config file is a YAML mapping that mirrors `RunConfig`. It may start with
 `include: [path, ...]` (relative to the file): those files are merged first, in order, and the
 including file's keys win. Dotted CLI overrides (`optim.lr=3e-4`, `--train.steps 10`) are applied
 last. Every key is checked against the dataclasses: an unknown key, a wrong type or a failed
-validation raises ConfigError naming the key and the file it came from.
+validation raises ConfigError naming the key and the file it came from. Includes nest at most
+MAX_INCLUDE_DEPTH deep and read at most MAX_INCLUDES files; a document nests at most MAX_NESTING deep.
 """
 from __future__ import annotations
 
@@ -27,6 +28,14 @@ MAX_CONFIG_BYTES = 1 << 20
 MAX_EXPANDED_NODES = 100_000
 """Nodes of a YAML document with every alias expanded (the walks below see that many): an
 890-byte nest of anchors ("billion laughs") expands to billions and would fill memory."""
+MAX_NESTING = 100
+"""Depth of nested mappings/lists in a document: a config is a few levels deep, and the walks
+below recurse (`[[[...]]]` 50,000 deep would end in a RecursionError)."""
+MAX_INCLUDE_DEPTH = 16
+"""Includes within includes."""
+MAX_INCLUDES = 256
+"""Files read for one config, every include counted (a file including the next twice, 25 deep,
+would read 2^24 files)."""
 
 
 def _expanded_size(node, memo: dict, busy: set) -> int:
@@ -55,6 +64,15 @@ def safe_yaml(text: str, where: str) -> Any:
         raise ConfigError(f"{where}: {len(text):,} bytes, over the {MAX_CONFIG_BYTES:,}-byte limit "
                           "for a config (is this a config file?)")
     try:
+        depth = 0  # the parser is iterative; the composer (and our walks) recurse: check first
+        for event in yaml.parse(text, Loader=yaml.SafeLoader):
+            if isinstance(event, yaml.CollectionStartEvent):
+                depth += 1
+                if depth > MAX_NESTING:
+                    raise ConfigError(f"{where}: mappings/lists nested more than {MAX_NESTING} deep "
+                                      f"(line {event.start_mark.line + 1}); a config is a few levels deep")
+            elif isinstance(event, yaml.CollectionEndEvent):
+                depth -= 1
         node = yaml.compose(text, Loader=yaml.SafeLoader)
         if node is not None and _expanded_size(node, {}, set()) > MAX_EXPANDED_NODES:
             raise ConfigError(f"{where}: its anchors and aliases (&name / *name) expand to more than "
@@ -64,11 +82,20 @@ def safe_yaml(text: str, where: str) -> Any:
         raise ConfigError(f"{where}: not valid YAML: {e}") from None
 
 
-def _read_yaml(path: Path, stack: tuple[Path, ...] = ()) -> tuple[dict, dict]:
-    """Return (merged mapping, origin map dotted-key -> file) with includes resolved."""
+def _read_yaml(path: Path, stack: tuple[Path, ...] = (), reads: list | None = None) -> tuple[dict, dict]:
+    """Return (merged mapping, origin map dotted-key -> file) with includes resolved; `reads`
+    counts the files read so far for this config (MAX_INCLUDES)."""
     path = path.resolve()
+    reads = [0] if reads is None else reads
     if path in stack:
         raise ConfigError(f"{path}: include cycle: {' -> '.join(map(str, stack + (path,)))}")
+    if len(stack) > MAX_INCLUDE_DEPTH:
+        raise ConfigError(f"{stack[-1]}: includes nested more than {MAX_INCLUDE_DEPTH} deep "
+                          f"(from {stack[0]}); flatten them")
+    reads[0] += 1
+    if reads[0] > MAX_INCLUDES:
+        raise ConfigError(f"{stack[0] if stack else path}: more than {MAX_INCLUDES} config files read "
+                          f"through its includes (at {path}; files including each other repeatedly?)")
     if not path.is_file():
         raise ConfigError(f"{path}: config file not found")
     if path.stat().st_size > MAX_CONFIG_BYTES:
@@ -90,7 +117,7 @@ def _read_yaml(path: Path, stack: tuple[Path, ...] = ()) -> tuple[dict, dict]:
         raise ConfigError(f"{path}: include: expected a file name or a list of file names, "
                           f"got {includes!r}")
     for inc in includes:
-        sub, sub_origin = _read_yaml(path.parent / inc, stack + (path,))
+        sub, sub_origin = _read_yaml(path.parent / inc, stack + (path,), reads)
         deep_merge(merged, sub)
         origin.update(sub_origin)
     deep_merge(merged, data)

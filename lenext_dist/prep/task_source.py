@@ -213,6 +213,9 @@ class TaskReader:
 
 
 # ----------------------------------------------------------------------------- the CLI's spec
+MAX_TASK_WEIGHT = 1e6
+
+
 def task_spec(tasks: str, sets: Sequence[str], seed: int, passes: int) -> dict:
     """`--tasks a,b:2 --task-set [task.]field=value ... --task-seed S --task-passes K` as the
     JSON spec recorded in the plan (and fingerprinted: it decides the output bytes)."""
@@ -225,13 +228,16 @@ def task_spec(tasks: str, sets: Sequence[str], seed: int, passes: int) -> dict:
             weight = float(w) if w else 1.0
         except ValueError:
             weight = -1.0
-        if not weight > 0:
-            raise PrepError(f"--tasks {item}: the weight after ':' must be a number > 0")
+        if not 0 < weight <= MAX_TASK_WEIGHT:  # inf, nan, 1e308 (the sum overflows): refused
+            raise PrepError(f"--tasks {item}: the weight after ':' must be a number > 0 "
+                            f"(and at most {MAX_TASK_WEIGHT:,.0f}; weights are relative)")
         chosen[name] = weight
     if not chosen:
         raise PrepError("--tasks: name at least one task (e.g. passkey,recall,repeat)")
     if passes < 1:
         raise PrepError(f"--task-passes must be >= 1, got {passes}")
+    if seed < 0:  # numpy seeds are non-negative
+        raise PrepError(f"--task-seed must be >= 0, got {seed}")
     overrides: dict[str, dict[str, str]] = {n: {} for n in chosen}
     for s in sets:
         key, eq, value = s.partition("=")

@@ -131,6 +131,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     a = ap.parse_args(argv)
     if a.publish and not a.regime:
         ap.error("--publish merges a regime search's rows into docs/regime/: use it with --regime")
+    if a.publish and a.quick:
+        ap.error("--publish merges measured rows into the record docs/regime/; a --quick search's "
+                 "rows are CI-sized and do not belong there: drop --quick")
     import os
 
     os.chdir(REPO)

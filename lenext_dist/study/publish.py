@@ -12,6 +12,12 @@ import re
 import shutil
 from pathlib import Path
 
+from lenext_dist.errors import UserError
+
+
+class PublishError(UserError, ValueError):
+    """A results file (STUDY.md, regime.json) names a path outside its folder."""
+
 ALWAYS = ("summary.json", "plan.json", "timings.json")
 # `eval/nope-s1/ppl_last-stride.json`, ![fig1](fig1_loss_entropy.png)
 _CITED = re.compile(r"`([\w./-]+\.(?:json|jsonl|npz|png))`|!\[[^\]]*\]\(([\w./-]+)\)")
@@ -30,22 +36,36 @@ PUBLISHED = "docs/study"
 configs configs/study, its working output results/study)."""
 
 
+def inside(root: Path, rel: str, what: str) -> Path:
+    """`root / rel` resolved, refused (PublishError) unless it lies under `root`: a path a results
+    file names must not reach out of its folder (`../x`, `/etc/x`, a symlink out)."""
+    root = Path(root).resolve()
+    path = (root / rel).resolve()
+    if root not in path.parents:
+        raise PublishError(f"{what} names {rel!r}, outside {root}; nothing was published")
+    return path
+
+
 def publish(out: Path, dest: Path) -> tuple[list[str], list[str]]:
-    """Copy out/STUDY.md + ALWAYS + the files it cites to dest (emptied first).
-    Returns (copied, missing) relative paths; a cited path outside `out` is refused."""
+    """Copy out/STUDY.md + ALWAYS + the files it cites to dest, replacing it.
+    Returns (copied, missing) relative paths. Every cited path is checked (one outside `out` is
+    refused) and copied to a sibling folder first; only then is `dest` replaced by it."""
     out, dest = Path(out).resolve(), Path(dest)
     md = (out / "STUDY.md").read_text()
-    if dest.exists():
-        shutil.rmtree(dest)
+    rels = ["STUDY.md", *ALWAYS, *cited_files(md)]
+    srcs = {rel: inside(out, rel, "STUDY.md") for rel in rels}
+    stage = dest.with_name(f".{dest.name}.publishing")
+    if stage.exists():
+        shutil.rmtree(stage)
     copied, missing = [], []
-    for rel in ["STUDY.md", *ALWAYS, *cited_files(md)]:
-        src = (out / rel).resolve()
-        if out not in src.parents:
-            raise ValueError(f"STUDY.md cites {rel!r}, outside {out}")
-        if not src.is_file():
+    for rel in rels:
+        if not srcs[rel].is_file():
             missing.append(rel)
             continue
-        (dest / rel).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(src, dest / rel)
+        (stage / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(srcs[rel], stage / rel)
         copied.append(rel)
+    if dest.exists():
+        shutil.rmtree(dest)
+    stage.rename(dest)
     return copied, missing

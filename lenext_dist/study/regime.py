@@ -44,6 +44,7 @@ from lenext_dist.eval.options import TASK_NAMES
 
 from .jobs import Command, Task, run_commands, run_tasks
 from .plan import PASSKEY_MIN
+from .publish import PublishError, inside
 
 GATE_PASSKEY, GATE_GAIN, GATE_RATIO = 0.9, 0.10, 0.7
 
@@ -319,19 +320,25 @@ def publish(out: Path, dest: Path) -> list[str]:
     """Merge the measured rows of <out>/regime.json (both positions evaluated) into the record
     <dest>/regime.json: a row of the same name is replaced, the record's other rows stay with
     their provenance; the JSON each merged row cites is copied to the same relative path under
-    `dest`. Returns the merged rows' names."""
+    `dest` (a path outside `out` or `dest` is refused before anything is copied). Returns the
+    merged rows' names."""
     run = json.loads((Path(out) / "regime.json").read_text())
     path = Path(dest) / "regime.json"
     rec = json.loads(path.read_text()) if path.exists() else {"about": "The regime search's record.",
                                                               "rows": []}
+    rows = [row for row in run["rows"] if row.get("nope") and row.get("rope")]
+    what = str(Path(out) / "regime.json")
+    copies = [(inside(out, rel, what), inside(dest, rel, what))  # every path checked first
+              for row in rows for side in ("nope", "rope") for rel in row[side]["sources"]]
+    gone = [str(src) for src, _ in copies if not src.is_file()]
+    if gone:
+        raise PublishError(f"{what} cites {gone[0]}, which is not there ({len(gone)} missing); "
+                           "rerun the search (without --report-only); nothing was published")
+    for src, dst in copies:
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(src, dst)
     merged = []
-    for row in run["rows"]:
-        if not (row.get("nope") and row.get("rope")):
-            continue
-        for side in ("nope", "rope"):
-            for rel in row[side]["sources"]:
-                (Path(dest) / rel).parent.mkdir(parents=True, exist_ok=True)
-                shutil.copyfile(Path(out) / rel, Path(dest) / rel)
+    for row in rows:
         lv = row["levers"]
         merged.append({**row, "levers": ", ".join(f"{k} {v}" for k, v in lv.items()),
                        "provenance": f"`python -m lenext_dist.study --regime` ({run['plan']['config']}, "

@@ -120,3 +120,26 @@ def test_readme_config_reference_is_current(repo):
     from lenext_dist.config.docs import readme_block, reference
 
     assert readme_block(repo / "README.md") == reference()
+
+
+def test_include_bomb_and_include_depth_are_bounded(tmp_path):
+    """Each file including the next twice reads 2^depth files; a chain of includes nests without
+    end: both stop at once with one line naming the top file."""
+    for i in range(12):
+        write(tmp_path, f"f{i}.yaml", f"include: [f{i + 1}.yaml, f{i + 1}.yaml]\n")
+    write(tmp_path, "f12.yaml", "name: x\n")
+    with pytest.raises(ConfigError, match=rf"{tmp_path / 'f0.yaml'}: more than \d+ config files read"):
+        load_config(tmp_path / "f0.yaml")
+    for i in range(40):
+        write(tmp_path, f"c{i}.yaml", f"include: c{i + 1}.yaml\n")
+    write(tmp_path, "c40.yaml", "name: x\n")
+    with pytest.raises(ConfigError, match=r"includes nested more than \d+ deep"):
+        load_config(tmp_path / "c0.yaml")
+
+
+def test_deeply_nested_yaml_is_a_config_error_not_a_recursion_error(tmp_path):
+    p = write(tmp_path, "deep.yaml", "train: " + "[" * 50_000 + "]" * 50_000 + "\n")
+    with pytest.raises(ConfigError, match=rf"{p}: mappings/lists nested more than \d+ deep"):
+        load_config(p)
+    with pytest.raises(ConfigError, match="override train.steps: mappings/lists nested"):
+        load_config(None, ["train.steps=" + "{a: " * 5_000 + "1" + "}" * 5_000])

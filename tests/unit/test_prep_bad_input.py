@@ -123,3 +123,22 @@ def test_missing_tokenizer_and_bad_options_are_clear(tmp_path):
         shard([path], tmp_path, fmt="jsonl", valid_fraction=1.5)
     with pytest.raises(PrepError, match="task-index"):
         shard([path], tmp_path, fmt="jsonl", task_index=2, num_tasks=2)
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--tasks", "passkey:inf"], "--tasks passkey:inf: the weight after ':' must be a number > 0"),
+    (["--tasks", "passkey:nan"], "--tasks passkey:nan: the weight after ':' must be a number > 0"),
+    (["--tasks", "passkey:1e308,recall:1e308"], "--tasks passkey:1e308: the weight"),
+    (["--tasks", "passkey", "--task-seed", "-1"], "--task-seed must be >= 0, got -1"),
+])
+def test_bad_task_weights_and_seed_are_one_line_errors(args, message, tmp_path, capsys):
+    """Numpy's ValueErrors (NaN probabilities, a negative seed) never reach the user."""
+    from prep_helpers import SLIMPAJAMA, TOKENIZER
+    from lenext_dist.prep.cli import shard_main
+
+    argv = ["--input", SLIMPAJAMA[0], "--format", "tasks", "--tokenizer", TOKENIZER,
+            "--out", str(tmp_path), "--name", "x", "--no-progress", *args]
+    assert shard_main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and message in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1

@@ -55,3 +55,18 @@ def test_the_checked_in_study_holds_every_file_its_study_md_cites():
     assert (study / "STUDY.md").is_file(), f"no published study at {study}"
     cited = cited_files((study / "STUDY.md").read_text())
     assert cited and [f for f in [*ALWAYS, *cited] if not (study / f).is_file()] == []
+
+
+def test_a_refused_path_leaves_the_previous_publication_in_place(tmp_path):
+    """The cited paths are checked before dest is touched; a path outside is one error line."""
+    from lenext_dist.errors import UserError
+
+    out, dest = tmp_path / "results", tmp_path / "study"
+    _tree(out, ["summary.json"])
+    _tree(dest, ["STUDY.md", "summary.json"])
+    for bad in ("`../../etc/passwd.json`", "![x](/etc/hosts)"):
+        (out / "STUDY.md").write_text(f"see `summary.json` and {bad}")
+        with pytest.raises(UserError, match="outside .*nothing was published"):
+            publish(out, dest)
+        assert sorted(p.name for p in dest.iterdir()) == ["STUDY.md", "summary.json"]
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []

@@ -149,3 +149,33 @@ def test_every_combination_is_evaluated_at_a_length_holding_every_task_document(
             assert len(make_documents(Toolkit(sp), texts, kind, at, 2, seed=0)) == 2
     with pytest.raises(ValueError, match="too short for a passkey"):
         make_documents(Toolkit(sp), texts, "passkey", 64, 2, seed=0)
+
+
+@pytest.mark.parametrize("bad", ["../secret.json", "/tmp/x.json", "eval/../../secret.json"])
+def test_publish_refuses_sources_outside_the_results_and_copies_nothing(tmp_path, bad):
+    from lenext_dist.errors import UserError
+    from lenext_dist.study.regime import publish
+
+    out, dest = tmp_path / "results", tmp_path / "docs"
+    (out / "eval").mkdir(parents=True)
+    (out / "eval/ok.json").write_text("{}")
+    (tmp_path / "secret.json").write_text("{}")
+    m = {"sources": ["eval/ok.json"]}
+    rows = [{"name": "a", "tokens": 1, "levers": {}, "nope": m, "rope": {"sources": [bad]}}]
+    (out / "regime.json").write_text(json.dumps({"plan": {"config": "c.yaml", "seed": 1}, "rows": rows}))
+    with pytest.raises(UserError, match="outside .*nothing was published"):
+        publish(out, dest)
+    assert not dest.exists()
+    rows[0]["rope"] = {"sources": ["eval/gone.json"]}
+    (out / "regime.json").write_text(json.dumps({"plan": {"config": "c.yaml", "seed": 1}, "rows": rows}))
+    with pytest.raises(UserError, match="gone.json, which is not there"):
+        publish(out, dest)
+    assert not dest.exists()
+
+
+def test_quick_publish_is_refused_in_one_line(capsys):
+    from lenext_dist.study.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["--regime", "--quick", "--publish"])
+    assert e.value.code == 2 and "drop --quick" in capsys.readouterr().err
