@@ -23,17 +23,23 @@ attention mask.
 """
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import json
 import os
 import struct
+import types
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Optional
 
 import numpy as np
+import numpy.lib.format as npformat
 import torch
 
+from lenext_dist.atomic import atomic_write
 from lenext_dist.config import BlendItem, ConfigError, RunConfig
-from lenext_dist.prep.manifest import ANSWERS_SUFFIX, answers_prefix
+from lenext_dist.prep.manifest import ANSWERS_SUFFIX, answers_prefix, shard_manifest
 
 
 @dataclass
@@ -152,31 +158,135 @@ def _check_prefixes(items: list[BlendItem], key: str) -> None:
 
 # megatron's .idx (megatron/core/datasets/indexed_dataset.py): 9-byte magic, version <Q, dtype
 # code <B, sequence count S <Q, document count D <Q, then int32 lengths [S], int64 byte pointers
-# [S], int64 document indices [D]; dtype codes -> item sizes
+# [S], int64 document indices [D]; dtype codes -> dtypes
 _IDX_MAGIC, _IDX_HEAD = b"MMIDIDX\x00\x00", 34
-_ITEMSIZE = {1: 1, 2: 1, 3: 2, 4: 4, 5: 8, 6: 8, 7: 4, 8: 2}
+_DTYPES = {1: np.uint8, 2: np.int8, 3: np.int16, 4: np.int32, 5: np.int64, 6: np.float64,
+           7: np.float32, 8: np.uint16}
 
 
-def _check_sizes(prefix: str, key: str) -> None:
-    """A truncated shard (an interrupted copy) is named here, not by a numpy error in megatron."""
+def _check_sizes(prefix: str, key: str) -> tuple[int, np.ndarray, np.ndarray]:
+    """A truncated shard (an interrupted copy) or an empty one is named here, not by a numpy
+    error in megatron. Returns its dtype code, sequence lengths and document indices."""
     idx, bin_ = prefix + ".idx", prefix + ".bin"
     again = "copy it again, or rebuild it with `python data_prep/shard.py`"
     with open(idx, "rb") as f:
         head = f.read(_IDX_HEAD)
-    if len(head) < _IDX_HEAD or head[:9] != _IDX_MAGIC or head[17] not in _ITEMSIZE:
+    if len(head) < _IDX_HEAD or head[:9] != _IDX_MAGIC or head[17] not in _DTYPES:
         raise ConfigError(f"{key}: {idx}: not a megatron index (truncated or another format); {again}")
     seqs, docs = struct.unpack("<QQ", head[18:34])
     need = _IDX_HEAD + 12 * seqs + 8 * docs
     if os.path.getsize(idx) < need:
         raise ConfigError(f"{key}: {idx}: {os.path.getsize(idx):,} bytes, its header needs {need:,} "
                           f"(truncated); {again}")
-    if seqs:
-        lengths = np.memmap(idx, np.int32, "r", offset=_IDX_HEAD, shape=(seqs,))
-        pointers = np.memmap(idx, np.int64, "r", offset=_IDX_HEAD + 4 * seqs, shape=(seqs,))
-        end = int(pointers[-1]) + int(lengths[-1]) * _ITEMSIZE[head[17]]
-        if os.path.getsize(bin_) < end:
-            raise ConfigError(f"{key}: {bin_}: {os.path.getsize(bin_):,} bytes, its index {idx} needs "
-                              f"{end:,} (truncated); {again}")
+    if not seqs or not os.path.getsize(bin_):  # megatron cannot memory-map an empty .bin
+        raise ConfigError(f"{key}: {prefix}.bin/.idx: an empty shard (no tokens); drop it from "
+                          f"{key}, or remake it from more input")
+    lengths = np.memmap(idx, np.int32, "r", offset=_IDX_HEAD, shape=(seqs,))
+    pointers = np.memmap(idx, np.int64, "r", offset=_IDX_HEAD + 4 * seqs, shape=(seqs,))
+    end = int(pointers[-1]) + int(lengths[-1]) * np.dtype(_DTYPES[head[17]]).itemsize
+    if os.path.getsize(bin_) < end:
+        raise ConfigError(f"{key}: {bin_}: {os.path.getsize(bin_):,} bytes, its index {idx} needs "
+                          f"{end:,} (truncated); {again}")
+    return head[17], lengths, np.memmap(idx, np.int64, "r", offset=_IDX_HEAD + 12 * seqs, shape=(docs,))
+
+
+def _check_answers(items: list[BlendItem], key: str) -> dict[str, dict]:
+    """data.task_loss: answers: the answer mask of each shard that has one, or that its manifest
+    says holds task documents, must be whole, uint8, of the shard's very documents, and hold an
+    answer token. Returns {mask prefix: sha256 of its .bin and .idx}."""
+    masks = {}
+    for it in items:
+        mask = answers_prefix(it.prefix)
+        made = shard_manifest(it.prefix)
+        tasks = made is not None and made[1].get("settings", {}).get("format") == "tasks"
+        if not (tasks or os.path.isfile(mask + ".bin") or os.path.isfile(mask + ".idx")):
+            continue  # a text shard: every token trains
+        remake = ("copy it beside its shard again, or remake both (`make task-shards`, or "
+                  "`shard.py --format tasks`)")
+        for ext in (".bin", ".idx"):
+            if not os.path.isfile(mask + ext):
+                said = f" (its manifest {made[0]} says --format tasks)" if tasks else ""
+                raise ConfigError(f"{key}: answer mask {mask}{ext} of the task shard {it.prefix} "
+                                  f"not found{said}; {remake}, or set data.task_loss 'all'")
+        code, lengths, docs = _check_sizes(mask, f"{key}: answer mask")
+        if code != 1:
+            raise ConfigError(f"{key}: answer mask {mask}.idx holds {np.dtype(_DTYPES[code])} "
+                              f"values, not uint8 (1 on answer tokens); {remake}")
+        _, want, want_docs = _check_sizes(it.prefix, key)
+        if not (np.array_equal(lengths, want) and np.array_equal(docs, want_docs)):
+            raise ConfigError(
+                f"{key}: answer mask {mask}.idx does not fit its shard {it.prefix}.idx ({len(lengths):,} "
+                f"documents of {int(lengths.sum()):,} tokens, the shard {len(want):,} of "
+                f"{int(want.sum()):,}, or other lengths): a mask of other shards (another "
+                f"--task-seed?); {remake}")
+        sha, answers = hashlib.sha256(), False
+        with open(mask + ".bin", "rb") as f:
+            while chunk := f.read(1 << 24):
+                sha.update(chunk)
+                answers = answers or b"\x01" in chunk
+        if not answers:
+            raise ConfigError(f"{key}: answer mask {mask}.bin marks no answer token (all 0): "
+                              f"data.task_loss 'answers' would train on nothing there; {remake}")
+        with open(mask + ".idx", "rb") as f:
+            masks[mask] = {"bin_sha256": sha.hexdigest(), "idx_sha256": hashlib.sha256(f.read()).hexdigest()}
+    return masks
+
+
+# megatron loads its cached sample indices (<data.cache_dir>/*.npy) with numpy.load(allow_pickle=
+# True): a "cache" file that is a pickle would run its code when a copied or shared run folder is
+# resumed. Every .npy there is checked to be plain data first, and megatron's loads refuse pickles.
+_NPY_HEADERS = {(1, 0): npformat.read_array_header_1_0, (2, 0): npformat.read_array_header_2_0}
+
+
+def _plain_npy(path: str) -> None:
+    """Refuse `path` unless it is an .npy file of plain values (its header is read, nothing run)."""
+    with open(path, "rb") as f:
+        try:
+            read = _NPY_HEADERS.get(npformat.read_magic(f))
+            plain = read is not None and not read(f)[2].hasobject
+        except (ValueError, SyntaxError, TypeError):
+            plain = False
+    if not plain:
+        raise ConfigError(f"data.cache_dir: {path}: not a plain numpy array (a pickle, Python objects "
+                          "or damaged), refused: loading it could run code; delete it (megatron "
+                          "rebuilds its sample indices) and resume only run folders you trust")
+
+
+@contextlib.contextmanager
+def _no_pickle(cache: str):
+    """For megatron's build: every .npy in `cache` checked, and its GPT and blended datasets'
+    numpy.load made to check each file it loads and load it with allow_pickle=False."""
+    from megatron.core.datasets import blended_dataset, gpt_dataset
+
+    for name in sorted(os.listdir(cache)) if os.path.isdir(cache) else ():
+        if name.endswith(".npy"):
+            _plain_npy(os.path.join(cache, name))
+
+    class Numpy(types.ModuleType):
+        def __getattr__(self, name):
+            return getattr(np, name)
+
+        @staticmethod
+        def load(file, *args, **kwargs):
+            _plain_npy(file)
+            return np.load(file, *args, **{**kwargs, "allow_pickle": False})
+
+    modules = (blended_dataset, gpt_dataset)
+    saved = [m.numpy for m in modules]
+    for m in modules:
+        m.numpy = Numpy("numpy")
+    try:
+        yield
+    finally:
+        for m, numpy in zip(modules, saved):
+            m.numpy = numpy
+
+
+def _first_answers(dataset, cfg: RunConfig) -> tuple[int, int]:
+    """(loss tokens, samples) of the first steps (at most 4) of `dataset`."""
+    t = cfg.train
+    n = min(len(dataset), t.global_batch_size * min(t.steps, 4))
+    return sum(int(dataset[i]["loss_mask"].sum()) for i in range(n)), n
 
 
 def _blend(items: list[BlendItem]) -> Optional[tuple[list[str], Optional[list[float]]]]:
@@ -186,8 +296,10 @@ def _blend(items: list[BlendItem]) -> Optional[tuple[list[str], Optional[list[fl
     return [i.prefix for i in items], ([i.weight for i in items] if len(items) > 1 else None)
 
 
-def build_datasets(cfg: RunConfig, world_size: int):
-    """(train, valid or None) megatron datasets sized for the whole run; call on every rank."""
+def build_datasets(cfg: RunConfig, world_size: int, record: bool = False):
+    """(train, valid or None) megatron datasets sized for the whole run; call on every rank.
+    `record` (rank 0 of a run): write <run_dir>/data_inputs.json, the blends and the sha256 of
+    the answer masks read."""
     from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
     from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
 
@@ -202,11 +314,12 @@ def build_datasets(cfg: RunConfig, world_size: int):
                           f"{tok.vocab_size} ({d.tokenizer})")
     n_evals = t.steps // t.eval_interval + 1 if t.eval_interval else 0
     valid_samples = n_evals * t.eval_iters * t.micro_batch_size * world_size if d.valid_blend else None
+    cache = d.cache_dir or os.path.join(cfg.run_dir, "data_cache")
     gcfg = GPTDatasetConfig(
         random_seed=d.seed,
         sequence_length=cfg.model.seq_length,
         blend_per_split=[_blend(d.blend), _blend(d.valid_blend), None],
-        path_to_cache=d.cache_dir or os.path.join(cfg.run_dir, "data_cache"),
+        path_to_cache=cache,
         tokenizer=tok,
         reset_position_ids=False,
         reset_attention_mask=False,
@@ -216,13 +329,28 @@ def build_datasets(cfg: RunConfig, world_size: int):
     )
     sizes = [t.steps * t.global_batch_size, valid_samples, None]
     answer_loss = d.task_loss == "answers"
-    if answer_loss and not any(os.path.isfile(answers_prefix(b.prefix) + ".idx") for b in d.blend):
+    masks = ({**_check_answers(d.blend, "data.blend"), **_check_answers(d.valid_blend, "data.valid_blend")}
+             if answer_loss else {})
+    if answer_loss and not any(answers_prefix(b.prefix) in masks for b in d.blend):
         raise ConfigError("data.task_loss: 'answers', but no shard of data.blend has an answer mask "
                           f"beside it (<prefix>{ANSWERS_SUFFIX}.bin/.idx, written by `shard.py "
                           "--format tasks`): remake the task shards (`make task-shards`) or set 'all'")
     # plain runs: megatron's own class (its name is part of the sample-index cache names)
     cls = _gpt_dataset_class(answer_loss) if d.bos or answer_loss else GPTDataset
-    train, valid, _ = BlendedMegatronDatasetBuilder(cls, sizes, lambda: True, gcfg).build()
+    with _no_pickle(cache):
+        train, valid, _ = BlendedMegatronDatasetBuilder(cls, sizes, lambda: True, gcfg).build()
+    if answer_loss and (not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0):
+        tokens, n = _first_answers(train, cfg)
+        if not tokens:
+            print(f"[lenext] warning: data.task_loss 'answers': the first {n} training samples "
+                  "hold no answer token (a loss and gradient of 0); check data.blend's task share "
+                  "and its answer masks", flush=True)
+    if record:
+        blends = {k: [{"prefix": os.path.abspath(b.prefix), "weight": b.weight} for b in v]
+                  for k, v in (("blend", d.blend), ("valid_blend", d.valid_blend))}
+        os.makedirs(cfg.run_dir, exist_ok=True)
+        atomic_write(os.path.join(cfg.run_dir, "data_inputs.json"), json.dumps(
+            {**blends, "task_loss": d.task_loss, "answer_masks": masks}, indent=2) + "\n")
     return train, (valid if d.valid_blend and valid_samples else None)
 
 

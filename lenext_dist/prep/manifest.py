@@ -75,6 +75,18 @@ def answers_prefix(prefix: str) -> str:
     return prefix + ANSWERS_SUFFIX
 
 
+def shard_manifest(prefix: str) -> Optional[tuple[str, dict]]:
+    """(path, manifest) of the run that wrote the merged shard `prefix` (<out>/<name>_<split>),
+    when its manifest lies beside it and lists that split; else None (a shard copied alone)."""
+    name, _, split = os.path.basename(prefix).rpartition("_")
+    path = manifest_path(os.path.dirname(prefix), name)
+    try:
+        manifest = read_json(path) if name else None
+    except (OSError, ValueError):
+        return None
+    return (path, manifest) if isinstance(manifest, dict) and split in manifest.get("outputs", {}) else None
+
+
 def input_key(path: str) -> str:
     """A file-name-safe key for one input: readable basename + hash of the full path
     (SlimPajama repeats basenames across chunk directories)."""

@@ -142,7 +142,7 @@ def resolve(checkpoint: str | os.PathLike, tag: Optional[str] = None) -> Path:
 # on purpose, so it is only reported.
 _MODEL_KEYS = ("model", "attention", "train.mode")
 _DATA_KEYS = ("data.blend", "data.seed", "train.global_batch_size", "train.steps", "model.seq_length",
-              "data.bos", "data.document_mask")  # the last two: what the samples / mask are
+              "data.bos", "data.document_mask", "data.task_loss")  # the last three: what the samples / loss mask are
 _FREE_KEYS = ("model.name", "model.init_method_std", "model.train_length", "attention.impl",
               "attention.chunk_size")
 """Same network either way: a label, the initialization, the kernel choice (train_length only
