@@ -1,9 +1,15 @@
-"""The `lenext` command: `lenext eval {ppl,passkey,tasks,entropy,scale-sweep} ...`, `lenext report ...`,
-`lenext extend ...`.
+"""Evaluate, compare and length-extend language models trained with lenext_dist.
 
-Subcommands are registered in `SUBCOMMANDS` (name -> (help, build_parser, run)); others (e.g.
-`extend`) add one entry. Also runs as `python -m lenext_dist ...`.
+  lenext eval KIND     measure a Hugging Face model folder at several lengths
+                       (ppl, passkey, tasks, entropy, scale-sweep) and write JSON + plots
+  lenext report        collect the results of `lenext eval` into one markdown report
+  lenext extend        the whole length-extension workflow for a pretrained run: scale sweep,
+                       per-head scale search per target length, export, evaluation, report
+
+Run `lenext COMMAND --help` for a command's options. Also runs as `python -m lenext_dist`.
 """
+# Developers: a subcommand is one entry of SUBCOMMANDS below (name -> (help, loader)); its module's
+# build_parser sets its own description, example and options.
 from __future__ import annotations
 
 import argparse
@@ -32,15 +38,24 @@ def _extend():
 
 
 SUBCOMMANDS = {
-    "eval": ("evaluate a model directory: ppl, passkey, entropy, scale-sweep", _eval),
-    "report": ("one markdown report of result folders", _report),
-    "extend": ("scale sweep -> HeadScale search -> export -> evaluation -> report, per target length",
-               _extend),
+    "eval": ("measure a model folder at several lengths: ppl, passkey, tasks, entropy, scale-sweep",
+             _eval),
+    "report": ("one markdown report of the results of lenext eval", _report),
+    "extend": ("length extension of a pretrained run: scale sweep, HeadScale search, export, "
+               "evaluation, report", _extend),
 }
 
 
+EPILOG = """examples:
+  lenext eval ppl --model hf/tiny-nope --data data/sample/heldout/books.jsonl.zst --lengths 128,256,512
+  lenext report --runs results/tiny-nope --out results/report.md
+  lenext extend --base runs/tiny-cpu-nope --targets 256,512
+
+Manual: docs/evaluation.md, docs/length-extension.md"""
+
+
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="lenext", description=__doc__,
+    ap = argparse.ArgumentParser(prog="lenext", description=__doc__, epilog=EPILOG,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="command", required=True)
     for name, (help_, loader) in SUBCOMMANDS.items():

@@ -59,12 +59,44 @@ def _add_common(p: argparse.ArgumentParser, data: bool = True) -> None:
         p.add_argument("--max-docs", type=pos_int, default=None, help="use the first N documents")
 
 
+DESCRIPTION = """Measure a Hugging Face model folder at one or more lengths; write JSON and plots.
+
+  ppl          sliding-window perplexity by length, with context-use and extrapolation diagnostics
+  passkey      passkey retrieval, length x depth
+  tasks        retrieval in the training task formats, by length (documents right)
+  entropy      attention entropy per position, head and layer
+  scale-sweep  the best uniform attention scale per position, and its log fit
+
+Every kind takes --model DIR (required), --out DIR (default results/<model name>) and the
+eval-time changes --scale-c C, --window W, --rope-scaling pi|ntk|yarn with --rope-factor S,
+--log-scale-a A; `lenext eval KIND --help` lists all its options. Each result file records the
+command, the model, the data and the protocol."""
+
+EPILOG = """examples:
+  lenext eval ppl --model hf/tiny-nope --data data/sample/heldout/books.jsonl.zst --lengths 128,256,512
+  lenext eval passkey --model hf/tiny-nope --lengths 128,256,512 --scale-c 1.5
+
+Outputs in --out: ppl_<protocol>.json/.png, passkey.json/.png, tasks.json/.png,
+entropy_<N>.json/.png/.npz, scale_sweep.json/.png/.npz; an eval-time change adds a suffix
+(_c1.5, _w128, _ntk4, _loga0.3). Manual: docs/evaluation.md"""
+
+
+def _kind(sub, name: str, help_: str, description: str, example: str) -> argparse.ArgumentParser:
+    return sub.add_parser(name, help=help_, description=description, epilog=f"example:\n  {example}",
+                          formatter_class=argparse.RawDescriptionHelpFormatter)
+
+
 def build_parser(parser: Optional[argparse.ArgumentParser] = None) -> argparse.ArgumentParser:
-    ap = parser or argparse.ArgumentParser(prog="lenext eval", description=__doc__,
-                                           formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = parser or argparse.ArgumentParser(prog="lenext eval")
+    ap.description, ap.epilog = DESCRIPTION, EPILOG
+    ap.formatter_class = argparse.RawDescriptionHelpFormatter
     sub = ap.add_subparsers(dest="eval_cmd", required=True)
 
-    p = sub.add_parser("ppl", help="sliding-window perplexity at several lengths")
+    p = _kind(sub, "ppl", "sliding-window perplexity at several lengths",
+              "Sliding-window perplexity of --data at each of --lengths, with context use and the "
+              "extrapolation penalty past the training length.",
+              "lenext eval ppl --model hf/tiny-nope --data data/sample/heldout/books.jsonl.zst "
+              "--lengths 128,256,512,1024 --stride 64")
     _add_common(p)
     p.add_argument("--lengths", type=ints, required=True, help="e.g. 2048,4096,8192")
     p.add_argument("--stride", type=pos_int, default=256, help="S (last-stride and yarn)")
@@ -78,7 +110,10 @@ def build_parser(parser: Optional[argparse.ArgumentParser] = None) -> argparse.A
     p.add_argument("--penalty-stride", type=pos_int, default=None,
                    help="stride of the window-L baseline (default L/4; must divide W-L)")
 
-    p = sub.add_parser("passkey", help="passkey retrieval, length x depth heatmap")
+    p = _kind(sub, "passkey", "passkey retrieval, length x depth heatmap",
+              "Passkey retrieval: a 5-digit key hidden in filler at several depths, asked for at the "
+              "end; greedy answers scored by length and depth.",
+              "lenext eval passkey --model hf/tiny-nope --lengths 128,256,512 --depths 5 --keys 10")
     _add_common(p, data=False)
     p.add_argument("--lengths", type=ints, required=True)
     p.add_argument("--depths", type=depths, default="10", help="N evenly spaced depths in [0,1], or a list")
@@ -86,8 +121,13 @@ def build_parser(parser: Optional[argparse.ArgumentParser] = None) -> argparse.A
     p.add_argument("--seed", type=nonneg_int, default=0)
     p.add_argument("--max-new-tokens", type=pos_int, default=8)
 
-    p = sub.add_parser("tasks", help="task-format retrieval (documents of every task generator) "
-                       "by length, filler from --data")
+    p = _kind(sub, "tasks", "task-format retrieval (documents of every task generator) by length, "
+              "filler from --data",
+              "Retrieval in the formats of the training task documents: fresh documents of each "
+              "generator at each length, filler from the held-out --data; a document is right when "
+              "every answer token is.",
+              "lenext eval tasks --model hf/tiny-nope --data data/sample/heldout/books.jsonl.zst "
+              "--lengths 128,256,512 --tasks passkey,recall,copy --docs 32")
     _add_common(p)
     p.add_argument("--lengths", type=ints, required=True, help="document lengths, e.g. 128,256,512")
     p.add_argument("--tasks", type=task_names, default=None,
@@ -95,7 +135,11 @@ def build_parser(parser: Optional[argparse.ArgumentParser] = None) -> argparse.A
     p.add_argument("--docs", type=pos_int, default=32, help="documents per (task, length)")
     p.add_argument("--seed", type=nonneg_int, default=0)
 
-    p = sub.add_parser("entropy", help="per-position attention entropy per head and layer")
+    p = _kind(sub, "entropy", "per-position attention entropy per head and layer",
+              "Attention entropy per position, head and layer over windows of --length tokens, with "
+              "the uniform-attention upper bound.",
+              "lenext eval entropy --model hf/tiny-nope --data data/sample/heldout/books.jsonl.zst "
+              "--length 1024 --samples 8")
     _add_common(p)
     p.add_argument("--length", type=pos_int, required=True)
     p.add_argument("--samples", type=pos_int, default=8, help="windows averaged over")
@@ -103,7 +147,11 @@ def build_parser(parser: Optional[argparse.ArgumentParser] = None) -> argparse.A
                    "(default: from --mem-mb)")
     p.add_argument("--mem-mb", type=pos_int, default=256, help="memory for one chunk of probs")
 
-    p = sub.add_parser("scale-sweep", help="uniform-scale grid, best c per position, log fit")
+    p = _kind(sub, "scale-sweep", "uniform-scale grid, best c per position, log fit",
+              "Loss per position for each uniform attention scale c of a grid; the best c per "
+              "position range and the fit c(s) = 1 + a ln s beyond the training length.",
+              "lenext eval scale-sweep --model hf/tiny-nope --data data/sample/heldout/books.jsonl.zst "
+              "--length 1024 --c-min 0.8 --c-max 2.0 --c-step 0.05")
     _add_common(p)
     p.add_argument("--length", type=pos_int, required=True)
     p.add_argument("--c-min", type=pos_float, default=0.8)
