@@ -14,10 +14,21 @@ from lenext_dist.errors import entry_point
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(
         prog="python -m lenext_dist.convert",
-        description="Export a lenext DeepSpeed/megatron checkpoint to a Hugging Face folder: "
-                    "--format custom (default; every variant, load with trust_remote_code=True) "
-                    "or --format stock (NoPE -> SmolLM3ForCausalLM, RoPE -> LlamaForCausalLM, "
-                    "no remote code; other variants are refused).")
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Export a training checkpoint to a Hugging Face model folder.\n\n"
+                    "--format custom (default) ships the project's modeling code: every position "
+                    "variant; load it with\ntrust_remote_code=True. --format stock writes a standard "
+                    "transformers model that needs no remote\ncode (NoPE -> SmolLM3ForCausalLM, "
+                    "RoPE -> LlamaForCausalLM or MistralForCausalLM); other variants\nare refused. "
+                    "--verify reloads the export and compares its logits with the checkpoint's.",
+        epilog="examples:\n"
+               "  python -m lenext_dist.convert --checkpoint runs/tiny-cpu-nope/checkpoints --out hf/tiny-nope "
+               "--verify\n"
+               "  python -m lenext_dist.convert --checkpoint runs/tiny-cpu-nope/checkpoints --out hf/tiny-nope-c1.5 "
+               "--scale-c 1.5\n"
+               "  python -m lenext_dist.convert --checkpoint runs/tiny-cpu-nope/checkpoints --out hf/tiny-nope-stock "
+               "--format stock --verify\n\n"
+               "Manual: docs/export.md")
     p.add_argument("--checkpoint", required=True,
                    help="checkpoint folder (uses its `latest`) or a step_* folder in it")
     p.add_argument("--tag", help="step_NNNNNNN folder inside --checkpoint (default: latest)")

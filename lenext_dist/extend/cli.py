@@ -19,11 +19,29 @@ def _init(s: str):
     return "fit" if s == "fit" else pos_float(s)
 
 
-def build_parser(p: Optional[argparse.ArgumentParser] = None) -> argparse.ArgumentParser:
-    from lenext_dist import extend
+DESCRIPTION = """Extend a pretrained run to longer contexts, end to end, for each target length T.
 
-    p = p or argparse.ArgumentParser(prog="lenext extend", description=extend.__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+  1. export the run's latest checkpoint                                 <out>/hf/base
+  2. sweep the uniform attention scale c at the longest target; fit c(s) = 1 + a ln s
+  3. per T: search per-head scales (HeadScale) at about 1.125 T, every other weight frozen,
+     launched like pretraining                                          <out>/hs-T
+  4. export each search                                                 <out>/hf/hs-T
+  5. evaluate the run as pretrained, the best uniform c(T) and HeadScale: perplexity at
+     1x..8x the training length, passkey, attention entropy             <out>/eval/
+  6. one report with every table and plot and the paper's claims checked   <out>/report.md
+
+Resumable: each step is skipped when its output exists, so rerun the same command after a kill."""
+
+EPILOG = """example:
+  lenext extend --base runs/tiny-cpu-nope --targets 256,512
+
+Manual: docs/length-extension.md"""
+
+
+def build_parser(p: Optional[argparse.ArgumentParser] = None) -> argparse.ArgumentParser:
+    p = p or argparse.ArgumentParser(prog="lenext extend")
+    p.description, p.epilog = DESCRIPTION, EPILOG
+    p.formatter_class = argparse.RawDescriptionHelpFormatter
     p.add_argument("--base", required=True, help="pretraining run folder (config.yaml, checkpoints/)")
     p.add_argument("--targets", type=ints, required=True, help="target lengths, e.g. 256,512")
     p.add_argument("--out", default=None, help="output folder (default <base>/extend)")
