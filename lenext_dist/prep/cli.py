@@ -52,16 +52,22 @@ def shard_parser(prog: str = "shard.py") -> argparse.ArgumentParser:
         prog=prog,
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description=(
-            "Tokenize SlimPajama / Starcoderdata / jsonl / txt files into megatron-core indexed "
-            "shards (<out>/<name>_train.bin/.idx, <name>_valid.* with --valid-fraction) and "
-            "<out>/<name>.manifest.json.\nUnits of work are files, 1-64 MB byte ranges of "
-            ".jsonl files and parquet row groups: output is byte-identical for any "
-            "--workers/--num-tasks, and a rerun after a kill skips finished units.\n"
-            "Subcommand: `merge --out DIR --name N` (after a Slurm array)."
+            "Tokenize text corpora into megatron-core shards for pretraining.\n\n"
+            "Reads SlimPajama, Starcoderdata, jsonl or txt files (or, with --format tasks, generates "
+            "long-context task\ndocuments over their text) and writes <out>/<name>_train.bin/.idx "
+            "(<name>_valid.* with --valid-fraction)\nand <out>/<name>.manifest.json. The output is "
+            "byte-identical for any --workers/--num-tasks, and a rerun\nafter a kill skips the work "
+            "already done. After a Slurm array: `merge --out DIR --name N`."
         ),
-        epilog="Bad input stops the run with file and line unless --skip-bad; reasons:\n"
+        epilog="examples:\n"
+        "  python data_prep/shard.py --input 'data/sample/slimpajama/chunk*/*.jsonl.zst' --format slimpajama \\\n"
+        "      --tokenizer data/sample/tokenizer.model --out shards/ --name slimpajama --workers 2 "
+        "--valid-fraction 0.01\n"
+        "  python data_prep/shard.py merge --out shards/ --name slimpajama\n\n"
+        "Bad input stops the run with file and line unless --skip-bad; reasons:\n"
         + reasons
-        + "\nEmpty documents are always skipped and counted as `empty`.",
+        + "\nEmpty documents are always skipped and counted as `empty`.\n\n"
+        "Manual: docs/data-preparation.md",
     )
     p.add_argument("--input", nargs="+", required=True, metavar="GLOB",
                    help="files, directories or quoted globs, e.g. 'SlimPajama/train/chunk*/*.jsonl.zst'")
@@ -96,7 +102,7 @@ def shard_parser(prog: str = "shard.py") -> argparse.ArgumentParser:
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--remove-parts", action="store_true",
                    help="delete <name>.parts/ after a successful merge (saves disk; no later resume)")
-    t = p.add_argument_group("generated task documents (--format tasks; README: Task documents)")
+    t = p.add_argument_group("generated task documents (--format tasks; docs/data-preparation.md)")
     t.add_argument("--tasks", default="", metavar="T[:W],...",
                    help=f"generators and their weights, e.g. passkey,recall,repeat:2 "
                         f"(tasks: {', '.join(TASKS)})")
@@ -112,9 +118,12 @@ def shard_parser(prog: str = "shard.py") -> argparse.ArgumentParser:
 def merge_parser(prog: str = "shard.py merge") -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog=prog,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Merge the partial shards of all tasks into <out>/<name>_<split>.bin/.idx "
-                    "(sorted input order) and write <out>/<name>.manifest.json. Fails, listing "
+                    "(sorted input order) and write\n<out>/<name>.manifest.json. Fails, listing "
                     "what is missing, if any input file is unfinished.",
+        epilog="example (after a Slurm array of shard.py tasks):\n"
+               "  python data_prep/shard.py merge --out shards/ --name slimpajama --remove-parts",
     )
     p.add_argument("--out", required=True)
     p.add_argument("--name", required=True)
