@@ -1,12 +1,19 @@
 #!/usr/bin/env python
-"""Pretrain (or HeadScale-search) a megatron-core GPT under DeepSpeed ZeRO.
+"""Pretrain a GPT model under DeepSpeed ZeRO, or search its per-head attention scales (HeadScale).
 
-    deepspeed --num_gpus 2 launch/pretrain.py --config configs/exp/tiny-cpu-nope.yaml [--dry-run] \
-        [--optim.lr=3e-4 --train.steps 100 ...]
+The model is megatron-core's GPT with any position variant of this project. Runs under deepspeed,
+torchrun, mpirun or srun (the rank comes from the environment), or alone as one process. Any config
+key can be set on the command line as --a.b=value (or --a.b value); every key is in
+docs/configuration.md. Outputs go to runs/<name>/: the resolved config, metrics.jsonl, TensorBoard
+logs and checkpoints; rerunning the same command resumes from the latest checkpoint.
 
-Also runs under torchrun, mpirun (mpi4py) and srun: the rank comes from the environment.
-Every `--a.b=value` (or `--a.b value`) overrides a config key; see README.md for all keys.
-A user error prints one `error:` line and exits 2 (`--debug` or LENEXT_DEBUG=1: the traceback).
+examples:
+  deepspeed --num_gpus 2 launch/pretrain.py --config configs/exp/tiny-cpu-nope.yaml
+  deepspeed --num_gpus 2 launch/pretrain.py --config configs/exp/tiny-cpu-nope.yaml --optim.lr=3e-4 --train.steps 100
+  python launch/pretrain.py --config configs/exp/tinyllama-1.1b-nope.yaml --dry-run
+
+A user error prints one `error:` line and exits 2 (--debug or LENEXT_DEBUG=1: the traceback).
+Manual: docs/pretraining.md
 """
 import argparse
 import os
