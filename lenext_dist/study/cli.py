@@ -38,19 +38,36 @@ def _ints(s: str) -> list[int]:
     return [int(x) for x in s.split(",") if x]
 
 
+DESCRIPTION = """Run the small-scale study: do the paper's length-generalization claims hold at CPU scale?
+
+Pretrains NoPE, RoPE and other position variants of one shape, exports them, evaluates every
+length-extension method at 1x..16x the training length (perplexity, retrieval, context use,
+attention entropy, the uniform-scale fit, HeadScale) and writes <out>/STUDY.md, which checks the
+paper's claims one by one, with summary.json and figures. Resumable: rerun the same command after
+a kill. --regime runs the search for a training regime instead, --probe a synthetic copying probe."""
+
+EPILOG = """examples:
+  python -m lenext_dist.study --quick          # small, every variant, 1 seed: results/study-quick/
+  python -m lenext_dist.study                  # the full study: results/study/, published to docs/study/
+  python -m lenext_dist.study --report-only    # redo the analysis, figures and STUDY.md from the files
+  python -m lenext_dist.study --regime         # the regime search: results/regime/REGIME.md
+
+Manual: docs/study.md"""
+
+
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m lenext_dist.study", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(prog="python -m lenext_dist.study", description=DESCRIPTION,
+                                 epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="the CI-sized study (preset 'quick')")
     ap.add_argument("--regime", action="store_true",
-                    help="the regime search instead (study/regime.py; with --quick: its CI size); "
+                    help="the regime search instead (with --quick: its CI size); "
                          "writes <out>/REGIME.md and regime.json (default results/regime[-quick])")
     ap.add_argument("--publish", action="store_true",
                     help="with --regime: merge its measured rows into the record docs/regime/ "
-                         "(what the full study's STUDY.md shows; study/regime.py publish)")
+                         "(what the full study's STUDY.md shows)")
     ap.add_argument("--probe", action="store_true",
-                    help="the ordered-copy probe instead (study/probe.py: DESIGN section 9's task "
-                         "through our megatron model; with --quick: its CI size); writes "
+                    help="the ordered-copy probe instead (a synthetic copying task through the "
+                         "project's model; with --quick: its CI size); writes "
                          "<out>/PROBE.md and probe.json (default results/probe[-quick]-<loss>)")
     ap.add_argument("--probe-loss", choices=("answers", "all"), default="answers",
                     help="probe: loss on the copied tokens only, or on every token (the control)")
