@@ -169,7 +169,14 @@ def write_report(runs: Sequence[str], out: str, title: Optional[str] = None) -> 
 
 
 def build_parser(parser: Optional[argparse.ArgumentParser] = None) -> argparse.ArgumentParser:
-    ap = parser or argparse.ArgumentParser(prog="lenext report", description=__doc__)
+    ap = parser or argparse.ArgumentParser(prog="lenext report")
+    ap.description = ("Collect the results of `lenext eval` into one markdown report.\n\n"
+                      "Tables of perplexity, context use and extrapolation penalty, passkey and "
+                      "task-format retrieval,\nattention entropy and scale-sweep fits, by run and "
+                      "length, with every plot linked.")
+    ap.epilog = ("example:\n  lenext report --runs results/nope results/rope --out results/report.md\n\n"
+                 "Manual: docs/evaluation.md")
+    ap.formatter_class = argparse.RawDescriptionHelpFormatter
     ap.add_argument("--runs", nargs="+", required=True, help="result folders of `lenext eval`")
     ap.add_argument("--out", default="report.md", help="markdown file to write")
     ap.add_argument("--title", default=None)
