@@ -16,6 +16,13 @@ megatron's cached sample indices of a run without BOS are never reused with it.
 Answer loss (`data.task_loss: answers`): shards of generated task documents carry an answer mask
 beside them (`<prefix>_answers`, same document lengths); megatron's own sample walk over it gives
 each sample's mask, and the loss mask keeps the answer tokens only. Text shards are unchanged.
+Before megatron builds, each mask is checked against its shard (present when the shard's manifest
+says --format tasks, whole, uint8, the same document lengths, some answer token); the run records
+the masks' sha256 in <run_dir>/data_inputs.json and warns when its first steps hold no answer.
+
+Sample-index cache (`data.cache_dir`, default <run_dir>/data_cache): megatron reads it with
+numpy.load(allow_pickle=True); every .npy there must be plain data and is loaded without pickle
+(`_no_pickle`), so a copied or shared run folder cannot run code.
 
 Document masking (`data.document_mask`): each micro-batch also carries `document_ids` [b, s]
 (split after EOS and at BOS, lenext_dist.attention.document_ids), handed to the model as its

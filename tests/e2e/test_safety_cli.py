@@ -165,6 +165,26 @@ def test_a_malicious_checkpoint_is_refused_everywhere_and_runs_nothing(poisoned,
     assert not poisoned["marker"].exists()
 
 
+def test_a_pickle_planted_in_the_data_cache_is_refused_on_resume_and_runs_nothing(run, tmp_path):
+    """megatron reads <run_dir>/data_cache/*.npy with numpy.load(allow_pickle=True): a copied run
+    folder whose cached sample indices are pickles is refused on resume, by one line."""
+    import pickle
+
+    dst = tmp_path / "r"
+    shutil.copytree(run["dir"], dst)
+    cfg = tmp_path / "r.yaml"
+    cfg.write_text(run["cfg"].read_text().replace(str(run["dir"]), str(dst)))
+    npys = sorted((dst / "data_cache").glob("*.npy"))
+    assert len(npys) >= 3
+    for f in npys:
+        f.write_bytes(pickle.dumps(Evil(tmp_path / "PWNED")))
+    p = pretrain(cfg, "--train.steps=4", check=False)
+    assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr[-2000:]
+    assert p.stderr.strip().splitlines()[-1].startswith(f"error: data.cache_dir: {npys[0]}: not a plain "
+                                                        "numpy array"), p.stderr[-2000:]
+    assert not (tmp_path / "PWNED").exists()
+
+
 def test_a_truncated_checkpoint_names_its_folder(run, tmp_path, convert):
     dst = tmp_path / "r"
     shutil.copytree(run["dir"], dst)

@@ -43,6 +43,9 @@ def test_task_shards_feed_pretraining_through_the_blend(sample_shards, tmp_path)
     losses = [json.loads(line)["loss"] for line in open(tmp_path / "mix" / "metrics.jsonl")
               if '"loss"' in line]
     assert len(losses) == 6 and all(math.isfinite(x) for x in losses)
+    # the run records the answer mask it read, by its sha256
+    masks = json.load(open(tmp_path / "mix" / "data_inputs.json"))["answer_masks"]
+    assert list(masks) == [tasks + "_answers"] and len(masks[tasks + "_answers"]["bin_sha256"]) == 64
     # megatron's blend drew training samples from both sources, about half from the tasks
     (index,) = glob.glob(str(tmp_path / "mix" / "data_cache" / "*BlendedDataset-train-dataset_index.npy"))
     share = float(np.mean(np.load(index) == 1))

@@ -115,8 +115,9 @@ def test_resume_refuses_another_model_and_reports_another_data_order(tmp_path):
                            ("attention.head_scale.enabled", headscale[2:3])):
         with pytest.raises(CheckpointError, match=key.replace(".", r"\.")):
             checkpoint.check_resume(load_config(None, overrides), step)
-    notes = checkpoint.check_resume(load_config(None, ["data.seed=7", "train.steps=99"]), step)
-    assert notes == ["data.seed: 1234 -> 7", "train.steps: 200 -> 99"]
+    notes = checkpoint.check_resume(load_config(None, ["data.seed=7", "train.steps=99",
+                                                       "data.task_loss=answers"]), step)
+    assert notes == ["data.seed: 1234 -> 7", "data.task_loss: 'all' -> 'answers'", "train.steps: 200 -> 99"]
     L = load_config(None, []).model.seq_length  # a longer continuation that keeps the pretrained L
     notes = checkpoint.check_resume(load_config(None, [f"model.seq_length={2 * L}",
                                                        f"model.train_length={L}"]), step)

@@ -2,8 +2,17 @@
 the shard, and the training samples' loss mask keeps exactly the answer tokens of the task
 documents (checked by matching each whole document of a sample to the shard by its tokens, not by
 megatron's sample walk the implementation uses), with and without BOS; text shards keep every
-token, and a blend with no mask at all is refused."""
+token, and a blend with no mask at all is refused. A mask that does not belong to its shard
+(missing beside a task shard its manifest names, truncated, of other documents, not uint8, all
+zero) and an empty shard are one-line errors naming the file; the run records the masks' sha256."""
+import hashlib
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
 import pytest
+import torch
 
 from prep_helpers import SLIMPAJAMA, TOKENIZER, load_docs, shard
 from lenext_dist.config import BlendItem, ConfigError, DataConfig, ModelConfig, RunConfig, TrainConfig
@@ -70,3 +79,90 @@ def test_text_shards_keep_every_token_and_a_blend_without_masks_is_refused(shard
     assert full >= 10 and cut >= 10  # text samples whole, task samples cut to their answers
     with pytest.raises(ConfigError, match="data.task_loss.*no shard of data.blend has an answer mask"):
         build_datasets(run_cfg([(text, 1.0)], tmp_path / "t", task_loss="answers"), 1)
+
+
+# ---- a mask that does not belong to its shard is a one-line error naming it, before training
+def copy_shard(src, dst, mask=True):
+    """The shard `src` (+ its manifest, and its mask with `mask`) copied into the folder `dst`."""
+    dst.mkdir()
+    src = Path(src)
+    shutil.copy(src.parent / "tasks.manifest.json", dst)
+    for p in (src, Path(answers_prefix(str(src))))[: 1 + mask]:
+        for ext in (".bin", ".idx"):
+            shutil.copy(f"{p}{ext}", dst / f"{p.name}{ext}")
+    return str(dst / src.name)
+
+
+def refused(blend, tmp, match):
+    with pytest.raises(ConfigError, match=match) as e:
+        build_datasets(run_cfg(blend, tmp / "cache", task_loss="answers"), 1)
+    assert "\n" not in str(e.value)
+
+
+def test_a_mask_missing_truncated_of_other_shards_or_of_another_dtype_is_named(shards, gloo_1rank, tmp_path):
+    from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
+
+    tasks, text, _, masks = shards
+    # the manifest beside it says it is a task shard: its mask may not be missing, even when
+    # another shard of the blend has one (it would train on all its tokens)
+    bare = copy_shard(tasks, tmp_path / "bare", mask=False)
+    refused([(tasks, 0.5), (bare, 0.5)], tmp_path, rf"data.blend: answer mask {bare}_answers.bin of "
+            rf"the task shard {bare} not found \(its manifest {tmp_path}/bare/tasks.manifest.json says")
+    for ext, cut in ((".bin", 100), (".idx", 9)):  # an interrupted copy
+        copy = copy_shard(tasks, tmp_path / f"cut{ext}")
+        path = Path(answers_prefix(copy) + ext)
+        path.write_bytes(path.read_bytes()[:-cut])
+        refused([(copy, 1.0)], tmp_path, rf"data.blend: answer mask: {path}: .*truncated")
+    # the mask of another --task-seed: other document lengths
+    other = tmp_path / "seed1"
+    shard(SMALL, other, "tasks", fmt="tasks", tasks=task_spec("passkey,copy", ["length=64:72"], seed=1,
+                                                              passes=1))
+    copy = copy_shard(tasks, tmp_path / "mixed")
+    for ext in (".bin", ".idx"):
+        shutil.copy(answers_prefix(str(other / "tasks_train")) + ext, answers_prefix(copy) + ext)
+    refused([(copy, 1.0)], tmp_path, rf"data.blend: answer mask {copy}_answers.idx does not fit its "
+            rf"shard {copy}.idx .*another --task-seed")
+    # the right lengths in another dtype
+    copy = copy_shard(tasks, tmp_path / "wide")
+    b = IndexedDatasetBuilder(answers_prefix(copy) + ".bin", dtype=np.uint16)
+    for m in masks:
+        b.add_document(torch.from_numpy(m.astype(np.int64)), [len(m)])
+    b.finalize(answers_prefix(copy) + ".idx")
+    refused([(copy, 1.0)], tmp_path, rf"data.blend: answer mask {copy}_answers.idx holds uint16 values, not uint8")
+    # an empty shard (megatron cannot map an empty .bin)
+    empty = str(tmp_path / "empty_train")
+    IndexedDatasetBuilder(empty + ".bin", dtype=np.uint16).finalize(empty + ".idx")
+    refused([(text, 0.5), (empty, 0.5)], tmp_path, rf"data.blend: {empty}.bin/.idx: an empty shard")
+
+
+def test_an_all_zero_mask_is_refused_and_a_start_without_answers_is_warned(shards, gloo_1rank, tmp_path, capsys):
+    tasks, _, _, masks = shards
+    copy = copy_shard(tasks, tmp_path / "zero")
+    mask_bin = Path(answers_prefix(copy) + ".bin")
+    mask_bin.write_bytes(bytes(mask_bin.stat().st_size))
+    refused([(copy, 1.0)], tmp_path, rf"data.blend: answer mask {mask_bin} marks no answer token")
+    # answers in one document only, which the first step's samples do not read: a warning
+    cfg = run_cfg([(copy, 1.0)], tmp_path / "cache", task_loss="answers")
+    cfg.train.steps = 1
+    mask_bin.write_bytes(b"".join(m.astype(np.uint8).tobytes() for m in masks))
+    train, _ = build_datasets(cfg, 1)
+    read = {int(d) for i in range(2) for d in gpt_documents(train, i)}
+    last = max(d for d in range(len(masks)) if d not in read and masks[d].any())
+    mask_bin.write_bytes(b"".join((m if d == last else 0 * m).astype(np.uint8).tobytes()
+                                  for d, m in enumerate(masks)))
+    capsys.readouterr()
+    cfg.run_dir = str(tmp_path / "run")
+    build_datasets(cfg, 1, record=True)
+    assert "warning: data.task_loss 'answers': the first 2 training samples hold no answer token" \
+        in capsys.readouterr().out
+    # the run records the masks it read by their sha256
+    inputs = json.loads((tmp_path / "run" / "data_inputs.json").read_text())
+    assert inputs["answer_masks"] == {answers_prefix(copy): {
+        ext[1:] + "_sha256": hashlib.sha256(Path(answers_prefix(copy) + ext).read_bytes()).hexdigest()
+        for ext in (".bin", ".idx")}}
+
+
+def gpt_documents(ds, i):
+    """The shard documents megatron's GPTDataset reads for sample i (its own indices)."""
+    j = ds.shuffle_index[i]
+    return ds.document_index[ds.sample_index[j][0]: ds.sample_index[j + 1][0] + 1]

@@ -208,6 +208,52 @@ def test_a_truncated_shard_is_named_before_megatron_reads_it(tmp_path):
             f.write(whole[ext])
 
 
+def test_a_pickle_planted_in_the_data_cache_is_refused_and_never_run(tmp_path, gloo_1rank):
+    """megatron loads its cached sample indices with numpy.load(allow_pickle=True): a resumed run
+    folder whose <run_dir>/data_cache/*.npy is a pickle (or holds Python objects) is refused with
+    one line naming the file, and nothing in it runs."""
+    import pickle
+
+    from megatron.core.datasets import gpt_dataset
+    from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
+
+    from lenext_dist.config import BlendItem
+    from lenext_dist.data.gpt_data import _no_pickle, build_datasets
+
+    prefix = str(tmp_path / "s_train")
+    b = IndexedDatasetBuilder(prefix + ".bin", dtype=np.uint16)
+    for i in range(40):
+        b.add_item(torch.arange(5 + i, 55 + i, dtype=torch.int64))
+        b.end_document()
+    b.finalize(prefix + ".idx")
+    cfg = load_config(None, [f"run_dir={tmp_path / 'run'}", "train.steps=4", "train.eval_interval=0"])
+    cfg.data.blend = [BlendItem(prefix=prefix)]
+    build_datasets(cfg, 1)  # the first start: megatron caches its sample indices in the run folder
+    cache = tmp_path / "run" / "data_cache"
+    npys = sorted(cache.glob("*.npy"))
+    assert len(npys) == 3
+    marker = tmp_path / "PWNED"
+    for f in npys:
+        good = f.read_bytes()
+        f.write_bytes(pickle.dumps(Evil(marker)))
+        with pytest.raises(ConfigError, match=rf"^data.cache_dir: {f}: not a plain numpy array .*refused"):
+            build_datasets(cfg, 1)  # the resume
+        f.write_bytes(good)
+    np.save(cache / "objects.npy", np.array([Evil(marker)], dtype=object), allow_pickle=True)
+    with pytest.raises(ConfigError, match="objects.npy: not a plain numpy array"):
+        build_datasets(cfg, 1)
+    (cache / "objects.npy").unlink()
+    # megatron's own loads refuse a pickle too (one planted after the check, or a new code path)
+    late = tmp_path / "late.npy"
+    late.write_bytes(pickle.dumps(Evil(marker)))
+    with _no_pickle(str(tmp_path / "none")):
+        with pytest.raises(ConfigError, match=f"{late}: not a plain numpy array"):
+            gpt_dataset.numpy.load(str(late), allow_pickle=True, mmap_mode="r")
+        assert gpt_dataset.numpy.int64 is np.int64
+    assert gpt_dataset.numpy is np and not marker.exists()
+    build_datasets(cfg, 1)  # the cache, as megatron wrote it, loads
+
+
 @pytest.mark.parametrize("new_dp", [1, 2, 4, 5])
 def test_reshard_cuts_the_saved_partitions_again_for_another_dp_size(new_dp):
     """ZeRO-1/2 at DP 3 -> `new_dp`: a group of 10 values is padded to 12 and saved as 3 pieces of
