@@ -93,8 +93,8 @@ def build_parser(parser: Optional[argparse.ArgumentParser] = None) -> argparse.A
     sub = ap.add_subparsers(dest="eval_cmd", required=True)
 
     p = _kind(sub, "ppl", "sliding-window perplexity at several lengths",
-              "Sliding-window perplexity of --data at each of --lengths, with context use and the "
-              "extrapolation penalty past the training length.",
+              "Sliding-window perplexity of --data at each of --lengths.\n\nWith context use and "
+              "the extrapolation penalty past the training length.",
               "lenext eval ppl --model hf/tiny-nope --data data/sample/heldout/books.jsonl.zst "
               "--lengths 128,256,512,1024 --stride 64")
     _add_common(p)
@@ -111,8 +111,8 @@ def build_parser(parser: Optional[argparse.ArgumentParser] = None) -> argparse.A
                    help="stride of the window-L baseline (default L/4; must divide W-L)")
 
     p = _kind(sub, "passkey", "passkey retrieval, length x depth heatmap",
-              "Passkey retrieval: a 5-digit key hidden in filler at several depths, asked for at the "
-              "end; greedy answers scored by length and depth.",
+              "Passkey retrieval by prompt length and depth of the key.\n\nA 5-digit key hidden in "
+              "filler, asked for at the end; greedy answers scored.",
               "lenext eval passkey --model hf/tiny-nope --lengths 128,256,512 --depths 5 --keys 10")
     _add_common(p, data=False)
     p.add_argument("--lengths", type=ints, required=True)
@@ -123,9 +123,9 @@ def build_parser(parser: Optional[argparse.ArgumentParser] = None) -> argparse.A
 
     p = _kind(sub, "tasks", "task-format retrieval (documents of every task generator) by length, "
               "filler from --data",
-              "Retrieval in the formats of the training task documents: fresh documents of each "
-              "generator at each length, filler from the held-out --data; a document is right when "
-              "every answer token is.",
+              "Retrieval in the formats of the training task documents, by length.\n\nFresh "
+              "documents of each generator at each length, filler from the held-out --data;\na "
+              "document is right when every answer token is.",
               "lenext eval tasks --model hf/tiny-nope --data data/sample/heldout/books.jsonl.zst "
               "--lengths 128,256,512 --tasks passkey,recall,copy --docs 32")
     _add_common(p)
@@ -136,8 +136,8 @@ def build_parser(parser: Optional[argparse.ArgumentParser] = None) -> argparse.A
     p.add_argument("--seed", type=nonneg_int, default=0)
 
     p = _kind(sub, "entropy", "per-position attention entropy per head and layer",
-              "Attention entropy per position, head and layer over windows of --length tokens, with "
-              "the uniform-attention upper bound.",
+              "Attention entropy per position, head and layer.\n\nAveraged over windows of "
+              "--length tokens, with the uniform-attention upper bound.",
               "lenext eval entropy --model hf/tiny-nope --data data/sample/heldout/books.jsonl.zst "
               "--length 1024 --samples 8")
     _add_common(p)
@@ -148,8 +148,8 @@ def build_parser(parser: Optional[argparse.ArgumentParser] = None) -> argparse.A
     p.add_argument("--mem-mb", type=pos_int, default=256, help="memory for one chunk of probs")
 
     p = _kind(sub, "scale-sweep", "uniform-scale grid, best c per position, log fit",
-              "Loss per position for each uniform attention scale c of a grid; the best c per "
-              "position range and the fit c(s) = 1 + a ln s beyond the training length.",
+              "The best uniform attention scale c per position, and its log fit.\n\nThe loss per "
+              "position for each c of a grid; the fit c(s) = 1 + a ln s beyond the training length.",
               "lenext eval scale-sweep --model hf/tiny-nope --data data/sample/heldout/books.jsonl.zst "
               "--length 1024 --c-min 0.8 --c-max 2.0 --c-step 0.05")
     _add_common(p)

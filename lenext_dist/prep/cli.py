@@ -119,9 +119,10 @@ def merge_parser(prog: str = "shard.py merge") -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog=prog,
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        description="Merge the partial shards of all tasks into <out>/<name>_<split>.bin/.idx "
-                    "(sorted input order) and write\n<out>/<name>.manifest.json. Fails, listing "
-                    "what is missing, if any input file is unfinished.",
+        description="Merge the parts that the tasks of a Slurm array wrote into the final shards.\n\n"
+                    "Writes <out>/<name>_<split>.bin/.idx (in sorted input order) and "
+                    "<out>/<name>.manifest.json.\nFails, listing what is missing, if any input "
+                    "file is unfinished.",
         epilog="example (after a Slurm array of shard.py tasks):\n"
                "  python data_prep/shard.py merge --out shards/ --name slimpajama --remove-parts",
     )

@@ -38,7 +38,7 @@ def _ints(s: str) -> list[int]:
     return [int(x) for x in s.split(",") if x]
 
 
-DESCRIPTION = """Run the small-scale study: do the paper's length-generalization claims hold at CPU scale?
+DESCRIPTION = """Run the small-scale study: the paper's length-generalization claims, checked at CPU scale.
 
 Pretrains NoPE, RoPE and other position variants of one shape, exports them, evaluates every
 length-extension method at 1x..16x the training length (perplexity, retrieval, context use,
