@@ -1,9 +1,10 @@
-"""The config reference of README.md, generated from schema.py (field docstrings and defaults).
+"""The configuration reference (docs/configuration.md), generated from schema.py (field docstrings
+and defaults).
 
     python -m lenext_dist.config.docs            # print the markdown
-    python -m lenext_dist.config.docs --write    # replace the block between the markers in README.md
+    python -m lenext_dist.config.docs --write    # replace the block between the markers in the page
 
-A unit test fails when README.md's block differs from what this prints, so the reference cannot
+A unit test fails when the page's block differs from what this prints, so the reference cannot
 drift from the code.
 """
 from __future__ import annotations
@@ -18,6 +19,8 @@ from pathlib import Path
 from . import schema
 
 START, END = "<!-- config-reference:start -->", "<!-- config-reference:end -->"
+PAGE = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
+"""The manual page that holds the generated table between START and END."""
 
 
 def _field_docs(cls) -> dict[str, str]:
@@ -75,9 +78,8 @@ def readme_block(readme: Path) -> str:
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if "--write" in argv:
-        readme = Path(__file__).resolve().parents[2] / "README.md"
-        text = readme.read_text()
-        readme.write_text(text.replace(readme_block(readme), reference()))
+        text = PAGE.read_text()
+        PAGE.write_text(text.replace(readme_block(PAGE), reference()))
     else:
         print(reference())
     return 0

@@ -1,5 +1,5 @@
 """The mutation list: small, plausible bugs in the critical code, each of which the unit tier must
-catch. `python tests/mutation/run.py` plants them one at a time (see the README, "Mutation pass").
+catch. `python tests/mutation/run.py` plants them one at a time (see docs/development.md, "Mutation pass").
 
 One entry per bug: `M(name, area, file, original, replacement, tests)`.
 - name: unique, short (`--only NAME` selects it);

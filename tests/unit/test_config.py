@@ -114,12 +114,14 @@ def test_deepspeed_json_from_config():
     assert ds["gradient_clipping"] == 0.5
 
 
-def test_readme_config_reference_is_current(repo):
-    """README's key table is generated from schema.py; regenerate with
+def test_config_reference_page_is_current(repo):
+    """docs/configuration.md's key table is generated from schema.py; regenerate with
     `python -m lenext_dist.config.docs --write` after changing a field."""
-    from lenext_dist.config.docs import readme_block, reference
+    from lenext_dist.config.docs import PAGE, readme_block, reference
 
-    assert readme_block(repo / "README.md") == reference()
+    assert PAGE == repo / "docs" / "configuration.md"
+    assert readme_block(PAGE) == reference(), \
+        "docs/configuration.md is out of date: run python -m lenext_dist.config.docs --write"
 
 
 def test_include_bomb_and_include_depth_are_bounded(tmp_path):

@@ -182,9 +182,11 @@ def test_tasks_flags_need_the_tasks_format(tmp_path, capsys):
     assert "--tasks goes with --format tasks" in capsys.readouterr().err
 
 
-def test_readme_lists_every_task_parameter():
-    """README's parameter table is task_reference() (from the dataclass field docstrings)."""
-    assert task_reference() in open(os.path.join(REPO, "README.md")).read()
+def test_docs_list_every_task_parameter():
+    """docs/data-preparation.md's parameter table is task_reference() (from the dataclass field
+    docstrings): paste its output there after changing a generator's parameters."""
+    assert task_reference() in open(os.path.join(REPO, "docs", "data-preparation.md")).read(), \
+        "docs/data-preparation.md: the task parameter table differs from task_reference()"
 
 
 def test_filler_takes_at_most_n_tokens_and_loses_none(prose, tok):

@@ -1,0 +1,93 @@
+"""Every command's `--help` is for users: a one-line purpose, an example, and none of the code's
+internal names (registries, modules, function names, issue numbers)."""
+import importlib.util
+import re
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+INTERNAL = re.compile(
+    r"SUBCOMMANDS|build_parser|job_from_args|ExtendOptions|RunConfig|registered in|\bregistry\b"
+    r"|\bREADME\b|\bDESIGN\b|\bissue \d+"
+    r"|\b(?:lenext_dist|study|eval|prep|train|extend|config|convert|model|attention)/[\w/]*\.py\b")
+
+
+def _script(path: str):
+    spec = importlib.util.spec_from_file_location(f"_cli_{Path(path).stem}", REPO / path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.main
+
+
+def _lenext():
+    from lenext_dist.cli import main
+
+    return main
+
+
+def _shard():
+    from lenext_dist.prep.cli import shard_main
+
+    return shard_main
+
+
+def _convert():
+    from lenext_dist.convert.__main__ import main
+
+    return main
+
+
+def _study():
+    from lenext_dist.study.cli import main
+
+    return main
+
+
+# (the command as a user types it, the main to call, its argv before --help)
+COMMANDS = [
+    ("lenext", _lenext, []),
+    ("lenext eval", _lenext, ["eval"]),
+    ("lenext eval ppl", _lenext, ["eval", "ppl"]),
+    ("lenext eval passkey", _lenext, ["eval", "passkey"]),
+    ("lenext eval tasks", _lenext, ["eval", "tasks"]),
+    ("lenext eval entropy", _lenext, ["eval", "entropy"]),
+    ("lenext eval scale-sweep", _lenext, ["eval", "scale-sweep"]),
+    ("lenext report", _lenext, ["report"]),
+    ("lenext extend", _lenext, ["extend"]),
+    ("python data_prep/shard.py", _shard, []),
+    ("python data_prep/shard.py merge", _shard, ["merge"]),
+    ("python launch/pretrain.py", lambda: _script("launch/pretrain.py"), []),
+    ("python -m lenext_dist.convert", _convert, []),
+    ("python -m lenext_dist.study", _study, []),
+]
+
+
+def help_text(main, argv, capsys) -> str:
+    with pytest.raises(SystemExit) as e:
+        main([*argv, "--help"])
+    assert e.value.code == 0
+    return capsys.readouterr().out
+
+
+@pytest.mark.parametrize("command,main,argv", COMMANDS, ids=[c[0] for c in COMMANDS])
+def test_help_has_purpose_example_and_no_internal_names(command, main, argv, capsys):
+    text = help_text(main(), argv, capsys)
+    lines = text.splitlines()
+    # the first line after the usage block says what the command does, in one sentence
+    start = next(i for i, line in enumerate(lines) if line.startswith("usage:"))
+    body = lines[start + 1:]
+    while body and body[0].strip() and body[0].startswith(" "):  # usage continuation lines
+        body = body[1:]
+    purpose = next(line for line in body if line.strip())
+    assert not purpose.startswith(("positional", "options")), f"{command}: no description"
+    assert purpose.rstrip().endswith("."), f"{command}: purpose line {purpose!r} is not one sentence"
+    assert len(purpose) <= 110, f"{command}: purpose line is longer than one line"
+    # an example: a line under an `example(s):` heading that runs the command
+    m = re.search(r"^examples?\b.*:\n((?:  .*\n?)+)", text, re.M)
+    assert m, f"{command}: no `example:` section"
+    base = command.split()[-1] if command.startswith("python data_prep") else command.split()[0]
+    assert base in m.group(1), f"{command}: the example does not run {base}"
+    bad = INTERNAL.findall(text)
+    assert not bad, f"{command}: internal names in --help: {bad}"
