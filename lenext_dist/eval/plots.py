@@ -85,7 +85,12 @@ def plot_tasks(res: dict, path: str) -> str:
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(4.8, 3.2))
     for task, acc in res["accuracy"].items():
-        ax.plot(res["lengths"], acc, marker="o", label=task)
+        line, = ax.plot(res["lengths"], acc, marker="o", label=task)
+        base = [c["baseline"]["accuracy"] for c in res["cells"] if c["task"] == task
+                and "baseline" in c]
+        if len(base) == len(acc):  # the no-retrieval rule on the same documents
+            ax.plot(res["lengths"], base, ls="--", color=line.get_color(), lw=0.8,
+                    label=f"{task}: no retrieval")
     ax.set_xscale("log", base=2)
     ax.set_ylim(-0.03, 1.03)
     _mark_L(ax, res.get("model", {}).get("train_length"))

@@ -58,30 +58,76 @@ def make_documents(tk: Toolkit, texts: Sequence[str], kind: str, length: int, n:
                      "in 100 tries each; the text may be too short or have too little whitespace")
 
 
-def score(model: nn.Module, ids: list[int], answers: Iterable[tuple[int, int, int]],
-          pad_to: int = 0, pad_id: int = 0) -> tuple[int, int]:
-    """(answer tokens right, answer tokens) of one document `ids` (answers index into `ids`).
-    pad_to: right-pad the input to this many tokens with `pad_id`. Attention is causal, so the
-    padding changes no scored logit; it gives every document of a length one shape, which a
-    compiled kernel (FlexAttention on CPU, attention/paths.py) then compiles once instead of per
-    document (~30 s each for a window at 2K here)."""
+def content_tokens(sp) -> np.ndarray:
+    """[vocab] bool: pieces that carry content (a letter or digit). A format piece (a bare `▁`,
+    punctuation) is never scored as an answer token: a rule that never retrieves gets it right
+    (every passkey code of a 4K-piece tokenizer starts with a bare `▁`; issue of the kv regime)."""
+    return np.array([any(ch.isalnum() for ch in sp.id_to_piece(i)) and not sp.is_control(i)
+                     and not sp.is_unknown(i) for i in range(sp.vocab_size())])
+
+
+def answer_positions(ids: Sequence[int], answers: Iterable[tuple[int, int, int]],
+                     content: np.ndarray) -> list[int]:
+    """Indices into `ids` of the scored answer tokens: the answer spans less format pieces."""
+    return [i for _, start, k in answers for i in range(start, start + k) if content[ids[i]]]
+
+
+def score(model: nn.Module, ids: list[int], positions: Sequence[int], pad_to: int = 0,
+          pad_id: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """(right [n] bool, nll [n] float) at the answer token indices `positions` of one document
+    `ids`, teacher forced. pad_to: right-pad the input to this many tokens with `pad_id`.
+    Attention is causal, so the padding changes no scored logit; it gives every document of a
+    length one shape, which a compiled kernel (FlexAttention on CPU, attention/paths.py) then
+    compiles once instead of per document (~30 s each for a window at 2K here)."""
     device = next(model.parameters()).device
-    x = ids + [pad_id] * max(0, pad_to - len(ids))
+    x = list(ids) + [pad_id] * max(0, pad_to - len(ids))
     with torch.inference_mode():
-        pred = model(input_ids=torch.tensor([x], device=device)).logits[0].argmax(-1).cpu()
-    target = torch.tensor(ids)
-    right = total = 0
-    for _, start, k in answers:
-        right += int((pred[start - 1:start - 1 + k] == target[start:start + k]).sum())
-        total += k
-    return right, total
+        logits = model(input_ids=torch.tensor([x], device=device)).logits[0].float().cpu()
+    at = torch.tensor(positions, dtype=torch.long)
+    pred = logits[at - 1]                               # [n, vocab]: the logit before each token
+    target = torch.tensor(ids)[at]
+    nll = torch.nn.functional.cross_entropy(pred, target, reduction="none")
+    return (pred.argmax(-1) == target).numpy(), nll.numpy()
+
+
+def most_frequent_baseline(ids: Sequence[int], positions: Sequence[int],
+                           candidates: set) -> np.ndarray:
+    """right [n]: a rule that never retrieves. At every answer position it emits the candidate
+    (a token that is some answer in the cell) most frequent in the context before the first
+    answer token (ties: the earliest), i.e. the passkey rule of the issue, for any format."""
+    context = [t for t in ids[:positions[0]] if t in candidates] if positions else []
+    if not context:
+        return np.zeros(len(positions), bool)
+    counts: dict = {}
+    for t in context:
+        counts[t] = counts.get(t, 0) + 1
+    guess = max(counts, key=lambda t: (counts[t], -context.index(t)))
+    return np.array([ids[i] == guess for i in positions])
+
+
+def _cell(kind: str, length: int, rights: list, nlls: list, base: list, made: list,
+          head: int) -> dict:
+    """One (task, length) cell: the model's and the baseline's scores over its documents."""
+    n_pos = max(len(r) for r in rights)
+    by_pos = [float(np.mean([r[j] for r in rights if len(r) > j])) for j in range(n_pos)]
+    tokens = int(sum(len(r) for r in rights))
+    return {"task": kind, "length": length, "documents": len(made), "answer_tokens": tokens,
+            "accuracy": float(np.mean([r.all() for r in rights])),
+            "token_accuracy": float(sum(r.sum() for r in rights) / max(tokens, 1)),
+            "token_accuracy_by_position": by_pos,
+            "answer_nll": float(np.concatenate(nlls).mean()),
+            "baseline": {"accuracy": float(np.mean([b.all() for b in base])),
+                         "token_accuracy": float(sum(b.sum() for b in base) / max(tokens, 1))},
+            "tokens": [min(head + len(d.ids) for d in made), max(head + len(d.ids) for d in made)]}
 
 
 def run_tasks(model: nn.Module, sp, texts: Sequence[str], lengths: Sequence[int],
               kinds: Sequence[str], *, docs: int = 32, seed: int = 0, bos: bool = False,
               progress: bool = True) -> dict:
-    """Accuracy per (task, length): the share of documents with every answer token right."""
+    """Accuracy per (task, length): the share of documents with every answer token right, beside
+    the no-retrieval baseline on the same documents and the answers' NLL."""
     tk = Toolkit(sp)
+    content = content_tokens(sp)
     head = [sp.bos_id()] if bos else []
     bar = None
     if progress:
@@ -95,25 +141,24 @@ def run_tasks(model: nn.Module, sp, texts: Sequence[str], lengths: Sequence[int]
             # the same documents for every model and scale: seeded by (seed, task, length)
             made = make_documents(tk, texts, kind, length - len(head), docs,
                                   seed=seed * 1_000_003 + ki * 10_007 + li)
-            exact = right = total = 0
-            first = None
-            for doc in made:
-                ids = head + doc.ids
-                answers = [(s + len(head), a + len(head), k) for s, a, k in doc.answers]
-                first = first or [sp.decode(ids[a:a + k]) for _, a, k in answers]
-                r, t = score(model, ids, answers, pad_to=length, pad_id=sp.eos_id())
-                exact += r == t
-                right, total = right + r, total + t
-                if len(examples) < 3 * len(kinds) * len(lengths) and r != t:
+            scored = [(head + d.ids, answer_positions(
+                head + d.ids, [(s + len(head), a + len(head), k) for s, a, k in d.answers],
+                content), d) for d in made]
+            if not any(pos for _, pos, _ in scored):
+                raise ValueError(f"{kind}: no answer token carries content (all format pieces)")
+            candidates = {ids[i] for ids, pos, _ in scored for i in pos}
+            rights, nlls, base = [], [], []
+            for ids, pos, doc in scored:
+                r, nll = score(model, ids, pos, pad_to=length, pad_id=sp.eos_id())
+                rights.append(r)
+                nlls.append(nll)
+                base.append(most_frequent_baseline(ids, pos, candidates))
+                if len(examples) < 3 * len(kinds) * len(lengths) and not r.all():
                     examples.append({"task": kind, "length": len(ids), "depth": doc.actual_depth,
-                                     "answers": [sp.decode(ids[a:a + k]) for _, a, k in answers]})
+                                     "answers": [sp.decode([ids[i] for i in pos])]})
                 if bar is not None:
                     bar.update(1)
-            cells.append({"task": kind, "length": length, "accuracy": exact / len(made),
-                          "token_accuracy": right / max(total, 1), "documents": len(made),
-                          "answer_tokens": total, "first_answers": first,
-                          "tokens": [min(len(head) + len(d.ids) for d in made),
-                                     max(len(head) + len(d.ids) for d in made)]})
+            cells.append(_cell(kind, length, rights, nlls, base, made, len(head)))
     if bar is not None:
         bar.close()
     acc = {k: [c["accuracy"] for c in cells if c["task"] == k] for k in kinds}
@@ -124,4 +169,8 @@ def run_tasks(model: nn.Module, sp, texts: Sequence[str], lengths: Sequence[int]
                          "target at most, filler from --data cycled, right-padded with EOS to "
                          "the target (causal: the padding changes no scored logit)",
                          "score": "teacher forced: right when the argmax at every answer token is "
-                         "that token (= greedy decoding of the answer)", "seed": seed, "bos": bos}}
+                         "that token (= greedy decoding of the answer); answer tokens are the "
+                         "answer spans less format pieces (no letter or digit)",
+                         "baseline": "no retrieval: at every answer position the answer symbol "
+                         "most frequent in the document before its answer",
+                         "seed": seed, "bos": bos}}

@@ -405,6 +405,84 @@ class Copy(Generator):
         return doc
 
 
+@dataclass(frozen=True)
+class KVParams:
+    length: IntRange = IntRange(64, 64)
+    """Document tokens, EOS included. One value (64) makes every document exactly L tokens when
+    the filler can be cut at every token (the synthetic filler, data_prep/build_kv.py): one
+    document is then one training sample and packing never separates a needle from its answer."""
+    values: IntRange = IntRange(4, 5)
+    """Value symbols in the answer (one token each; ordered copying of several tokens needs an
+    induction circuit, i.e. position: DESIGN section 9)."""
+    symbols: int = 32
+    """Distinct value symbols: the first `symbols` of the tokenizer's whole-word pieces of >= 4
+    letters, in alphabetical order (the synthetic tokenizer's value words)."""
+    keys: int = 32
+    """Distinct keys: the next `keys` whole-word pieces after the value symbols."""
+    distractors: IntRange = IntRange(0, 0)
+    """Needles of other keys (other values) at random depths: 1-3 is the harder variant, where
+    the question's key, not only the marker, must select the needle."""
+    depth: FloatRange = FloatRange(0.0, 1.0)
+    """Relative depth of the needle in the filler (0 = first, 1 = just before the question)."""
+
+    def __post_init__(self):
+        _check_common(self, "kv")
+        _require(self.values.lo >= 1, "kv", "values", self.values, "must be >= 1")
+        _require(self.symbols >= 2, "kv", "symbols", self.symbols, "must be >= 2")
+        _require(self.keys >= 1 + self.distractors.hi, "kv", "keys", self.keys,
+                 f"must exceed distractors ({self.distractors.hi})")
+
+
+@register
+class KeyValue(Generator):
+    """`key <K> is <v1 .. vn> .` at a uniform depth in filler (+ distractor needles of other
+    keys); the document ends with the same wording `key <K> is` and the answer `<v1 .. vn>`: the
+    paper's passkey in its induction-aligned form (the question repeats the needle's words, so
+    match-and-copy finds the answer). The answer is the value tokens only, never a format token."""
+    name, Params = "kv", KVParams
+
+    def __init__(self, params, tk: Toolkit):
+        pool = sorted(tk.words)
+        if params.symbols + params.keys > len(pool):
+            raise PrepError(f"--task-set kv.symbols={params.symbols}, kv.keys={params.keys}: the "
+                            f"tokenizer has {len(pool)} whole-word pieces of >= 4 letters")
+        self.symbols = pool[:params.symbols]
+        self.key_words = pool[params.symbols:params.symbols + params.keys]
+        super().__init__(params, tk)
+
+    def overhead(self) -> int:
+        p, lab = self.p, self.tk.label_tokens
+        marker = len(self.tk.encode("key is"))
+        needle = marker + lab + lab * p.values.hi + len(self.tk.encode("."))
+        return needle * (1 + p.distractors.hi) + marker + lab + lab * p.values.hi
+
+    def make(self, rng, take):
+        p, tk = self.p, self.tk
+        n_keys = 1 + p.distractors.draw(rng)
+        keys = [self.key_words[i] for i in rng.choice(len(self.key_words), n_keys, replace=False)]
+        values = [" ".join(self.symbols[j] for j in rng.integers(0, len(self.symbols),
+                                                                 p.values.draw(rng)))
+                  for _ in keys]
+        depth = p.depth.draw(rng)
+        needles = [[tk.seg(f"key {k} is", "needle" if i == 0 else "distractor"),
+                    tk.seg(v, "needle" if i == 0 else "distractor"),
+                    tk.seg(".", "needle" if i == 0 else "distractor")]
+                   for i, (k, v) in enumerate(zip(keys, values))]
+        tail = [tk.seg(f"key {keys[0]} is", "question"), tk.seg(values[0], "answer")]
+        fixed = sum(len(s.ids) for st in needles + [tail] for s in st)
+        filler = take(p.length.draw(rng) - 1 - fixed)
+        if filler is None:
+            return None
+        where = [depth] + [float(rng.uniform()) for _ in range(n_keys - 1)]
+        order = sorted(range(n_keys), key=lambda i: (where[i], i))
+        parts = filler.split([where[i] for i in order])
+        segs = _interleave(parts, [needles[i] for i in order]) + tail
+        doc = TaskDoc(self.name, segs, depth=depth, actual_depth=_depth(filler, order.index(0)))
+        doc.answers.append((doc.start_of(_index(segs, needles[0][1])),
+                            doc.start_of(len(segs) - 1), len(tail[1].ids)))
+        return doc
+
+
 # ----------------------------------------------------------------------------- parameters
 def parse_value(tp, raw: str, where: str):
     """A CLI string as the field's type (int, float, IntRange, FloatRange)."""

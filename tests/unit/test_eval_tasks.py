@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from lenext_dist.eval.data import load_tokenizer
-from lenext_dist.eval.tasks import SLACK, make_documents, run_tasks, score
+from lenext_dist.eval.tasks import (SLACK, answer_positions, content_tokens, make_documents,
+                                    most_frequent_baseline, run_tasks, score)
 from lenext_dist.prep.tasks import Toolkit
 from tiny_models import REPO, SAMPLE_TOKENIZER, save_tiny_lenext, tiny_lenext
 
@@ -63,10 +64,41 @@ class _Peek(torch.nn.Module):
 
 def test_score_is_exact_about_positions(sp, texts):
     doc = make_documents(Toolkit(sp), texts, "passkey", 128, 1, seed=0)[0]
-    right, total = score(_Peek(1), doc.ids, doc.answers)
-    assert right == total > 0
-    right, total = score(_Peek(0), doc.ids, doc.answers)  # one token late
-    assert right < total
+    pos = answer_positions(doc.ids, doc.answers, content_tokens(sp))
+    right, nll = score(_Peek(1), doc.ids, pos)
+    assert len(pos) > 0 and right.all() and len(nll) == len(pos)
+    right, _ = score(_Peek(0), doc.ids, pos)  # one token late
+    assert not right.all()
+
+
+class _Emit(torch.nn.Module):
+    """A rule, not a model: always predicts token `tok` (e.g. the format piece `▁`)."""
+
+    def __init__(self, tok, vocab=4096):
+        super().__init__()
+        self.tok, self.vocab = tok, vocab
+        self.w = torch.nn.Parameter(torch.zeros(1))
+
+    def forward(self, input_ids):
+        out = torch.full_like(input_ids[0], self.tok)
+        return SimpleNamespace(logits=torch.nn.functional.one_hot(out, self.vocab).float()[None])
+
+
+def test_a_model_that_emits_only_the_format_token_scores_zero(sp, texts):
+    """Every passkey code of the sample tokenizer starts with a bare `▁` piece; the scorer must
+    not count it (it made a rule that never retrieves look like a third of a skill)."""
+    space = sp.piece_to_id("▁")
+    doc = make_documents(Toolkit(sp), texts, "passkey", 128, 1, seed=0)[0]
+    assert any(doc.ids[a] == space for _, a, _ in doc.answers)  # the format piece is there
+    res = run_tasks(_Emit(space), sp, texts, [128], ["passkey"], docs=4, progress=False)
+    assert res["cells"][0]["accuracy"] == res["cells"][0]["token_accuracy"] == 0.0
+
+
+def test_baseline_is_the_most_frequent_candidate_in_context():
+    ids = [9, 5, 7, 5, 8, 1, 5, 7]  # answer at 6, 7; candidates 5, 7
+    assert most_frequent_baseline(ids, [6, 7], {5, 7}).tolist() == [True, False]
+    assert most_frequent_baseline(ids, [6, 7], {3}).tolist() == [False, False]  # none in context
+    assert most_frequent_baseline([7, 5, 1, 5, 7], [3, 4], {5, 7}).tolist() == [False, True]  # tie: earliest (7)
 
 
 @pytest.mark.parametrize("bos", [False, True])
@@ -74,10 +106,11 @@ def test_run_tasks_finds_the_answers_with_and_without_bos(sp, texts, bos):
     kinds = ["passkey", "recall", "repeat"]
     res = run_tasks(_Peek(1), sp, texts, [128], kinds, docs=4, bos=bos, progress=False)
     assert [c["accuracy"] for c in res["cells"]] == [1.0, 1.0, 1.0]
-    # the scored span is the code itself (BOS shifts every index by one)
-    assert re.fullmatch(r"\d{4,7}", res["cells"][0]["first_answers"][0].strip()), res["cells"][0]
+    assert all(c["baseline"]["accuracy"] < 1.0 for c in res["cells"])
     res = run_tasks(_Peek(0), sp, texts, [128], kinds, docs=4, bos=bos, progress=False)
     assert all(c["token_accuracy"] < 0.5 for c in res["cells"]), res["cells"]
+    # the scored span is the code itself, less its format piece (BOS shifts every index by one)
+    assert re.fullmatch(r"\d{4,7}", res["missed_examples"][0]["answers"][0].strip()), res
 
 
 def test_run_tasks_cells(sp, texts):
@@ -130,5 +163,7 @@ def test_right_padding_changes_no_scored_logit(position, options):
         a, b = model(input_ids=ids).logits, model(input_ids=padded).logits[:, :40]
     torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
     # and the scorer with padding counts the same answers as without
-    ans = [(5, 30, 6)]
-    assert score(model, ids[0].tolist(), ans) == score(model, ids[0].tolist(), ans, pad_to=64, pad_id=2)
+    pos = list(range(30, 36))
+    (r1, n1), (r2, n2) = score(model, ids[0].tolist(), pos), score(model, ids[0].tolist(), pos,
+                                                                     pad_to=64, pad_id=2)
+    assert (r1 == r2).all() and abs(n1 - n2).max() < 1e-5

@@ -1,0 +1,66 @@
+"""The synthetic key-value regime (prep/kv_corpus.py + the `kv` task generator): every word one
+piece of its tokenizer, documents of exactly L tokens, and through megatron's real GPTDataset one
+training sample is one whole document: its needle and its answer are never split by packing, and
+the loss mask (data.task_loss: answers) is the answer's value tokens only."""
+import sentencepiece as spm
+import pytest
+
+from prep_helpers import load_docs
+from lenext_dist.config import BlendItem, DataConfig, ModelConfig, RunConfig, TrainConfig
+from lenext_dist.data.gpt_data import build_datasets, collate
+from lenext_dist.prep.kv_corpus import KVCorpus, alphabet, build
+from lenext_dist.prep.manifest import answers_prefix
+from lenext_dist.prep.runner import ShardJob, run_shard
+from lenext_dist.prep.task_source import task_spec
+
+L = 48
+
+
+@pytest.fixture(scope="module")
+def kv(tmp_path_factory):
+    root = tmp_path_factory.mktemp("kv")
+    info = build(KVCorpus(str(root / "data"), train_files=2, train_words=6000, heldout_words=500))
+    spec = task_spec("kv", [f"length={L}", "distractors=0:2"], seed=0, passes=1)
+    run_shard(ShardJob(inputs=[str(root / "data/train/filler-000.jsonl"),
+                               str(root / "data/train/filler-001.jsonl")], fmt="tasks",
+                       tokenizer=info["tokenizer"], out=str(root / "shards"), name="kv",
+                       tasks=spec, progress=False))
+    return info, str(root / "shards/kv_train")
+
+
+def test_every_word_is_one_piece_and_no_answer_holds_a_format_piece(kv):
+    info, prefix = kv
+    sp = spm.SentencePieceProcessor(model_file=info["tokenizer"])
+    words = [w for group in alphabet().values() for w in group]
+    assert [len(sp.encode(w)) for w in words] == [1] * len(words)
+    assert sp.vocab_size() == len(words) + 3 <= 128
+    values = {sp.piece_to_id("▁" + w) for w in alphabet()["values"]}
+    docs, masks = load_docs(prefix), load_docs(answers_prefix(prefix))
+    assert len(docs) > 100
+    for d, m in zip(docs, masks):
+        assert len(d) == L and d[-1] == sp.eos_id()  # exactly L tokens, EOS included
+        answer = d[m.astype(bool)].tolist()
+        assert 4 <= len(answer) <= 5 and set(answer) <= values  # value tokens, nothing else
+        key = d[-len(answer) - 3:-len(answer) - 1].tolist()  # `key K is` ends the document
+        text = sp.decode(d[:-1].tolist())
+        assert text.count(sp.decode(key + d[-len(answer) - 1:-1].tolist())) == 2  # needle + question
+
+
+def test_a_training_sample_is_one_whole_document(kv, gloo_1rank, tmp_path):
+    info, prefix = kv
+    cfg = RunConfig(model=ModelConfig(num_layers=1, hidden_size=32, num_attention_heads=2,
+                                      ffn_hidden_size=64, vocab_size=102, seq_length=L),
+                    train=TrainConfig(steps=40, micro_batch_size=4, global_batch_size=4,
+                                      eval_interval=0),
+                    data=DataConfig(blend=[BlendItem(prefix=prefix, weight=1.0)],
+                                    tokenizer=info["tokenizer"], cache_dir=str(tmp_path),
+                                    task_loss="answers"))
+    train, _ = build_datasets(cfg, 1)
+    docs = {tuple(d.tolist()): m.tolist() for d, m in zip(load_docs(prefix),
+                                                          load_docs(answers_prefix(prefix)))}
+    for i in range(min(len(train), 160)):
+        b = collate(train, [i])
+        doc = tuple(b["tokens"][0].tolist())  # the L input tokens are one document, whole
+        assert doc in docs, i
+        # loss_mask[j] is the label j = token j + 1: the mask shifted by one, value tokens only
+        assert b["loss_mask"][0].int().tolist() == docs[doc][1:] + [0], i
