@@ -55,7 +55,7 @@ shards/sample/.done: data/sample/tokenizer.model
 	touch $@
 
 # Generated task documents (passkey twice as often as recall and copy) over the sample's prose, for
-# configs/data/sample-tasks.yaml and the study (README: Data preparation, Task documents). The
+# configs/data/sample-tasks.yaml and the study (docs/data-preparation.md, Task documents). The
 # generator list is lenext_dist/study/pipeline.py's SAMPLE_TASKS (the study makes these shards too).
 # The stamp names the answer masks and the generator list: shards made before them are remade, and
 # that older run's outputs go first (shard.py refuses to resume a run whose settings changed).

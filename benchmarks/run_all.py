@@ -10,7 +10,7 @@ each ratio printed side by side with the machine description, all saved as one J
                (speed-up, target >= 3x; the PPLs must agree to 1e-5)
   document_mask benchmarks/bench_document_mask.py: training tokens/s and peak memory with document
                masking of packed sequences (data.document_mask) vs plain causal attention, same
-               tokens, NoPE and ALiBi (ratio masked / causal; the cost stated in README.md)
+               tokens, NoPE and ALiBi (ratio masked / causal: the cost of the option)
   entropy_mem  new here: peak memory of the chunked attention-entropy computation
                (`lenext eval entropy`'s `evaluate_entropy`) for one window of 16K positions on a
                small random lenext model, against the size of the dense [h, L, L] fp32

@@ -37,7 +37,7 @@ from .plan import ABLATIONS, PASSKEY_MIN, Cell, Run, StudyPlan, cells, runs
 
 PY = sys.executable
 SAMPLE_TASKS = "passkey:2,recall,copy"
-"""The generators of the sample's task shards (`make task-shards`; README "Task documents"): the
+"""The generators of the sample's task shards (`make task-shards`; docs/data-preparation.md): the
 passkey twice as often as recall and copy; the mix of the study's regime (STUDY.md, regime table)."""
 TASK_PASSES = 2
 

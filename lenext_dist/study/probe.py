@@ -6,7 +6,7 @@ far-back copying) and shows the paper's picture at CPU scale, independent of the
 NoPE holds past L, collapses further out, and a uniform scale c > 1 brings it back; RoPE fails
 right past L. It is also the control for the regime search: the same task with the loss on every
 token (`loss="all"`) is not learned in the same steps, which is why task documents in the blend
-alone have not made any model copy (README, "The regime search").
+alone have not made any model copy (docs/design-notes.md).
 
 A sequence of `length` + 1 tokens: random filler tokens [0, filler); at a random place the key
 marker K and `copy` value tokens [filler, filler + values); it ends with the query marker Q and

@@ -69,7 +69,7 @@ def check_gpu_visible(backend: Optional[str], env: Mapping[str, str] = os.enviro
             f"this is a GPU job ({reason}) but torch {torch.__version__} sees no CUDA device "
             f"(CPU-only wheel, or no GPU visible: CUDA_VISIBLE_DEVICES="
             f"{env.get('CUDA_VISIBLE_DEVICES', '<unset>')}); install the CUDA torch build "
-            "(README: GPU setup) or set parallel.backend=gloo for a CPU run")
+            "(docs/cluster.md) or set parallel.backend=gloo for a CPU run")
 
 
 LOCAL_RANK_VARS = ("LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "MV2_COMM_WORLD_LOCAL_RANK",
