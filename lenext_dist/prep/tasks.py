@@ -11,7 +11,7 @@ several tokens (not retrieval of one token by content, which needs no position) 
   copy     a span of random words in the text recurs at the end (only an induction head pays)
 
 Every generator is a registry entry (`TASKS`) with a typed parameter dataclass (docstring under
-each field, rendered into README.md by `task_reference`). A document is a list of segments joined
+each field, rendered into docs/data-preparation.md by `task_reference`). A document is a list of segments joined
 by one space; each segment is stripped text that SentencePiece encodes alone to the same tokens it
 gets inside the document (pieces never span a space), so token positions are sums of segment
 lengths and the lengths are exact. The wording ("vault", "code", "Entry", "Recall") is a format
@@ -413,7 +413,7 @@ class KVParams:
     document is then one training sample and packing never separates a needle from its answer."""
     values: IntRange = IntRange(4, 5)
     """Value symbols in the answer (one token each; ordered copying of several tokens needs an
-    induction circuit, i.e. position: DESIGN section 9)."""
+    induction circuit, i.e. position)."""
     symbols: int = 32
     """Distinct value symbols: the first `symbols` of the tokenizer's whole-word pieces of >= 4
     letters, in alphabetical order (the synthetic tokenizer's value words)."""
@@ -521,7 +521,8 @@ def params_to_json(params) -> dict:
 
 
 def task_reference() -> str:
-    """The README table of every task's parameters, from the dataclass field docstrings."""
+    """The table of every task's parameters in docs/data-preparation.md, from the dataclass field
+    docstrings."""
     from ..config.docs import _field_docs
 
     lines = ["| task | parameter | default | meaning |", "|---|---|---|---|"]
