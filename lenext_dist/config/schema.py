@@ -1,7 +1,7 @@
 """The typed config tree of a run.
 
-One dataclass per section; every field has a docstring-comment under it (the YAML reference in
-README.md is written from these). Validation that concerns one section lives in its
+One dataclass per section; every field has a docstring-comment under it (the configuration
+reference, docs/configuration.md, is written from these). Validation that concerns one section lives in its
 `__post_init__`; checks that span sections (batch arithmetic, head scales vs heads) live in
 `RunConfig.__post_init__`. The loader (`load.py`) rejects unknown keys and wrong types before any
 of this runs, so a dataclass here only ever sees values of its declared types.
@@ -251,7 +251,7 @@ class DataConfig:
     """Loss tokens of generated task documents: 'all', or 'answers' (only their answer tokens: the
     code, the values, the copied span; the mask `shard.py --format tasks` writes beside the shard).
     Text shards keep every token. Why: spread over the filler, the answers' few percent of the
-    loss do not teach a small NoPE to copy (README, "The ordered-copy probe")."""
+    loss do not teach a small NoPE to copy (docs/design-notes.md)."""
 
     def __post_init__(self):
         for item in self.blend + self.valid_blend:
