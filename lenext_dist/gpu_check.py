@@ -16,8 +16,8 @@ Without a CUDA device it prints why it skipped and exits 0 (nothing is measured)
    model TFLOP/s (PaLM 6N + 12LHQT) and MFU against the device's dense bf16 peak
    (lenext_dist/train/peak.py).
 
-Everything is written to one JSON (device, versions, per-section results) that the README's
-GPU table cites. Exit status 1 when a section failed.
+Everything is written to one JSON (device, versions, date, per-section results; see
+docs/cluster.md). Exit status 1 when a section failed.
 """
 from __future__ import annotations
 
