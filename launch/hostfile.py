@@ -1,13 +1,15 @@
 #!/usr/bin/env python
-"""Write a DeepSpeed hostfile (`host slots=N` per line) for the `deepspeed --hostfile` launch path.
-
-    python launch/hostfile.py --slots 8 > hostfile                 # inside a Slurm job: its nodes
-    python launch/hostfile.py --slots 8 'gpu[001-004]' -o hostfile # any Slurm hostlist expression
-    deepspeed --hostfile hostfile --master_addr "$(head -n1 hostfile | cut -d' ' -f1)" \
-        launch/pretrain.py --config configs/exp/tinyllama-1.1b-nope.yaml
+"""Write a DeepSpeed hostfile (`host slots=N` per line) for the `deepspeed --hostfile` launcher.
 
 The `deepspeed` runner then starts the ranks of every host over pdsh/ssh; on Slurm without ssh use
 launch/slurm/pretrain.sbatch (srun) instead.
+
+examples:
+  python launch/hostfile.py --slots 8 > hostfile                   # inside a Slurm job: its nodes
+  python launch/hostfile.py --slots 8 'gpu[001-004]' -o hostfile   # any Slurm hostlist expression
+  deepspeed --hostfile hostfile --master_addr gpu001 launch/pretrain.py --config configs/exp/tinyllama-1.1b-nope.yaml
+
+Manual: docs/cluster.md
 """
 import argparse
 import os

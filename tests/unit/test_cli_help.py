@@ -33,6 +33,20 @@ def _shard():
     return shard_main
 
 
+def _prep(name):
+    def load():
+        from lenext_dist.prep import cli
+
+        return getattr(cli, name)
+    return load
+
+
+def _build_kv():
+    from lenext_dist.prep.kv_corpus import main
+
+    return main
+
+
 def _convert():
     from lenext_dist.convert.__main__ import main
 
@@ -58,7 +72,11 @@ COMMANDS = [
     ("lenext extend", _lenext, ["extend"]),
     ("python data_prep/shard.py", _shard, []),
     ("python data_prep/shard.py merge", _shard, ["merge"]),
+    ("python data_prep/train_tokenizer.py", _prep("train_tokenizer_main"), []),
+    ("python data_prep/build_sample.py", _prep("build_sample_main"), []),
+    ("python data_prep/build_kv.py", _build_kv, []),
     ("python launch/pretrain.py", lambda: _script("launch/pretrain.py"), []),
+    ("python launch/hostfile.py", lambda: _script("launch/hostfile.py"), []),
     ("python -m lenext_dist.convert", _convert, []),
     ("python -m lenext_dist.study", _study, []),
 ]
@@ -87,7 +105,8 @@ def test_help_has_purpose_example_and_no_internal_names(command, main, argv, cap
     # an example: a line under an `example(s):` heading that runs the command
     m = re.search(r"^examples?\b.*:\n((?:  .*\n?)+)", text, re.M)
     assert m, f"{command}: no `example:` section"
-    base = command.split()[-1] if command.startswith("python data_prep") else command.split()[0]
+    base = command.split()[1] if command.startswith("python ") else command.split()[0]
+    base = base if base != "-m" else command.split()[2]
     assert base in m.group(1), f"{command}: the example does not run {base}"
     bad = INTERNAL.findall(text)
     assert not bad, f"{command}: internal names in --help: {bad}"
