@@ -126,10 +126,19 @@ def render(runs: list[dict], out_path: str, title: str = "lenext evaluation repo
                 rows.append([_label(r, j), task] + [
                     f"{_fmt(c['accuracy'], 2)} ({_fmt(c['token_accuracy'], 2)})"
                     if (c := cell.get((task, x))) else "-" for x in lengths])
+                rows.append([_label(r, j), f"{task}: answer NLL"] + [
+                    _fmt(c.get("answer_nll"), 3) if (c := cell.get((task, x))) else "-"
+                    for x in lengths])
+                rows.append([_label(r, j), f"{task}: no-retrieval baseline"] + [
+                    f"{_fmt(c['baseline']['accuracy'], 2)} ({_fmt(c['baseline']['token_accuracy'], 2)})"
+                    if (c := cell.get((task, x))) and "baseline" in c else "-" for x in lengths])
         md += ["## Task-format retrieval", "", "Share of fresh task documents (training formats, "
                "held-out filler) with every answer token right, by document length; in brackets "
-               "the share of answer tokens right (a partial skill, e.g. where a code goes and its "
-               "first digits, shows here before any document is right).", ""]
+               "the share of answer tokens right (answer tokens carry content: format pieces such "
+               "as a bare `▁` are never scored). Beside each model: the answers' mean NLL (nats), "
+               "and a rule that never retrieves (at every answer position, the answer symbol most "
+               "frequent in the document before its answer) on the same documents: a score counts "
+               "as retrieval only above it.", ""]
         md += _table(["run", "task"] + [str(x) for x in lengths], rows)
 
     en = [(r, j) for r in runs for f, j in r["results"] if j["kind"] == "entropy"]

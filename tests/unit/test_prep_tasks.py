@@ -66,6 +66,12 @@ CASES = {
                         and [s.role for s in d.segments].count("span") == 1
                         and d.segments[-1].text == next(s.text for s in d.segments
                                                         if s.role == "span"))),
+    "kv": (["depth=0.5", "distractors=2", "values=4:5"],  # pool words are one token each
+           lambda d: (sum(s.role == "needle" for s in d.segments) == 3
+                      and sum(s.role == "distractor" for s in d.segments) == 6
+                      and 4 <= d.answers[0][2] <= 5 and d.segments[-2].role == "question"
+                      and d.segments[-2].text == next(s.text for s in d.segments
+                                                      if s.role == "needle"))),
 }
 
 
@@ -155,7 +161,7 @@ def test_no_passkey_evaluation_template_in_generated_documents(tok):
 
 
 @pytest.mark.parametrize("args,message", [
-    (["--tasks", "passkey,sudoku"], "--tasks: unknown task 'sudoku' (choose from passkey, recall, repeat, copy)"),
+    (["--tasks", "passkey,sudoku"], "--tasks: unknown task 'sudoku' (choose from passkey, recall, repeat, copy, kv)"),
     (["--tasks", "passkey:0"], "--tasks passkey:0: the weight after ':' must be a number > 0"),
     (["--tasks", "passkey", "--task-set", "recall.pairs=2"],
      "--task-set recall.pairs=2: 'recall' is not among --tasks"),

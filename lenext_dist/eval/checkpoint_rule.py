@@ -1,0 +1,36 @@
+"""A checkpoint chosen by a rule written down before the run: the first checkpoint (in training
+order) whose score reaches a gate, e.g. the first with whole-answer retrieval >= 0.9 at L (c = 1,
+fresh validation documents).
+
+Why a rule and why the first: the length-extension picture of a small model depends on the
+checkpoint (DESIGN section 9: once the answer loss is ~0 the effect of a temperature fades), so a
+study that picked the checkpoint whose curves look best would be tuning its claim. The first
+checkpoint over the gate is the earliest model that has the skill at L; the study reports the
+final checkpoint beside it.
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Callable, Optional, Sequence, Union
+
+STEP = re.compile(r"step_(\d+)$")
+
+
+def checkpoint_tags(folder: Union[str, Path]) -> list[str]:
+    """The complete step_N folders of a checkpoint folder, in training order."""
+    tags = [p.name for p in Path(folder).iterdir() if p.is_dir() and STEP.match(p.name)]
+    return sorted(tags, key=lambda t: int(STEP.match(t).group(1)))
+
+
+def first_over_gate(tags: Sequence[str], score: Callable[[str], float], gate: float
+                    ) -> tuple[Optional[str], list[dict]]:
+    """(the first tag whose score >= gate, or None; every score taken, in order). Scores are
+    taken in order and stop at the first over the gate (later ones cannot change the choice)."""
+    seen = []
+    for tag in tags:
+        s = float(score(tag))
+        seen.append({"tag": tag, "score": s})
+        if s >= gate:
+            return tag, seen
+    return None, seen
