@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -112,6 +113,7 @@ def check_zero2(run_dir: Path) -> dict:
            "--train.steps=10", f"--train.global_batch_size={8 * n}", "--train.eval_interval=5",
            "--checkpoint.interval=0", "--logging.interval=5", "--logging.tensorboard=false",
            f"--run_dir={run_dir}", "--checkpoint.resume=false"]
+    shutil.rmtree(run_dir, ignore_errors=True)  # this check's own scratch run, started afresh
     t0 = time.perf_counter()
     # the launcher sets each rank's own RANK / LOCAL_RANK / WORLD_SIZE / MASTER_PORT
     env = {k: v for k, v in os.environ.items()

@@ -396,9 +396,15 @@ class CheckpointConfig:
     keep_last: int = 3
     """Checkpoints kept; older ones are deleted after a newer one is complete. 0 keeps all."""
     resume: bool = True
-    """Continue from <dir>/latest when it exists."""
+    """Continue from <dir>/latest when it exists. false in a run_dir (or dir) that holds an earlier
+    run's outputs is refused (they would be overwritten) unless start_over is true."""
+    start_over: bool = False
+    """Start from step 0 even where run_dir (or dir) holds an earlier run: it is first moved aside
+    to <run_dir>.old-N (nothing is deleted or overwritten). For one launch (a command-line
+    override): in a config that a requeued job reruns, every restart would start over."""
     init_from: Optional[str] = None
-    """Checkpoint folder (or a step_* tag folder) whose model weights start a new run (HeadScale)."""
+    """Checkpoint folder (or a step_* tag folder) whose model weights start a new run (HeadScale);
+    one inside a folder start_over moves aside is read from its new place."""
 
     def __post_init__(self):
         _check(self.interval >= 0, "checkpoint.interval", "must be >= 0")

@@ -45,7 +45,8 @@ from . import stock
 from lenext_dist.attention.names import HEAD_SCALE_KEY
 from lenext_dist.dtypes import TORCH_NAMES, canonical, torch_dtype
 
-from .keymap import HF_HEAD_SCALE, MEGATRON_HEAD_SCALE, Shape, megatron_to_hf
+from .keymap import (HF_HEAD_SCALE, IGNORED, MEGATRON_HEAD_SCALE, Shape, expected_shapes,
+                     megatron_to_hf)
 from .outdir import OutputError, _inside, check_out, staged
 
 HF_DIR = Path(__file__).resolve().parents[1] / "hf"
@@ -87,6 +88,45 @@ def head_scales_from(path: Union[str, Path], num_layers: int, num_heads: int) ->
     if not torch.isfinite(t).all() or (t <= 0).any():
         raise ExportError(f"{p}: head scales must be finite and > 0")
     return t
+
+
+_LAYER = re.compile(r"^decoder\.layers\.(\d+)\.")
+
+
+def check_weights(state: dict, cfg, step_dir: Path) -> None:
+    """Every tensor against the shape the step's config.yaml gives it, before anything is
+    written: a disagreement (a hand-edited or copied config.yaml) would export a folder that
+    does not load, or fail deep in the key map; ExportError names the key."""
+    m = cfg.model
+    want = expected_shapes(m)
+    keys = [k for k in state if not IGNORED.search(k)]
+    layers = sorted({int(x.group(1)) for k in keys if (x := _LAYER.match(k))})
+    problem = None
+    if layers and layers[-1] + 1 != m.num_layers:
+        problem = (f"the weights have {layers[-1] + 1} layers (decoder.layers.0-{layers[-1]}), "
+                   f"config.yaml has model.num_layers={m.num_layers}")
+    elif m.tie_embeddings and "output_layer.weight" in state:
+        problem = "the weights have output_layer.weight, config.yaml has model.tie_embeddings=true"
+    elif not m.tie_embeddings and "output_layer.weight" not in state:
+        problem = "the weights have no output_layer.weight, config.yaml has model.tie_embeddings=false"
+    else:
+        optional = MEGATRON_HEAD_SCALE.split("{i}")[1]
+        missing = [k for k in want if k not in state and not k.endswith(optional)]
+        if missing:
+            problem = f"the weights lack {missing[0]}" + (f" (and {len(missing) - 1} more)"
+                                                          if len(missing) > 1 else "")
+        for k in keys:
+            if problem:
+                break
+            if k in want and tuple(state[k].shape) != want[k][0]:
+                dims, names = want[k]
+                off = [n for n, a, b in zip(names, state[k].shape, dims) if a != b]
+                problem = (f"{k} is {list(state[k].shape)} in the weights, {list(dims)} by "
+                           f"config.yaml ({', '.join(dict.fromkeys(off or names))})")
+    if problem:
+        raise ExportError(f"{step_dir}: its config.yaml disagrees with its weights: {problem}; "
+                          "nothing exported. Export a step whose config.yaml is the one it was "
+                          "trained with")
 
 
 # ------------------------------------------------------------------ writing the folder
@@ -208,7 +248,11 @@ def export(checkpoint: Union[str, Path], out: Union[str, Path], *, tag: Optional
     m = cfg.model
     shape = Shape.from_run_config(cfg)
     state, weights_source = load_megatron_state(step_dir)
-    hf_state = megatron_to_hf(state, shape)
+    check_weights(state, cfg, step_dir)
+    try:
+        hf_state = megatron_to_hf(state, shape)
+    except KeyError as e:  # a tensor the key map does not know (not a lenext checkpoint?)
+        raise ExportError(f"{step_dir}: {e.args[0]}") from None
 
     learned = HF_HEAD_SCALE.format(i=0) in hf_state
     if head_scales is not None:

@@ -121,6 +121,40 @@ KEYMAP: tuple[Rule, ...] = (
 
 IGNORED = re.compile(r"(^|\.)_extra_state$")
 
+_H, _V, _F = "model.hidden_size", "model.vocab_size", "model.ffn_hidden_size"
+_QKV = "model.num_attention_heads, num_query_groups or hidden_size"
+SHAPES: dict[str, Callable] = {
+    "embedding.word_embeddings.weight": lambda m: ((m.vocab_size, m.hidden_size), (_V, _H)),
+    "decoder.layers.{i}.input_layernorm.weight": lambda m: ((m.hidden_size,), (_H,)),
+    "decoder.layers.{i}.self_attention.linear_qkv.weight": lambda m: (
+        ((m.num_attention_heads + 2 * m.kv_heads) * m.head_dim, m.hidden_size), (_QKV, _H)),
+    "decoder.layers.{i}.self_attention.linear_proj.weight": lambda m: (
+        (m.hidden_size, m.num_attention_heads * m.head_dim), (_H, _QKV)),
+    MEGATRON_HEAD_SCALE: lambda m: ((m.num_attention_heads,), ("model.num_attention_heads",)),
+    "decoder.layers.{i}.pre_mlp_layernorm.weight": lambda m: ((m.hidden_size,), (_H,)),
+    "decoder.layers.{i}.mlp.linear_fc1.weight": lambda m: ((2 * m.ffn_hidden_size, m.hidden_size),
+                                                           (_F, _H)),
+    "decoder.layers.{i}.mlp.linear_fc2.weight": lambda m: ((m.hidden_size, m.ffn_hidden_size),
+                                                           (_H, _F)),
+    "decoder.final_layernorm.weight": lambda m: ((m.hidden_size,), (_H,)),
+    "output_layer.weight": lambda m: ((m.vocab_size, m.hidden_size), (_V, _H)),
+}
+"""megatron key pattern (of KEYMAP) -> (ModelConfig -> (shape, the model.* key(s) behind each
+dim)): the shapes a run's config gives its tensors (a position variant's learned state is not
+listed: its shapes are the variant's own)."""
+
+
+def expected_shapes(m) -> dict[str, tuple[tuple[int, ...], tuple[str, ...]]]:
+    """Every megatron key the model of ModelConfig `m` has (the optional head scales included;
+    output_layer.weight only when untied) -> (shape, the model.* keys behind its dims)."""
+    out = {}
+    for pattern, shape in SHAPES.items():
+        if pattern == "output_layer.weight" and m.tie_embeddings:
+            continue
+        for i in range(m.num_layers) if "{i}" in pattern else [None]:
+            out[pattern if i is None else pattern.format(i=i)] = shape(m)
+    return out
+
 
 def _regex(pattern: str) -> re.Pattern:
     rx = re.escape(pattern).replace(r"\{i\}", r"(?P<i>\d+)").replace(r"\{name\}", r"(?P<name>[\w.]+)")
@@ -198,6 +232,6 @@ def hf_to_megatron(state: dict, s: Shape) -> dict[str, Tensor]:
     return _convert(dict(state), s, "hf", "megatron")
 
 
-__all__ = ["Shape", "Rule", "KEYMAP", "HF_Q_PROJ", "HF_HEAD_SCALE",
+__all__ = ["Shape", "Rule", "KEYMAP", "SHAPES", "expected_shapes", "HF_Q_PROJ", "HF_HEAD_SCALE",
            "MEGATRON_HEAD_SCALE", "megatron_to_hf", "hf_to_megatron", "split_qkv",
            "merge_qkv", "split_gate_up", "merge_gate_up"]

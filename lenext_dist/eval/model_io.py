@@ -14,13 +14,28 @@ from lenext_dist.dtypes import torch_dtype
 
 
 def load_model(path: str, dtype: str = "float32", device: Optional[str] = None):
+    """The model of HF folder `path` in eval mode. A stock export (its config.json has
+    convert's provenance) loads as plain transformers: no code from the folder runs; any other
+    folder with trust_remote_code=True (a custom export ships its modeling code)."""
+    import json
+
     import torch
     from transformers import AutoModelForCausalLM
 
-    if not os.path.isfile(os.path.join(path, "config.json")):
+    from lenext_dist.convert.stock import PROVENANCE
+    from lenext_dist.errors import UserError
+
+    config = os.path.join(path, "config.json")
+    if not os.path.isfile(config):
         raise FileNotFoundError(f"{path}: no config.json (not an HF model directory)")
+    try:
+        with open(config) as f:
+            data = json.load(f)
+    except ValueError as e:
+        raise UserError(f"{config}: not valid JSON ({e}); export the model again") from None
+    stock = isinstance(data, dict) and data.get(PROVENANCE) is not None
     dev = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    model = AutoModelForCausalLM.from_pretrained(path, trust_remote_code=True,
+    model = AutoModelForCausalLM.from_pretrained(path, trust_remote_code=not stock,
                                                  dtype=torch_dtype(dtype))
     return model.to(dev).eval()
 

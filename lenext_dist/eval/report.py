@@ -37,11 +37,26 @@ def collect(runs: Sequence[str]) -> list[dict]:
         if not os.path.isdir(d):
             raise FileNotFoundError(f"--runs {d!r} is not a folder")
         files = sorted(glob.glob(os.path.join(d, "*.json")))
-        res = [(f, j) for f in files if (j := _load(f)) is not None and "kind" in j]
-        pngs = sorted(glob.glob(os.path.join(d, "*.png")))
-        out.append({"name": os.path.basename(os.path.normpath(d)), "dir": d, "results": res,
-                    "pngs": pngs})
+        res = [(f, j) for f in files if isinstance(j := _load(f), dict) and "kind" in j]
+        run = {"name": os.path.basename(os.path.normpath(d)), "dir": d, "results": res,
+               "pngs": sorted(glob.glob(os.path.join(d, "*.png")))}
+        for f, j in res:
+            _check(run, f, j)
+        out.append(run)
     return out
+
+
+def _check(run: dict, path: str, j: dict) -> None:
+    """A result JSON that lacks what its kind's table reads (a hand-edited or foreign file with
+    a `kind`): a UserError naming the file, not a KeyError or TypeError out of render."""
+    from lenext_dist.errors import UserError
+
+    try:
+        render([{**run, "results": [(path, j)], "pngs": []}], path)
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as e:
+        raise UserError(f"{path}: not a `lenext eval` result of kind {j.get('kind')!r} "
+                        f"({type(e).__name__}: {e}); rerun the evaluation that wrote it, or move "
+                        "it out of the folder") from None
 
 
 def _fmt(x, nd: int = 3) -> str:

@@ -9,7 +9,8 @@ leaves no stale lock) makes the second run fail at once with a clear message:
   Slurm array task i/n    shared lock on the run (tasks run side by side on disjoint units)
                           + exclusive lock on `lock.task-i-of-n` (the same task twice is refused)
 
-On NFS, Linux maps flock to byte-range locks, which NFSv4 supports.
+On NFS, Linux maps flock to byte-range locks, which NFSv4 supports. `try_lock` is the one
+primitive, also used by training on its run_dir (lenext_dist/train/run_dir.py).
 """
 
 from __future__ import annotations
@@ -18,6 +19,21 @@ import fcntl
 import os
 
 from .errors import PrepError
+
+
+def try_lock(path: str, shared: bool = False) -> int | None:
+    """Open (creating) `path` and flock it without waiting: the descriptor that holds the lock
+    (closing it releases it), or None when another process holds it."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 class RunLock:
@@ -32,11 +48,8 @@ class RunLock:
                        f"task {task[0]} of {task[1]}")
 
     def _take(self, path: str, shared: bool, what: str) -> None:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
+        fd = try_lock(path, shared)
+        if fd is None:
             self.release()
             raise PrepError(
                 f"another shard.py run is using {os.path.dirname(path)!r} ({what} refused: "

@@ -15,6 +15,7 @@ not continue as RoPE) and warns when the data order will differ.
 from __future__ import annotations
 
 import contextlib
+import errno
 import io
 import os
 import pickle
@@ -57,9 +58,15 @@ def _atomic_write(path: Path, text: str) -> None:
 
 
 def save(engine, cfg: RunConfig, step: int, consumed_samples: int, extra: Optional[dict] = None) -> str:
-    """Save on all ranks; rank 0 then marks it complete, moves `latest` and prunes old ones."""
-    root = Path(cfg.checkpoint.dir)
-    tag = tag_for(step)
+    """Save on all ranks; rank 0 then marks it complete, moves `latest` and prunes old ones. A
+    full disk raises CheckpointError saying how much space a checkpoint needs."""
+    root, tag = Path(cfg.checkpoint.dir), tag_for(step)
+    with _space_needed(engine, root, tag):
+        return _save(engine, cfg, root, tag, step, consumed_samples, extra)
+
+
+def _save(engine, cfg: RunConfig, root: Path, tag: str, step: int, consumed_samples: int,
+          extra: Optional[dict]) -> str:
     client = {"step": step, "consumed_samples": consumed_samples, "rng": rng_state(),
               **(extra or {})}
     if dist.get_rank() == 0:  # an earlier run's step N: not complete while this one overwrites it
@@ -74,6 +81,55 @@ def save(engine, cfg: RunConfig, step: int, consumed_samples: int, extra: Option
         _prune(root, cfg.checkpoint.keep_last, tag)
     dist.barrier()
     return tag
+
+
+_WRITE_FAILED = re.compile(r"iostream error|file write failed|No space left|quota", re.IGNORECASE)
+_FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
+@contextlib.contextmanager
+def _space_needed(engine, root: Path, tag: str):
+    """A write that fails for lack of space (torch's C++ writer says only `basic_ios::clear:
+    iostream error` or `file write failed`, without errno): one CheckpointError with the space a
+    checkpoint needs. Nothing is lost: the step folder has no COMPLETE marker and `latest` still
+    names the last complete step."""
+    try:
+        yield
+    except (RuntimeError, OSError) as e:
+        chain, c = [], e  # torch's writer fails again on closing: the first error is the context
+        while c is not None and len(chain) < 5:
+            chain.append(c)
+            c = c.__context__
+        failed = [c for c in chain if isinstance(c, OSError) and c.errno in _FULL or
+                  isinstance(c, RuntimeError) and _WRITE_FAILED.search(str(c))]
+        if isinstance(e, CheckpointError) or not failed:
+            raise
+        full = isinstance(failed[-1], OSError)
+        raise CheckpointError(_no_space(engine, root, tag, failed[-1], full)) from None
+
+
+def _no_space(engine, root: Path, tag: str, e: Exception, full: bool) -> str:
+    def gb(n: float) -> str:
+        return f"{n / 1e9:.3g} GB" if n >= 1e8 else f"{n / 1e6:.3g} MB"
+
+    def du(p: Path) -> int:
+        return sum(f.stat().st_size for f in p.rglob("*") if f.is_file()) if p.is_dir() else 0
+
+    here = next(p for p in (root, *root.absolute().parents) if p.exists())
+    free = shutil.disk_usage(here).free
+    last = latest_tag_name(root) if root.is_dir() else None
+    # as much as the last complete checkpoint took, else 16 bytes a parameter (the weights, and
+    # Adam's fp32 master, m and v)
+    needed = du(root / last) if last else 16 * sum(getattr(p, "ds_numel", p.numel())
+                                                   for p in engine.module.parameters())
+    partial = du(root / tag)
+    what = (f"no space left on {root}" if full or free < needed else
+            f"writing {root / tag} failed ({str(e).splitlines()[0][:120]}; a full disk or quota?)")
+    return (f"{what}: a checkpoint needs about {gb(needed)}, {gb(free)} free"
+            + (f" (the unfinished {tag} holds {gb(partial)}: delete it)" if partial else "")
+            + f"; {tag} was not saved and `latest` still names "
+            + (f"{last} (intact)" if last else "nothing")
+            + ". Free space or point checkpoint.dir elsewhere, then resume")
 
 
 def _retire(root: Path, tag: str) -> None:
@@ -177,8 +233,8 @@ def check_resume(cfg: RunConfig, step_dir: str | os.PathLike) -> list[str]:
         raise CheckpointError(
             f"{step_dir} was trained with another model or attention ({diff}); restore these "
             f"keys (model.base_length: set model.train_length to the old value) to resume it, "
-            f"or start a new run (a new checkpoint.dir, or checkpoint.resume=false with "
-            f"checkpoint.init_from to start from its weights)")
+            f"or start a new run (another run_dir, or checkpoint.start_over=true to move this one "
+            f"aside; checkpoint.init_from={step_dir} starts it from these weights)")
     return [f"{k}: {then.get(k)!r} -> {now.get(k)!r}" for k in changed if under(k, _DATA_KEYS)]
 
 
@@ -291,6 +347,12 @@ def load_weights(model: torch.nn.Module, path: str, keep: Callable[[str], bool])
     """
     step = resolve(path)
     state = {k: v for k, v in read_weights(step).items() if not keep(k)}
+    ours = model.state_dict()
+    for k, v in state.items():
+        if k in ours and tuple(v.shape) != tuple(ours[k].shape):
+            raise CheckpointError(f"{step} does not fit this model: {k} is {list(v.shape)} there, "
+                                  f"{list(ours[k].shape)} here (same model.* shape needed: compare "
+                                  f"the model section of {step / 'config.yaml'} with this run's)")
     result = model.load_state_dict(state, strict=False)
     missing = [k for k in result.missing_keys if not keep(k) and not k.endswith("._extra_state")]
     if missing or result.unexpected_keys:

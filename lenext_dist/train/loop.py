@@ -24,6 +24,7 @@ from lenext_dist.train.device import check_gpu_visible, local_rank, visible_devi
 from lenext_dist.train.metrics import Metrics
 from lenext_dist.train.peak import peak_tflops
 from lenext_dist.train.reshard import check_dp_size, saved_dp_size
+from lenext_dist.train.run_dir import claim as claim_run_dir
 from lenext_dist.train.signals import StopSignal
 
 
@@ -151,13 +152,22 @@ def evaluate(engine, dataset, cfg: RunConfig, rank: int, world: int, eval_index:
 
 def train(cfg: RunConfig) -> dict:
     """Train per cfg; returns {'step', 'stopped_by_signal'}. Call on every rank."""
+    stop = StopSignal()  # first: a USR1/TERM during start-up must not kill a rank
+    owns_group = not dist.is_initialized()  # a caller's process group is the caller's to end
+    rank, world = init_distributed(cfg)
+    # rank 0 locks run_dir for the whole run; an earlier run there is refused or moved aside
+    lock = claim_run_dir(cfg, rank)
+    try:
+        return _train(cfg, stop, owns_group, rank, world)
+    finally:
+        lock.release()
+
+
+def _train(cfg: RunConfig, stop: StopSignal, owns_group: bool, rank: int, world: int) -> dict:
     from deepspeed.accelerator import get_accelerator
 
     from lenext_dist.model import build_model, flops_per_token, init_megatron
 
-    stop = StopSignal()  # first: a USR1/TERM during start-up must not kill a rank
-    owns_group = not dist.is_initialized()  # a caller's process group is the caller's to end
-    rank, world = init_distributed(cfg)
     cfg.parallel.data_parallel_size(world)  # raises when the world does not split into groups
     mpu = ulysses.init_sequence_parallel(cfg.parallel.ulysses_size)  # None without SP
     dp_rank, dp = ulysses.data_parallel(rank, world)  # every rank of a group reads the same samples

@@ -1,0 +1,104 @@
+"""One training per run_dir (a flock held by rank 0), and an earlier run's outputs are never
+overwritten: checkpoint.resume=false on them is refused, checkpoint.start_over=true moves them
+aside. (The real launcher, two trainings at once: tests/e2e/test_run_dir_cli.py.)"""
+import subprocess
+import sys
+
+import pytest
+
+from lenext_dist.config import load_config
+from lenext_dist.train.checkpoint import COMPLETE, CheckpointError, tag_for
+from lenext_dist.train.run_dir import claim
+
+
+def cfg(run, *overrides):
+    return load_config(None, [f"run_dir={run}", *overrides])
+
+
+def earlier_run(run, steps=(2, 4), lines=10):
+    """What a finished training leaves: metrics, config, checkpoints with `latest`."""
+    ckpt = run / "checkpoints"
+    for s in steps:
+        (ckpt / tag_for(s)).mkdir(parents=True)
+        (ckpt / tag_for(s) / COMPLETE).write_text(f"{s}\n")
+    (ckpt / "latest").write_text(tag_for(steps[-1]) + "\n")
+    (run / "metrics.jsonl").write_text("".join(f'{{"step": {i + 1}}}\n' for i in range(lines)))
+    (run / "config.yaml").write_text("name: old\n")
+    (run / "data_cache").mkdir()
+    (run / "data_cache" / "index.npy").write_bytes(b"cache")
+
+
+def snapshot(folder):
+    return {str(p.relative_to(folder)): p.read_bytes() if p.is_file() else None
+            for p in sorted(folder.rglob("*")) if p.name != "lock"}
+
+
+def test_second_claim_is_refused_while_the_first_holds_the_run_dir(tmp_path):
+    run = tmp_path / "run"
+    first = claim(cfg(run), rank=0)
+    with pytest.raises(CheckpointError, match=rf"{run} is in use by another training \(pid \d+ on "):
+        claim(cfg(run), rank=0)
+    # another process (a second training), too
+    code = (f"from lenext_dist.config import load_config; from lenext_dist.train.run_dir import claim;"
+            f"claim(load_config(None, ['run_dir={run}']), 0)")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert p.returncode == 1 and "is in use by another training" in p.stderr
+    first.release()
+    claim(cfg(run), rank=0).release()  # free again once the first is done
+
+
+def test_resume_false_on_an_earlier_run_is_refused_and_changes_nothing(tmp_path):
+    run = tmp_path / "run"
+    earlier_run(run)
+    before = snapshot(run)
+    with pytest.raises(CheckpointError) as e:
+        claim(cfg(run, "checkpoint.resume=false"), rank=0)
+    msg = str(e.value)
+    assert "metrics.jsonl (10 lines)" in msg and "up to step_0000004" in msg
+    assert "checkpoint.start_over=true" in msg and f"{run}.old-N" in msg
+    assert snapshot(run) == before
+    claim(cfg(run), rank=0).release()  # refused, it released the lock; resuming is allowed
+    assert snapshot(run) == before
+
+
+def test_start_over_moves_the_earlier_run_aside_and_keeps_the_cache(tmp_path):
+    run = tmp_path / "run"
+    earlier_run(run)
+    before = snapshot(run)
+    c = cfg(run, "checkpoint.start_over=true", f"checkpoint.init_from={run}/checkpoints/step_0000002")
+    lock = claim(c, rank=0)
+    old = tmp_path / "run.old-1"
+    assert snapshot(old) == {k: v for k, v in before.items() if not k.startswith("data_cache")}
+    assert snapshot(run) == {k: v for k, v in before.items() if k.startswith("data_cache")}
+    assert c.checkpoint.init_from == str(old / "checkpoints" / "step_0000002")
+    with pytest.raises(CheckpointError, match="in use"):  # the new run_dir is locked too
+        claim(cfg(run), rank=0)
+    lock.release()
+    earlier_run(tmp_path / "again")
+    (run / "metrics.jsonl").write_text('{"step": 1}\n')
+    claim(cfg(run, "checkpoint.start_over=true"), rank=0).release()
+    assert (tmp_path / "run.old-2" / "metrics.jsonl").read_text() == '{"step": 1}\n'
+    assert (tmp_path / "run.old-1" / "metrics.jsonl").read_bytes() == before["metrics.jsonl"]
+
+
+def test_checkpoint_dir_elsewhere_is_locked_and_moved_as_well(tmp_path):
+    run, ckpt = tmp_path / "run", tmp_path / "ckpt"
+    (ckpt / tag_for(2)).mkdir(parents=True)
+    (ckpt / "latest").write_text(tag_for(2) + "\n")
+    c = cfg(run, f"checkpoint.dir={ckpt}", "checkpoint.resume=false")
+    with pytest.raises(CheckpointError, match=f"{ckpt} holds an earlier run"):
+        claim(c, rank=0)
+    c.checkpoint.start_over = True
+    lock = claim(c, rank=0)
+    assert (tmp_path / "ckpt.old-1" / "latest").is_file() and not (tmp_path / "run.old-1").exists()
+    with pytest.raises(CheckpointError, match=f"{ckpt} is in use"):
+        claim(cfg(tmp_path / "other", f"checkpoint.dir={ckpt}"), rank=0)
+    lock.release()
+
+
+def test_an_empty_or_cache_only_run_dir_is_no_earlier_run(tmp_path):
+    run = tmp_path / "run"
+    (run / "data_cache").mkdir(parents=True)
+    claim(cfg(run, "checkpoint.resume=false"), rank=0).release()
+    claim(cfg(run, "checkpoint.start_over=true"), rank=0).release()
+    assert not (tmp_path / "run.old-1").exists()
