@@ -11,7 +11,7 @@ PYTEST_ARGS ?=
 # Where DeepSpeed JIT-builds its ops (cpu_adam for ZeRO-Offload): per checkout, never shared.
 export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.cache/torch_extensions
 
-.PHONY: setup system-deps demo demo-text kv-shards shards task-shards lint test test-fast mutation dry-run bench study study-quick study-regime gpu-check clean
+.PHONY: setup system-deps demo demo-text kv-shards shards task-shards lint test test-fast mutation dry-run bench study study-quick gpu-check clean
 
 setup: $(VENV)/.installed
 
@@ -86,8 +86,9 @@ shards/sample/.done: data/sample/tokenizer.model
 	touch $@
 
 # Generated task documents (passkey twice as often as recall and copy) over the sample's prose, for
-# configs/data/sample-tasks.yaml and the study (docs/data-preparation.md, Task documents). The
-# generator list is lenext_dist/study/pipeline.py's SAMPLE_TASKS (the study makes these shards too).
+# configs/data/sample-tasks.yaml and `make demo-text` (docs/data-preparation.md, Task documents). The
+# generator list is written here literally (it was the retired text-regime study's SAMPLE_TASKS);
+# change it together with the stamp name below.
 # The stamp names the answer masks and the generator list: shards made before them are remade, and
 # that older run's outputs go first (shard.py refuses to resume a run whose settings changed).
 task-shards: setup shards/sample/.tasks-copy-done
@@ -125,18 +126,15 @@ MUTATION_ARGS ?=
 mutation: setup
 	$(BIN)/python tests/mutation/run.py $(MUTATION_ARGS)
 
-# The small-scale reproduction of the paper's findings (results/study/, published to docs/study/), and
-# its quick version (results/study-quick/, what CI runs through tests/e2e/test_study_quick.py).
+# The NoPE length-generalization study in the synthetic key-value regime (experiments/nope_length,
+# an experiment on top of the library): results/nope_length/; `python -m experiments.nope_length
+# --publish` copies its records to experiments/nope_length/results/. The quick version is a smoke
+# run (what tests/e2e/test_nope_length_quick.py runs).
 study: setup
-	$(BIN)/python -m lenext_dist.study
+	$(BIN)/python -m experiments.nope_length
 
 study-quick: setup
-	$(BIN)/python -m lenext_dist.study --quick
-
-# The regime search (lenext_dist/study/regime.py): NoPE and RoPE per lever combination (task share,
-# BOS, document mask, L, steps) -> results/regime/REGIME.md. ~15 min per pair of runs on 2 cores.
-study-regime: setup task-shards
-	$(BIN)/python -m lenext_dist.study --regime
+	$(BIN)/python -m experiments.nope_length --quick
 
 bench: setup
 	$(BIN)/pip install -q --no-deps mistral-common  # the 32K Mistral v1 model of bench_data_prep

@@ -5,8 +5,8 @@ what is wrong, where (the file, line or flag) and what to do. `entry_point(main)
 main: a UserError (or a missing/unreadable file the user named) prints `error: <message>` on one
 line and exits 2, with no traceback; `--debug` on the command line or LENEXT_DEBUG=1 in the
 environment shows the traceback instead. Any other exception is a bug and keeps its traceback.
-Used by launch/pretrain.py, data_prep/shard.py, `python -m lenext_dist.convert`, `lenext ...`
-(eval, report, extend) and `python -m lenext_dist.study`.
+Used by launch/pretrain.py, data_prep/shard.py, `python -m lenext_dist.convert` and `lenext ...`
+(eval, report, extend).
 """
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ def entry_point(main: Callable[[Optional[Sequence[str]]], int]) -> Callable[...,
         debug = _debug(argv)
         argv = [a for a in argv if a != "--debug"]
         if debug:
-            os.environ[DEBUG_ENV] = "1"  # child commands (study, extend) show theirs too
+            os.environ[DEBUG_ENV] = "1"  # child commands (extend's launches) show theirs too
         if not (debug or os.environ.get(DEBUG_ENV) == "1"):
             from lenext_dist.quiet import install
 
@@ -60,7 +60,7 @@ def entry_point(main: Callable[[Optional[Sequence[str]]], int]) -> Callable[...,
 
 
 def message(e: BaseException) -> str:
-    """The message; an OSError names its file (a study's JobError goes on with a log's tail)."""
+    """The message; an OSError names its file."""
     if isinstance(e, OSError) and not isinstance(e, UserError) and e.filename:
         text = f"{e.filename}: {e.strerror or e}"
     else:

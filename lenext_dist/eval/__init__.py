@@ -6,7 +6,7 @@ Modules: `data` (documents), `scoring` (batched per-token losses), `ppl`, `passk
 `scale_sweep`, `adapter` (the only module that knows the attention layout), `plots`, `report`,
 `jobs` (the typed evaluation jobs: options, `run()`, result paths; used in process by every caller),
 `options` (the option checks), `model_io` (loading, the model's record, JSON), `cli` (`lenext eval ...`
--> a job), `claims` (the paper's claims on measured numbers, for `lenext extend` and the study). The tiny
+-> a job), `claims` (the paper's claims on measured numbers, for `lenext extend`). The tiny
 random models of the tests and benchmarks live in tests/tiny_models.py.
 """
 from .adapter import capture_qk, head_scales, set_head_scales, set_uniform_scale, train_length

@@ -5,8 +5,8 @@ fresh validation documents).
 Why a rule and why the first: the length-extension picture of a small model depends on the
 checkpoint (DESIGN section 9: once the answer loss is ~0 the effect of a temperature fades), so a
 study that picked the checkpoint whose curves look best would be tuning its claim. The first
-checkpoint over the gate is the earliest model that has the skill at L; the study reports the
-final checkpoint beside it.
+checkpoint over the gate is the earliest model that has the skill at L; a study reports the final
+checkpoint beside it (experiments/nope_length does).
 """
 from __future__ import annotations
 

@@ -11,8 +11,8 @@ Output files in --out (default results/<model dir name>):
 ([_c<C>] stands for every eval-time option given: _c<C>_w<W>_loga<A>_<ntk|yarn|pi><s>.)
 
 Each subcommand's flags are the fields of its typed job in eval/jobs.py (argparse dests = field
-names); `run` parses them into that job and runs it. `lenext extend` and the study build the jobs
-directly.
+names); `run` parses them into that job and runs it. `lenext extend` and experiments build the
+jobs directly.
 """
 from __future__ import annotations
 

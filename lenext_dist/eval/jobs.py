@@ -3,8 +3,8 @@
 messages as `lenext eval`'s flags, from the same checks in eval/options.py), `run()` (load the
 model, evaluate, write JSON + PNG) and `result_path` (the JSON it writes: this module alone names result files).
 
-`lenext eval` parses its flags into these objects (eval/cli.py); `lenext extend` and the study build
-them directly and ask them where their results are; they pickle (the study's pool workers run them).
+`lenext eval` parses its flags into these objects (eval/cli.py); `lenext extend` and experiments build
+them directly and ask them where their results are; they pickle (a caller may run them in workers).
 Eval-time changes of the model (a uniform scale c, a sliding window, RoPE scaling, a log-length
 scale) are options of the job, applied to the loaded model; they also name the result files
 (`suffix`), so runs with different options never collide.

@@ -159,6 +159,8 @@ def run_tasks(model: nn.Module, sp, texts: Sequence[str], lengths: Sequence[int]
                 if bar is not None:
                     bar.update(1)
             cells.append(_cell(kind, length, rights, nlls, base, made, len(head)))
+            ids, pos, _ = scored[0]  # what is scored, for a reader of the JSON
+            cells[-1]["first_answers"] = [sp.decode([ids[i] for i in pos])]
     if bar is not None:
         bar.close()
     acc = {k: [c["accuracy"] for c in cells if c["task"] == k] for k in kinds}

@@ -15,7 +15,7 @@ resumes from its latest checkpoint), so the whole workflow is resumable.
 
 Modules: `cli` (flags -> `ExtendOptions`), `workflow` (the steps above; evaluations are typed jobs of
 lenext_dist.eval.jobs run in process), `search` (the search's validated RunConfig and its launch);
-the claims of step 6 are checked in lenext_dist.eval.claims (shared with the study).
+the claims of step 6 are checked in lenext_dist.eval.claims.
 """
 from .cli import build_parser, main, run
 

@@ -65,7 +65,7 @@ def launch(cfg: RunConfig, target: int, nproc: int, port: int) -> None:
            "--master_port", str(port), str(REPO / "launch" / "pretrain.py"), "--config", str(conf)]
     print(f"[extend] HeadScale search for T={target}: L'={cfg.model.seq_length}, m_h init "
           f"{cfg.attention.head_scale.init}: {' '.join(cmd)}", flush=True)
-    try:  # into the caller's stdout (a study log when run in a study worker)
+    try:  # into the caller's stdout (a worker's log when run in a worker process)
         out = sys.stdout.fileno()
     except (AttributeError, OSError, ValueError):
         out = None

@@ -2,8 +2,8 @@
 
 Evaluations are typed jobs (lenext_dist.eval.jobs) run in this process; a step is skipped when
 its job's result exists (`job.done()`: the job names its file, with its scale in the name, so a
-folder evaluated at another scale is not "done"). The options pickle, so the study runs them in
-its pool workers.
+folder evaluated at another scale is not "done"). The options pickle, so a caller may run
+them in worker processes.
 """
 from __future__ import annotations
 

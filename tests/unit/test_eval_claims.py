@@ -1,5 +1,5 @@
-"""`lenext extend`'s claims (lenext_dist/eval/claims.py, shared with the study's, which
-test_study_writeup.py covers): each verdict follows the measured numbers across its threshold."""
+"""`lenext extend`'s claims (lenext_dist/eval/claims.py): each verdict follows the measured numbers
+across its threshold."""
 import pytest
 
 from lenext_dist.eval.claims import CLOSE, extend_claims

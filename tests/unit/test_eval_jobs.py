@@ -1,5 +1,5 @@
 """The typed evaluation jobs (lenext_dist/eval/jobs.py) without running a model: the checks give
-the CLI's one-line messages, jobs pickle (the study's pool workers run them), and each job names
+the CLI's one-line messages, jobs pickle (a caller may run them in workers), and each job names
 its result file from its own options (what `lenext eval` writes, see test_eval_cli.py)."""
 import pickle
 

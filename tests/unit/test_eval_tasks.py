@@ -107,10 +107,12 @@ def test_run_tasks_finds_the_answers_with_and_without_bos(sp, texts, bos):
     res = run_tasks(_Peek(1), sp, texts, [128], kinds, docs=4, bos=bos, progress=False)
     assert [c["accuracy"] for c in res["cells"]] == [1.0, 1.0, 1.0]
     assert all(c["baseline"]["accuracy"] < 1.0 for c in res["cells"])
+    # the scored span is the code itself, less its format piece (BOS shifts every index by one)
+    assert re.fullmatch(r"\d{4,7}", res["cells"][0]["first_answers"][0].strip()), res["cells"][0]
+    first = make_documents(Toolkit(sp), texts, "passkey", 128 - bos, 4, seed=0)[0]  # run_tasks' seed
+    assert res["cells"][0]["first_answers"][0].strip() == first.segments[-1].text.rstrip(".")
     res = run_tasks(_Peek(0), sp, texts, [128], kinds, docs=4, bos=bos, progress=False)
     assert all(c["token_accuracy"] < 0.5 for c in res["cells"]), res["cells"]
-    # the scored span is the code itself, less its format piece (BOS shifts every index by one)
-    assert re.fullmatch(r"\d{4,7}", res["missed_examples"][0]["answers"][0].strip()), res
 
 
 def test_run_tasks_cells(sp, texts):

@@ -102,12 +102,22 @@ def test_no_module_imports_one_that_imports_it_back():
 
 
 def test_dependencies_run_one_way_model_train_eval():
-    """model <- train <- eval <- extend/study (issue 16): the lower layers never import the upper."""
+    """model <- train <- eval <- extend (issue 16): the lower layers never import the upper."""
     g = import_graph()
-    upper = {"lenext_dist.model": ("lenext_dist.train", "lenext_dist.eval", "lenext_dist.extend",
-                                   "lenext_dist.study"),
-             "lenext_dist.train": ("lenext_dist.eval", "lenext_dist.extend", "lenext_dist.study"),
-             "lenext_dist.eval": ("lenext_dist.extend", "lenext_dist.study")}
+    upper = {"lenext_dist.model": ("lenext_dist.train", "lenext_dist.eval", "lenext_dist.extend"),
+             "lenext_dist.train": ("lenext_dist.eval", "lenext_dist.extend"),
+             "lenext_dist.eval": ("lenext_dist.extend",)}
     bad = sorted((m, t) for m, targets in g.items() for low, ups in upper.items()
                  if m == low or m.startswith(low + ".") for t in targets if t.startswith(ups))
     assert bad == [], bad
+
+
+def test_the_library_never_imports_an_experiment():
+    """torchtitan's rule: experiments depend on the core, never the reverse (experiments/)."""
+    bad = []
+    for p in PKG.rglob("*.py"):
+        for node in ast.walk(ast.parse(p.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                     [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+            bad += [f"{p.relative_to(REPO)}: {n}" for n in names if n.split(".")[0] == "experiments"]
+    assert not bad, bad

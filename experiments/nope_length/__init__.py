@@ -1,0 +1,1 @@
+"""The NoPE length-generalization study in the synthetic key-value regime (see README.md)."""

@@ -1,0 +1,335 @@
+"""The NoPE length-generalization study in the synthetic key-value regime (experiments/nope_length).
+
+An experiment on top of the library, never the reverse: it builds the kv data with
+`lenext_dist.prep`, trains every model with the ordinary launcher (deepspeed + launch/pretrain.py on
+`--nproc` CPU ranks), exports checkpoints with `lenext_dist.convert.export`, scores them with the
+`lenext eval tasks` job, and judges the claims in analysis.py. Every step writes its output under
+`--out` and is skipped when that output exists, so a killed study resumes where it stopped.
+
+The checkpoint of every model is chosen by the rule written down before any run
+(lenext_dist/eval/checkpoint_rule.py): the first checkpoint whose whole-answer accuracy at L (c = 1,
+validation documents of another seed than the test documents) is >= GATE. The final checkpoint is
+evaluated beside it.
+
+  python -m experiments.nope_length             # the full study (~75 min on 2 cores)
+  python -m experiments.nope_length --quick     # a smoke run (a few minutes)
+  python -m experiments.nope_length --publish   # records -> experiments/nope_length/results
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Optional
+
+from .analysis import render, summarize
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+
+GATE = 0.9
+"""Whole-answer accuracy at L a checkpoint needs to be chosen (pre-registered)."""
+VALID_SEED, TEST_SEED = 7, 0
+"""Documents of the checkpoint rule and of the tables: same held-out filler, other needles."""
+
+
+@dataclass(frozen=True)
+class Model:
+    name: str
+    position: str
+    seed: int = 0
+    overrides: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Plan:
+    models: tuple[Model, ...]
+    steps: int = 3000
+    multiples: tuple[int, ...] = (1, 2, 4, 8, 16)
+    scales: tuple[float, ...] = (1.0, 1.1, 1.2, 1.3, 1.5, 1.75, 2.0)
+    """Uniform c on every model at the chosen checkpoint (NoPE: the fit of the best c)."""
+    final_scales: tuple[float, ...] = (1.0, 1.5)
+    rope_extensions: tuple[str, ...] = ("pi", "ntk", "yarn")
+    """RoPE at s x L with these scalings at factor s (on every RoPE seed's chosen checkpoint)."""
+    headscale_targets: tuple[int, ...] = (2, 4, 8)
+    """HeadScale (the paper's search) on NoPE seed 0 at T = s x L, answers-only loss."""
+    headscale_steps: int = 200
+    docs: int = 128
+    valid_docs: int = 64
+    L: int = 64
+    kv_passes: int = 4
+    nproc: int = 2
+
+
+def full_plan() -> Plan:
+    seeds = [Model(f"{p}-s{s}", p, s) for p in ("nope", "rope") for s in (0, 1, 2)]
+    others = [Model("alibi-s0", "alibi"), Model("kerple-s0", "kerple_log"),
+              Model("window-s0", "nope", 0, ("--attention.window=32",))]
+    return Plan(models=tuple(seeds + others))
+
+
+def quick_plan() -> Plan:
+    return Plan(models=(Model("nope-s0", "nope"), Model("rope-s0", "rope")), steps=60,
+                multiples=(1, 2), scales=(1.0, 1.5), final_scales=(1.0,), rope_extensions=("ntk",),
+                headscale_targets=(2,), headscale_steps=10, docs=8, valid_docs=8, kv_passes=1)
+
+
+# ----------------------------------------------------------------------------- steps
+class Study:
+    def __init__(self, plan: Plan, out: Path, log=print):
+        self.plan, self.out, self.log = plan, out, log
+        self.data = out / "data"
+        self.timings: dict = {}
+        self._timings_path = out / "timings.json"
+        if self._timings_path.exists():
+            self.timings = json.loads(self._timings_path.read_text())
+
+    def _timed(self, key: str, fn):
+        t0 = time.perf_counter()
+        result = fn()
+        self.timings[key] = round(time.perf_counter() - t0, 1)
+        self._timings_path.write_text(json.dumps(self.timings, indent=1))
+        return result
+
+    # -- data
+    def shards(self, length: int) -> Path:
+        """kv documents of exactly `length` tokens over the study's filler (made once)."""
+        from lenext_dist.prep.kv_corpus import KVCorpus, build
+        from lenext_dist.prep.runner import ShardJob, run_shard
+        from lenext_dist.prep.task_source import task_spec
+
+        if not (self.data / "kv.json").exists():
+            build(KVCorpus(str(self.data)))
+        out = self.out / "shards" / f"kv{length}"
+        if not (out / "kv.manifest.json").exists():
+            passes = self.plan.kv_passes if length == self.plan.L else 1
+            run_shard(ShardJob(inputs=sorted(str(p) for p in (self.data / "train").glob("*.jsonl")),
+                               fmt="tasks", tokenizer=str(self.data / "tokenizer.model"),
+                               out=str(out), name="kv", valid_fraction=0.01, progress=False,
+                               workers=self.plan.nproc,
+                               tasks=task_spec("kv", [f"length={length}"], seed=0, passes=passes)))
+        return out
+
+    def _launch(self, config: Path, run_dir: Path, overrides: list[str]) -> None:
+        log = run_dir.parent / f"{run_dir.name}.log"
+        cmd = [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", str(self.plan.nproc),
+               "--master_port", str(29700 + os.getpid() % 200), str(REPO / "launch" / "pretrain.py"),
+               "--config", str(config), f"--run_dir={run_dir}", *overrides]
+        run_dir.parent.mkdir(parents=True, exist_ok=True)
+        with open(log, "w") as f:
+            f.write("$ " + " ".join(cmd) + "\n")
+            f.flush()
+            rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=REPO,
+                                env={**os.environ, "DS_ACCELERATOR": "cpu"}).returncode
+        if rc:
+            raise SystemExit(f"error: training {run_dir.name} failed (exit {rc}); see {log}")
+
+    def train(self, m: Model) -> Path:
+        run_dir = self.out / "runs" / m.name
+        last = run_dir / "checkpoints" / f"step_{self.plan.steps:07d}"
+        if not last.exists():
+            shards = self.shards(self.plan.L)
+            self.log(f"[study] train {m.name} ({self.plan.steps} steps)")
+            self._timed(f"train {m.name}", lambda: self._launch(
+                REPO / "configs" / "exp" / "kv-nope.yaml", run_dir,
+                [f"--attention.position={m.position}", f"--train.seed={1234 + m.seed}",
+                 f"--data.seed={1234 + m.seed}", f"--train.steps={self.plan.steps}",
+                 f"--data.tokenizer={self.data / 'tokenizer.model'}",
+                 f"--data.blend=[{{prefix: {shards / 'kv_train'}, weight: 1.0}}]",
+                 f"--data.valid_blend=[{{prefix: {shards / 'kv_valid'}, weight: 1.0}}]",
+                 f"--checkpoint.interval={max(1, self.plan.steps // 12)}",
+                 f"--train.eval_interval={max(1, self.plan.steps // 12)}", *m.overrides]))
+        return run_dir / "checkpoints"
+
+    def export(self, ckpt: Path, tag: str, name: str) -> Path:
+        from lenext_dist.convert.export import export
+
+        out = self.out / "hf" / name / tag
+        summary = out.parent / f"{tag}.export.json"  # the export's summary (its head scales)
+        if not summary.exists():
+            info = export(ckpt, out, tag=tag, tokenizer=str(self.data / "tokenizer.model"),
+                          overwrite=True)
+            summary.write_text(json.dumps(info, default=str))
+        return out
+
+    def evaluate(self, hf: Path, out: Path, lengths: list[int], *, seed: int, docs: int,
+                 c: Optional[float] = 1.0, **variant) -> dict:
+        """`lenext eval tasks` on kv documents of the held-out filler; c None keeps the model's
+        own (learned) head scales."""
+        from lenext_dist.eval.jobs import TasksJob
+
+        job = TasksJob(model=str(hf), data=[str(self.data / "heldout" / "filler.jsonl")],
+                       lengths=lengths, tasks=["kv"], docs=docs, seed=seed, scale_c=c,
+                       out=str(out), no_progress=True, **variant)
+        if not job.done():
+            job.run()
+        return json.loads(job.result_path.read_text())
+
+    def choose(self, m: Model, ckpt: Path) -> dict:
+        """The pre-registered rule: the first checkpoint >= GATE at L (c = 1, validation docs)."""
+        from lenext_dist.eval.checkpoint_rule import checkpoint_tags, first_over_gate
+
+        def at_L(tag: str) -> float:
+            res = self.evaluate(self.export(ckpt, tag, m.name), self.out / "rule" / m.name / tag,
+                                [self.plan.L], seed=VALID_SEED, docs=self.plan.valid_docs)
+            return res["cells"][0]["accuracy"]
+
+        tags = checkpoint_tags(ckpt)
+        chosen, seen = first_over_gate(tags, at_L, GATE)
+        return {"chosen": chosen, "final": tags[-1], "scanned": seen, "gate": GATE}
+
+    def measure(self, m: Model, rule: dict) -> dict:
+        p = self.plan
+        lengths = [k * p.L for k in p.multiples]
+        ckpt = self.out / "runs" / m.name / "checkpoints"
+        rows = []
+        for which in ("chosen", "final"):
+            tag = rule[which]
+            if tag is None:
+                continue
+            hf = self.export(ckpt, tag, m.name)
+            for c in (p.scales if which == "chosen" else p.final_scales):
+                res = self.evaluate(hf, self.out / "eval" / m.name / tag, lengths, seed=TEST_SEED,
+                                    docs=p.docs, c=c)
+                rows.append({"checkpoint": which, "tag": tag, "method": "uniform", "c": c,
+                             "cells": res["cells"]})
+            if which == "chosen" and m.position == "rope":
+                for kind in p.rope_extensions:
+                    for k in p.multiples[1:]:
+                        res = self.evaluate(hf, self.out / "eval" / m.name / tag, [k * p.L],
+                                            seed=TEST_SEED, docs=p.docs, rope_scaling=kind,
+                                            rope_factor=float(k))
+                        rows.append({"checkpoint": which, "tag": tag, "method": kind,
+                                     "factor": k, "cells": res["cells"]})
+        return {"model": asdict(m), "rule": rule, "rows": rows}
+
+    def headscale(self, m: Model, rule: dict, fit_a: Optional[float]) -> list[dict]:
+        """The paper's HeadScale search at T = s x L on the answers-only loss of kv documents of
+        exactly T tokens, from the chosen checkpoint: m_h initialised at the fit's c(s) and
+        bounded below by 1 (full), unbounded (no bound), initialised at 1 (init 1)."""
+        import math
+
+        from lenext_dist.config import load_config, save_config
+        from lenext_dist.extend.search import _dotted
+
+        p, out = self.plan, []
+        ckpt = self.out / "runs" / m.name / "checkpoints" / rule["chosen"]
+        for s in p.headscale_targets:
+            T = s * p.L
+            shards = self.shards(T)
+            fit = round(1 + (fit_a or 0.0) * math.log(s), 4)
+            batch = max(p.nproc, 64 * p.L // T // p.nproc * p.nproc)  # 4096 tokens a step
+            for variant, init, bound in (("full", fit, 1.0), ("no bound", fit, None),
+                                         ("init 1", 1.0, 1.0)):
+                name = f"{m.name}-hs{s}-{variant.replace(' ', '')}"
+                run_dir = self.out / "runs" / name
+                last = run_dir / "checkpoints" / f"step_{p.headscale_steps:07d}"
+                if not last.exists():
+                    changes = {
+                        "name": name, "run_dir": str(run_dir),
+                        "model": {"seq_length": T, "train_length": p.L},
+                        "attention": {"scale_c": init, "head_scale": {
+                            "enabled": True, "trainable": True, "init": init, "min_value": bound}},
+                        "train": {"mode": "headscale", "steps": p.headscale_steps,
+                                  "global_batch_size": batch, "micro_batch_size": batch // p.nproc,
+                                  "grad_accum": None, "eval_interval": 0},
+                        "optim": {"lr": 0.1, "warmup_steps": max(1, p.headscale_steps // 10),
+                                  "min_lr_ratio": 0.1, "weight_decay": 0.0},
+                        "data": {"cache_dir": None, "seed": 99,
+                                 "blend": [{"prefix": str(shards / "kv_train"), "weight": 1.0}],
+                                 "valid_blend": []},
+                        "checkpoint": {"dir": str(run_dir / "checkpoints"), "init_from": str(ckpt),
+                                       "interval": p.headscale_steps, "resume": True},
+                    }
+                    cfg = load_config(ckpt / "config.yaml", _dotted(changes))
+                    conf = self.out / "runs" / f"{name}.yaml"
+                    save_config(cfg, conf)
+                    self.log(f"[study] HeadScale {name} (T = {T}, init {init}, bound {bound})")
+                    self._timed(f"headscale {name}", lambda: self._launch(conf, run_dir, []))
+                hf = self.export(run_dir / "checkpoints", f"step_{p.headscale_steps:07d}", name)
+                res = self.evaluate(hf, self.out / "eval" / name, [p.L, T], seed=TEST_SEED,
+                                    docs=p.docs, c=None)
+                scales = json.loads((hf.parent / f"{hf.name}.export.json").read_text())["head_scales"]
+                out.append({"target": s, "T": T, "variant": variant, "init": init, "bound": bound,
+                            "cells": res["cells"], "head_scales": scales})
+        return out
+
+    # -- the whole study
+    def run(self) -> dict:
+        self.out.mkdir(parents=True, exist_ok=True)
+        results = []
+        for m in self.plan.models:
+            ckpt = self.train(m)
+            rule = self._timed(f"rule {m.name}", lambda: self.choose(m, ckpt))
+            self.log(f"[study] {m.name}: chosen {rule['chosen']} (final {rule['final']})")
+            results.append(self._timed(f"eval {m.name}", lambda: self.measure(m, rule)))
+            self._save(results, [])
+        summary = summarize(asdict(self.plan), results, [])
+        hs_model = next((r for r in results if r["model"]["name"] == "nope-s0"
+                         and r["rule"]["chosen"]), None)
+        headscale = []
+        if hs_model and self.plan.headscale_targets:
+            a = summarize_fit(summary)
+            headscale = self.headscale(Model(**{**hs_model["model"], "overrides": tuple(
+                hs_model["model"]["overrides"])}), hs_model["rule"], a)
+        return self._save(results, headscale)
+
+    def _save(self, results: list, headscale: list) -> dict:
+        summary = summarize(asdict(self.plan), results, headscale)
+        summary["timings_s"] = self.timings
+        (self.out / "results.json").write_text(json.dumps(results, indent=1))
+        (self.out / "summary.json").write_text(json.dumps(summary, indent=1))
+        (self.out / "STUDY.md").write_text(render(summary))
+        return summary
+
+
+def summarize_fit(summary: dict) -> Optional[float]:
+    fit = summary.get("claims", {}).get("best_c_fit", {}).get("numbers", {})
+    return fit.get("a")
+
+
+def publish(out: Path, dest: Path) -> None:
+    """Copy the study's records (summary.json, results.json, STUDY.md, timings) to `dest`."""
+    names = ("summary.json", "results.json", "STUDY.md", "timings.json")
+    missing = [n for n in names if not (out / n).is_file()]
+    if missing:
+        raise SystemExit(f"error: {out} has no {', '.join(missing)}: run the study first")
+    dest.mkdir(parents=True, exist_ok=True)
+    for n in names:
+        shutil.copy(out / n, dest / n)
+    print(f"[study] published {out} -> {dest}")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(
+        prog="python -m experiments.nope_length",
+        description="NoPE vs RoPE (and ALiBi, KERPLE, a window) in the synthetic key-value regime: "
+                    "train, choose each checkpoint by the pre-registered rule, evaluate retrieval "
+                    "at 1-16x L with uniform scales, RoPE extensions and HeadScale, judge claims.",
+        epilog="example: python -m experiments.nope_length --quick")
+    ap.add_argument("--quick", action="store_true", help="a smoke run: 2 models, a few steps")
+    ap.add_argument("--out", help="work folder (default results/nope_length[-quick])")
+    ap.add_argument("--publish", action="store_true",
+                    help="copy the finished study's records to experiments/nope_length/results")
+    ap.add_argument("--nproc", type=int, default=2, help="ranks per training (default 2)")
+    a = ap.parse_args(argv)
+    out = Path(a.out or REPO / f"results/nope_length{'-quick' if a.quick else ''}")
+    if a.publish:
+        if a.quick:
+            raise SystemExit("error: --publish takes the full study's results; drop --quick")
+        publish(out, HERE / "results")
+        return 0
+    plan = replace(quick_plan() if a.quick else full_plan(), nproc=a.nproc)
+    summary = Study(plan, out).run()
+    print(f"[study] wrote {out / 'STUDY.md'} ({len(summary['claims'])} claims)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,35 @@
+"""The kv study's smoke run end to end (`python -m experiments.nope_length --quick`, ~2 minutes on
+2 cores): the real launcher trains NoPE and RoPE, the checkpoint rule scans every checkpoint, the
+records are written and sane. Never checks a scientific outcome (60 steps learn nothing)."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from helpers import REPO, env
+
+pytestmark = pytest.mark.e2e
+
+
+def test_quick_study_writes_its_records(tmp_path):
+    out = tmp_path / "study"
+    p = subprocess.run([sys.executable, "-m", "experiments.nope_length", "--quick", "--out", str(out)],
+                       cwd=REPO, env=env(), capture_output=True, text=True, timeout=1200)
+    assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-4000:]
+    s = json.loads((out / "summary.json").read_text())
+    assert set(s["models"]) == {"nope-s0", "rope-s0"}
+    for name, m in s["models"].items():
+        # 60 steps, a checkpoint every 5: the rule scanned them in order until one passed the gate
+        tags = [x["tag"] for x in m["rule"]["scanned"]]
+        assert tags == sorted(tags) and tags[0] == "step_0000005", name
+        assert m["rule"]["final"] == "step_0000060"
+        assert (m["rule"]["chosen"] is None) == all(x["score"] < 0.9 for x in m["rule"]["scanned"])
+    rows = json.loads((out / "results.json").read_text())
+    cells = [c for r in rows for row in r["rows"] for c in row["cells"]]
+    assert cells and all(0 <= c["accuracy"] <= 1 and c["baseline"]["accuracy"] <= 1 for c in cells)
+    md = (out / "STUDY.md").read_text()
+    assert "| no retrieval (baseline) |" in md and "## Claims" in md
+    p = subprocess.run([sys.executable, "-m", "experiments.nope_length", "--quick", "--publish"],
+                       cwd=REPO, env=env(), capture_output=True, text=True)
+    assert p.returncode != 0 and "drop --quick" in p.stderr and "Traceback" not in p.stderr
