@@ -308,11 +308,13 @@ def publish(out: Path, dest: Path) -> None:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(
-        prog="python -m experiments.nope_length",
-        description="NoPE vs RoPE (and ALiBi, KERPLE, a window) in the synthetic key-value regime: "
-                    "train, choose each checkpoint by the pre-registered rule, evaluate retrieval "
-                    "at 1-16x L with uniform scales, RoPE extensions and HeadScale, judge claims.",
-        epilog="example: python -m experiments.nope_length --quick")
+        prog="python -m experiments.nope_length", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Run the NoPE length-generalization study in the synthetic key-value regime.\n\n"
+                    "Trains NoPE and RoPE (3 seeds each), ALiBi, KERPLE and a windowed NoPE; picks\n"
+                    "each checkpoint by the pre-registered rule; scores retrieval at 1-16x L with\n"
+                    "uniform scales, RoPE PI/NTK/YaRN and HeadScale; judges the claims.",
+        epilog="examples:\n  python -m experiments.nope_length --quick\n"
+               "  python -m experiments.nope_length && python -m experiments.nope_length --publish")
     ap.add_argument("--quick", action="store_true", help="a smoke run: 2 models, a few steps")
     ap.add_argument("--out", help="work folder (default results/nope_length[-quick])")
     ap.add_argument("--publish", action="store_true",

@@ -5,7 +5,7 @@ filler real text from held-out documents, scored by whether the model copies eve
 Why beside the LongLoRA passkey (eval/passkey.py): a model that learned far-back copying from task
 documents at CPU scale knows their format, not the passkey prompt's; the question a length study
 asks of it is whether the skill it has at L survives at 2L..16L (DESIGN section 9's probe, and the
-issue of the study regime). The generators are the training ones with only `length` changed, so
+issue of the kv regime). The generators are the training ones with only `length` changed, so
 the documents differ from training in length and filler alone (held-out text, other seeds).
 
 Score (teacher forced, one forward per document [1, n]): a document counts as right when the argmax

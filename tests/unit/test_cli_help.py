@@ -84,10 +84,7 @@ COMMANDS = [
     ("python launch/pretrain.py", lambda: _script("launch/pretrain.py"), []),
     ("python launch/hostfile.py", lambda: _script("launch/hostfile.py"), []),
     ("python -m lenext_dist.convert", _convert, []),
-    # strict xfail until its description is one sentence on one line and its example sits under an
-    # `examples:` heading (experiments/nope_length/study.py's parser); then drop the mark
-    pytest.param("python -m experiments.nope_length", _nope_length, [],
-                 marks=pytest.mark.xfail(strict=True, reason="its --help has no one-line purpose yet")),
+    ("python -m experiments.nope_length", _nope_length, []),
     ("python -m experiments.nope_length.probe", _probe, []),
 ]
 
