@@ -134,6 +134,9 @@ def build_parser(parser: Optional[argparse.ArgumentParser] = None) -> argparse.A
                    help=f"comma-separated, from {','.join(TASK_NAMES)} (default: all)")
     p.add_argument("--docs", type=pos_int, default=32, help="documents per (task, length)")
     p.add_argument("--seed", type=nonneg_int, default=0)
+    p.add_argument("--task-set", action="append", default=[], metavar="[TASK.]FIELD=VALUE",
+                   help="a generator parameter other than the training default, as in shard.py "
+                        "(e.g. kv.distractors=1, kv.values=6:8); repeatable; length is set per cell")
 
     p = _kind(sub, "entropy", "per-position attention entropy per head and layer",
               "Attention entropy per position, head and layer.\n\nAveraged over windows of "

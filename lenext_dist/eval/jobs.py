@@ -260,6 +260,7 @@ class TasksJob(DataJob):
     tasks: list[str] = _opt(None, task_names)
     docs: int = _opt(32, pos_int)
     seed: int = _opt(0, nonneg_int)
+    task_set: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if not self.lengths:
@@ -270,7 +271,9 @@ class TasksJob(DataJob):
 
     @property
     def stem(self) -> Path:
-        return self.out_dir / f"tasks{self.suffix}"
+        # other generator parameters name the file too (a variant never overwrites the default)
+        sets = "".join(f"_{s.replace('=', '-').replace(':', '-')}" for s in self.task_set)
+        return self.out_dir / f"tasks{self.suffix}{sets}"
 
     def _run(self) -> list[str]:
         from . import plots
@@ -282,7 +285,7 @@ class TasksJob(DataJob):
         sp = load_tokenizer(self.tokenizer_path)
         texts = [sp.decode(d.tokens[int(docs.bos):].tolist()).strip() for d in docs.docs]
         res = run_tasks(model, sp, texts, self.lengths, self.tasks, docs=self.docs, seed=self.seed,
-                        bos=self.bos, progress=not self.no_progress)
+                        bos=self.bos, progress=not self.no_progress, task_set=self.task_set)
         res = {**meta, **res, "data": docs.describe()}
         for c in res["cells"]:
             print(f"{c['task']:>8}  length {c['length']:>6}  accuracy {c['accuracy']:.3f}  "

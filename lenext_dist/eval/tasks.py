@@ -16,14 +16,14 @@ repeat and copy), which is exactly what greedy decoding would write after the do
 from __future__ import annotations
 
 import itertools
-from typing import Iterable, Sequence
+from typing import Iterable, Optional, Sequence
 
 import numpy as np
 import torch
 from torch import nn
 
 from lenext_dist.prep.errors import PrepError
-from lenext_dist.prep.task_source import FillerStream
+from lenext_dist.prep.task_source import FillerStream, task_spec
 from lenext_dist.prep.tasks import TASKS, SkipDocument, TaskDoc, Toolkit, make_params
 
 SLACK = 16
@@ -31,13 +31,15 @@ SLACK = 16
 
 
 def make_documents(tk: Toolkit, texts: Sequence[str], kind: str, length: int, n: int,
-                   seed: int) -> list[TaskDoc]:
+                   seed: int, params: Optional[dict] = None) -> list[TaskDoc]:
     """`n` documents of task `kind`, `length - SLACK`..`length` tokens (EOS excluded), filler
-    from `texts` (cycled, so a small held-out set still fills long documents)."""
+    from `texts` (cycled, so a small held-out set still fills long documents). params: other
+    generator parameters (field -> CLI string; `length` is the cell's)."""
     if kind not in TASKS:
         raise ValueError(f"unknown task {kind!r} (known: {', '.join(TASKS)})")
     try:
-        gen = TASKS[kind](make_params(kind, {"length": f"{max(1, length - SLACK)}:{length}"}), tk)
+        gen = TASKS[kind](make_params(kind, {**(params or {}),
+                                             "length": f"{max(1, length - SLACK)}:{length}"}), tk)
     except PrepError as e:  # the generator's own bound, in its data-prep words
         raise ValueError(f"length {length} is too short for a {kind} document ({e})") from None
     if not any(t.strip() for t in texts):
@@ -123,9 +125,16 @@ def _cell(kind: str, length: int, rights: list, nlls: list, base: list, made: li
 
 def run_tasks(model: nn.Module, sp, texts: Sequence[str], lengths: Sequence[int],
               kinds: Sequence[str], *, docs: int = 32, seed: int = 0, bos: bool = False,
-              progress: bool = True) -> dict:
+              progress: bool = True, task_set: Sequence[str] = ()) -> dict:
     """Accuracy per (task, length): the share of documents with every answer token right, beside
-    the no-retrieval baseline on the same documents and the answers' NLL."""
+    the no-retrieval baseline on the same documents and the answers' NLL. task_set: generator
+    parameters as shard.py's --task-set (`[task.]field=value`)."""
+    try:  # one parser of --task-set for data prep and evaluation
+        spec = task_spec(",".join(kinds), list(task_set), 0, 1)
+    except PrepError as e:
+        raise ValueError(str(e)) from None
+    params = {g["name"]: {k: v for k, v in g["params"].items() if k != "length"}
+              for g in spec["generators"]}
     tk = Toolkit(sp)
     content = content_tokens(sp)
     head = [sp.bos_id()] if bos else []
@@ -140,7 +149,7 @@ def run_tasks(model: nn.Module, sp, texts: Sequence[str], lengths: Sequence[int]
         for li, length in enumerate(lengths):
             # the same documents for every model and scale: seeded by (seed, task, length)
             made = make_documents(tk, texts, kind, length - len(head), docs,
-                                  seed=seed * 1_000_003 + ki * 10_007 + li)
+                                  seed=seed * 1_000_003 + ki * 10_007 + li, params=params[kind])
             scored = [(head + d.ids, answer_positions(
                 head + d.ids, [(s + len(head), a + len(head), k) for s, a, k in d.answers],
                 content), d) for d in made]
@@ -175,4 +184,5 @@ def run_tasks(model: nn.Module, sp, texts: Sequence[str], lengths: Sequence[int]
                          "answer spans less format pieces (no letter or digit)",
                          "baseline": "no retrieval: at every answer position the answer symbol "
                          "most frequent in the document before its answer",
-                         "seed": seed, "bos": bos}}
+                         "seed": seed, "bos": bos, "task_set": list(task_set),
+                         "params": params}}

@@ -169,3 +169,15 @@ def test_right_padding_changes_no_scored_logit(position, options):
     (r1, n1), (r2, n2) = score(model, ids[0].tolist(), pos), score(model, ids[0].tolist(), pos,
                                                                      pad_to=64, pad_id=2)
     assert (r1 == r2).all() and abs(n1 - n2).max() < 1e-5
+
+
+def test_task_set_reaches_the_generator_and_bad_ones_are_refused(sp, texts):
+    """`lenext eval tasks --task-set` parses as shard.py's (one parser) and changes the documents."""
+    docs = make_documents(Toolkit(sp), texts, "kv", 256, 3, seed=0, params={"distractors": "2"})
+    assert all(sum(s.role == "distractor" for s in d.segments) == 6 for d in docs)  # 2 x 3 segments
+    res = run_tasks(_Peek(1), sp, texts, [256], ["kv"], docs=2, progress=False,
+                    task_set=["kv.distractors=2", "values=6"])
+    assert res["protocol"]["params"]["kv"]["distractors"] == "2"
+    assert res["cells"][0]["answer_tokens"] == 2 * 6 and res["cells"][0]["accuracy"] == 1.0
+    with pytest.raises(ValueError, match="kv has no parameter 'colour'"):
+        run_tasks(_Peek(1), sp, texts, [256], ["kv"], docs=2, progress=False, task_set=["kv.colour=1"])
