@@ -16,10 +16,12 @@ GAP = 0.2
 final checkpoint): larger than the sampling noise of 128 documents (sd <= 0.045 per cell)."""
 FIT_R2 = 0.5
 """R^2 the log fit c(s) = 1 + a ln s needs for 'the best c grows like ln s'."""
+ENTROPY_RISE = 0.1
+"""Rise of normalized entropy (H / ln n) from L to the longest length that counts as spreading."""
 
 
 def _acc(cells: list, length: int, key: str = "accuracy") -> Optional[float]:
-    return next((c[key] for c in cells if c["length"] == length), None)
+    return next((c.get(key) for c in cells if c["length"] == length), None)
 
 
 def _rows(res: dict, checkpoint: str = "chosen", method: str = "uniform") -> list:
@@ -176,11 +178,27 @@ def summarize(plan: dict, results: list, headscale: list) -> dict:
         "verdict": "holds" if moved and max(moved) >= GAP else "fails",
         "numbers": {"max_move": max(moved) if moved else None, "cells": dep}}
 
-    claims["entropy_inflection"] = {
-        "claim": "attention entropy's inflection predicts where retrieval fails",
-        "verdict": "not measured", "numbers": {},
-        "reason": "the study's earlier inflection detector fired at s = 1.01 on 12 of 14 curves "
-                  "(ALiBi included) and was dropped; entropy at the query position is the next step"}
+    # 7. the mechanism: past L NoPE's attention at the answer queries spreads, a larger c
+    # sharpens it (entropy H / ln n, mean over layers and heads, of the queries before the answers)
+    ent, ok = {}, bool(nope)
+    longest = mult[-1] * L
+    for r in nope:
+        one = _uniform(r, 1.0) or []
+        row = {f"{k}L": _acc(one, k * L, "entropy") for k in mult}
+        row = {k: (v or {}).get("answers_mean") for k, v in row.items()}
+        best = best_c(r, longest)
+        at_best = _acc(_uniform(r, best["c"]) or [], longest, "entropy") if best else None
+        row["best c at the longest"] = best and best["c"]
+        row["entropy at the best c, longest"] = at_best and at_best["answers_mean"]
+        ent[r["model"]["name"]] = row
+        first, last = row.get(f"{mult[0]}L"), row.get(f"{mult[-1]}L")
+        ok = ok and None not in (first, last, row["entropy at the best c, longest"]) \
+            and last - first >= ENTROPY_RISE and row["entropy at the best c, longest"] < last
+    claims["entropy_mechanism"] = {
+        "claim": f"past L NoPE's attention at the answer queries spreads (H / ln n at {mult[-1]}L "
+                 f">= {ENTROPY_RISE} above L, c = 1) and the best c sharpens it (lower H at "
+                 f"{mult[-1]}L), on every seed", "verdict": "holds" if ok else "fails",
+        "numbers": ent}
     claims["text_perplexity"] = {
         "claim": "NoPE matches RoPE's in-L perplexity on text",
         "verdict": "not testable at this scale", "numbers": {},
@@ -261,6 +279,14 @@ def render(summary: dict) -> str:
         md += ["", "Ablations (differences from the full search): " + "; ".join(
             f"{k}: accuracy {_f(v['accuracy_difference'])}, max |m_h| "
             f"{_f(v['max_head_scale_difference'], 3)}" for k, v in hs["ablations"].items())]
+    ent = claims["entropy_mechanism"]["numbers"]
+    if ent:
+        md += ["", "## Attention entropy at the answer queries (NoPE, H / ln n, mean of layers and "
+               "heads)", "", f"| model | {head} (c = 1) | best c at {mult[-1]}L | H there |",
+               "|---|" + "---|" * len(mult) + "---|---|"]
+        for name, row in ent.items():
+            md.append(f"| {name} | " + " | ".join(_f(row.get(f"{k}L")) for k in mult) + " | "
+                      + f"{row['best c at the longest']} | {_f(row['entropy at the best c, longest'])} |")
     dep = claims["checkpoint_dependence"]["numbers"]
     md += ["", "## Chosen vs final checkpoint (NoPE)", "",
            f"Largest move of a cell: {_f(dep.get('max_move'))}.", "",

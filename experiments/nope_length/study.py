@@ -53,7 +53,8 @@ class Plan:
     steps: int = 3000
     multiples: tuple[int, ...] = (1, 2, 4, 8, 16)
     scales: tuple[float, ...] = (1.0, 1.1, 1.2, 1.3, 1.5, 1.75, 2.0)
-    """Uniform c on every model at the chosen checkpoint (NoPE: the fit of the best c)."""
+    """Uniform c on every model at the chosen checkpoint (NoPE: the fit of the best c), with the
+    attention entropy of the answer queries."""
     final_scales: tuple[float, ...] = (1.0, 1.5)
     rope_extensions: tuple[str, ...] = ("pi", "ntk", "yarn")
     """RoPE at s x L with these scalings at factor s (on every RoPE seed's chosen checkpoint)."""
@@ -159,14 +160,15 @@ class Study:
         return out
 
     def evaluate(self, hf: Path, out: Path, lengths: list[int], *, seed: int, docs: int,
-                 c: Optional[float] = 1.0, **variant) -> dict:
+                 c: Optional[float] = 1.0, entropy: bool = False, **variant) -> dict:
         """`lenext eval tasks` on kv documents of the held-out filler; c None keeps the model's
-        own (learned) head scales."""
+        own (learned) head scales; entropy: also the attention entropy of the answer queries."""
         from lenext_dist.eval.jobs import TasksJob
 
         job = TasksJob(model=str(hf), data=[str(self.data / "heldout" / "filler.jsonl")],
                        lengths=lengths, tasks=["kv"], docs=docs, seed=seed, scale_c=c,
-                       out=str(out), no_progress=True, **variant)
+                       out=str(out / "entropy" if entropy else out), no_progress=True,
+                       entropy=entropy, **variant)
         if not job.done():
             job.run()
         return json.loads(job.result_path.read_text())
@@ -196,7 +198,7 @@ class Study:
             hf = self.export(ckpt, tag, m.name)
             for c in (p.scales if which == "chosen" else p.final_scales):
                 res = self.evaluate(hf, self.out / "eval" / m.name / tag, lengths, seed=TEST_SEED,
-                                    docs=p.docs, c=c)
+                                    docs=p.docs, c=c, entropy=True)
                 rows.append({"checkpoint": which, "tag": tag, "method": "uniform", "c": c,
                              "cells": res["cells"]})
             if which == "chosen" and m.position == "rope":

@@ -137,6 +137,9 @@ def build_parser(parser: Optional[argparse.ArgumentParser] = None) -> argparse.A
     p.add_argument("--task-set", action="append", default=[], metavar="[TASK.]FIELD=VALUE",
                    help="a generator parameter other than the training default, as in shard.py "
                         "(e.g. kv.distractors=1, kv.values=6:8); repeatable; length is set per cell")
+    p.add_argument("--entropy", action="store_true",
+                   help="also the attention entropy (H / ln n, per layer and head) of the queries "
+                        "that predict the answers")
 
     p = _kind(sub, "entropy", "per-position attention entropy per head and layer",
               "Attention entropy per position, head and layer.\n\nAveraged over windows of "

@@ -261,6 +261,7 @@ class TasksJob(DataJob):
     docs: int = _opt(32, pos_int)
     seed: int = _opt(0, nonneg_int)
     task_set: list[str] = field(default_factory=list)
+    entropy: bool = False
 
     def __post_init__(self) -> None:
         if not self.lengths:
@@ -285,7 +286,8 @@ class TasksJob(DataJob):
         sp = load_tokenizer(self.tokenizer_path)
         texts = [sp.decode(d.tokens[int(docs.bos):].tolist()).strip() for d in docs.docs]
         res = run_tasks(model, sp, texts, self.lengths, self.tasks, docs=self.docs, seed=self.seed,
-                        bos=self.bos, progress=not self.no_progress, task_set=self.task_set)
+                        bos=self.bos, progress=not self.no_progress, task_set=self.task_set,
+                        entropy=self.entropy)
         res = {**meta, **res, "data": docs.describe()}
         for c in res["cells"]:
             print(f"{c['task']:>8}  length {c['length']:>6}  accuracy {c['accuracy']:.3f}  "

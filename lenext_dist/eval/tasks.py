@@ -92,6 +92,33 @@ def score(model: nn.Module, ids: list[int], positions: Sequence[int], pad_to: in
     return (pred.argmax(-1) == target).numpy(), nll.numpy()
 
 
+def answer_entropy(model: nn.Module, ids: Sequence[int], positions: Sequence[int]) -> np.ndarray:
+    """[layers, heads, 2]: attention entropy H / ln(n) (n: keys the query sees) of the query that
+    predicts the first answer token (the question's last token), and mean over the queries that
+    predict the others. The paper's mechanism: past L a NoPE head's attention spreads (H rises)
+    and a temperature c > 1 sharpens it; the model's head scales are applied."""
+    from .adapter import attention_layers, capture_qk, layout
+    from .entropy import _position_hooks, entropy_by_position
+
+    at = torch.tensor([p - 1 for p in positions])  # queries: the tokens before the answers
+    layers = attention_layers(model)
+    out = np.zeros((len(layers), int(model.config.num_attention_heads), 2))
+    kind = layout(model)
+    norm = torch.log(at.double() + 1)  # causal: query i sees i + 1 keys
+
+    def on_layer(i, q, k, m):
+        qs, mod = (_position_hooks(layers[i], q.shape[2], q.device) if kind == "lenext"
+                   else (None, None))
+        h = entropy_by_position(q, k, m, q_scale=qs, score_mod=mod)[0][:, at].double().cpu()
+        h = h / norm  # [heads, answers]
+        out[i, :, 0] = h[:, 0].numpy()
+        out[i, :, 1] = h[:, 1:].mean(1).numpy() if h.shape[1] > 1 else h[:, 0].numpy()
+
+    device = next(model.parameters()).device
+    capture_qk(model, torch.tensor([list(ids)], device=device), on_layer)
+    return out
+
+
 def most_frequent_baseline(ids: Sequence[int], positions: Sequence[int],
                            candidates: set) -> np.ndarray:
     """right [n]: a rule that never retrieves. At every answer position it emits the candidate
@@ -108,7 +135,7 @@ def most_frequent_baseline(ids: Sequence[int], positions: Sequence[int],
 
 
 def _cell(kind: str, length: int, rights: list, nlls: list, base: list, made: list,
-          head: int) -> dict:
+          head: int, entropies: list) -> dict:
     """One (task, length) cell: the model's and the baseline's scores over its documents."""
     n_pos = max(len(r) for r in rights)
     by_pos = [float(np.mean([r[j] for r in rights if len(r) > j])) for j in range(n_pos)]
@@ -120,15 +147,24 @@ def _cell(kind: str, length: int, rights: list, nlls: list, base: list, made: li
             "answer_nll": float(np.concatenate(nlls).mean()),
             "baseline": {"accuracy": float(np.mean([b.all() for b in base])),
                          "token_accuracy": float(sum(b.sum() for b in base) / max(tokens, 1))},
-            "tokens": [min(head + len(d.ids) for d in made), max(head + len(d.ids) for d in made)]}
+            "tokens": [min(head + len(d.ids) for d in made), max(head + len(d.ids) for d in made)],
+            **({"entropy": _entropy_summary(entropies)} if entropies else {})}
+
+
+def _entropy_summary(entropies: list) -> dict:
+    """Mean over documents of answer_entropy: per layer and head, and over all heads."""
+    e = np.mean(entropies, axis=0)  # [layers, heads, 2]
+    return {"query": e[:, :, 0].tolist(), "answers": e[:, :, 1].tolist(),
+            "query_mean": float(e[:, :, 0].mean()), "answers_mean": float(e[:, :, 1].mean())}
 
 
 def run_tasks(model: nn.Module, sp, texts: Sequence[str], lengths: Sequence[int],
               kinds: Sequence[str], *, docs: int = 32, seed: int = 0, bos: bool = False,
-              progress: bool = True, task_set: Sequence[str] = ()) -> dict:
+              progress: bool = True, task_set: Sequence[str] = (), entropy: bool = False) -> dict:
     """Accuracy per (task, length): the share of documents with every answer token right, beside
     the no-retrieval baseline on the same documents and the answers' NLL. task_set: generator
-    parameters as shard.py's --task-set (`[task.]field=value`)."""
+    parameters as shard.py's --task-set (`[task.]field=value`). entropy: also the attention
+    entropy of the queries that predict the answers (answer_entropy), one more forward a document."""
     try:  # one parser of --task-set for data prep and evaluation
         spec = task_spec(",".join(kinds), list(task_set), 0, 1)
     except PrepError as e:
@@ -156,9 +192,11 @@ def run_tasks(model: nn.Module, sp, texts: Sequence[str], lengths: Sequence[int]
             if not any(pos for _, pos, _ in scored):
                 raise ValueError(f"{kind}: no answer token carries content (all format pieces)")
             candidates = {ids[i] for ids, pos, _ in scored for i in pos}
-            rights, nlls, base = [], [], []
+            rights, nlls, base, ents = [], [], [], []
             for ids, pos, doc in scored:
                 r, nll = score(model, ids, pos, pad_to=length, pad_id=sp.eos_id())
+                if entropy:
+                    ents.append(answer_entropy(model, ids, pos))
                 rights.append(r)
                 nlls.append(nll)
                 base.append(most_frequent_baseline(ids, pos, candidates))
@@ -167,7 +205,7 @@ def run_tasks(model: nn.Module, sp, texts: Sequence[str], lengths: Sequence[int]
                                      "answers": [sp.decode([ids[i] for i in pos])]})
                 if bar is not None:
                     bar.update(1)
-            cells.append(_cell(kind, length, rights, nlls, base, made, len(head)))
+            cells.append(_cell(kind, length, rights, nlls, base, made, len(head), ents))
             ids, pos, _ = scored[0]  # what is scored, for a reader of the JSON
             cells[-1]["first_answers"] = [sp.decode([ids[i] for i in pos])]
     if bar is not None:

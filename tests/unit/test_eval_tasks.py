@@ -181,3 +181,21 @@ def test_task_set_reaches_the_generator_and_bad_ones_are_refused(sp, texts):
     assert res["cells"][0]["answer_tokens"] == 2 * 6 and res["cells"][0]["accuracy"] == 1.0
     with pytest.raises(ValueError, match="kv has no parameter 'colour'"):
         run_tasks(_Peek(1), sp, texts, [256], ["kv"], docs=2, progress=False, task_set=["kv.colour=1"])
+
+
+def test_answer_entropy_is_normalized_and_falls_with_a_larger_scale(sp, texts):
+    """H / ln n of the queries before the answers: in [0, 1]; a uniform scale c > 1 sharpens every
+    head (its logits grow), so the entropy falls; run_tasks(entropy=True) records it per cell."""
+    from lenext_dist.eval.adapter import set_uniform_scale
+    from lenext_dist.eval.tasks import answer_entropy
+
+    model = tiny_lenext("nope", vocab_size=4096, train_length=64)
+    doc = make_documents(Toolkit(sp), texts, "kv", 128, 1, seed=0)[0]
+    pos = answer_positions(doc.ids, doc.answers, content_tokens(sp))
+    base = answer_entropy(model, doc.ids, pos)
+    assert base.shape == (2, 4, 2) and (base >= 0).all() and (base <= 1 + 1e-6).all()
+    set_uniform_scale(model, 3.0)
+    assert (answer_entropy(model, doc.ids, pos) < base - 1e-4).all()
+    res = run_tasks(model, sp, texts, [128], ["kv"], docs=2, progress=False, entropy=True)
+    e = res["cells"][0]["entropy"]
+    assert len(e["query"]) == 2 and len(e["query"][0]) == 4 and 0 <= e["query_mean"] <= 1

@@ -10,8 +10,10 @@ MULT = (1, 2, 4, 8)
 
 
 def _cells(accs, nll=0.1):
+    # entropy at the answer queries rises where the accuracy falls (the mechanism's shape)
     return [{"length": k * L, "accuracy": a, "answer_nll": nll, "token_accuracy": a,
-             "baseline": {"accuracy": 0.0, "token_accuracy": 0.2}} for k, a in zip(MULT, accs)]
+             "baseline": {"accuracy": 0.0, "token_accuracy": 0.2},
+             "entropy": {"answers_mean": 0.9 - 0.6 * a}} for k, a in zip(MULT, accs)]
 
 
 def _model(name, position, by_c, final=None):
@@ -55,12 +57,13 @@ def test_verdicts_follow_the_numbers():
     assert fit["numbers"]["a"] > 0 and fit["verdict"] in ("holds", "fails")
     assert claims["checkpoint_dependence"]["verdict"] == "holds"  # c=1.5 at 8L: 0.7 -> 0.1
     assert claims["headscale_vs_uniform"]["verdict"] == "not measured"
+    assert claims["entropy_mechanism"]["verdict"] == "holds"  # 0.9 at 8L (c = 1), 0.48 at c = 1.5
     # the reverse world: RoPE extends, NoPE does not, no c helps, one seed below the gate
     flat = [_model("nope-s0", "nope", {1.0: [0.8, 0.0, 0.0, 0.0], 1.5: [0.5, 0.0, 0.0, 0.0]})]
     far = [_model("rope-s0", "rope", {1.0: [1.0, 0.9, 0.9, 0.9]})]
     claims = summarize(PLAN, flat + far, [])["claims"]
     for k in ("retrieval_at_L", "nope_extends_further", "uniform_c_restores", "best_c_fit",
-              "checkpoint_dependence"):
+              "checkpoint_dependence", "entropy_mechanism"):
         assert claims[k]["verdict"] == "fails", k
     assert GAP == 0.2
 
