@@ -261,7 +261,15 @@ def render(summary: dict) -> str:
         md.append(f"| {name} | " + " | ".join(
             f"{row[f'{k}L']['c']:g} ({row[f'{k}L']['accuracy']:.2f})" if f"{k}L" in row else "-"
             for k in mult) + " |")
-    rx = [(r["model"]["name"], row) for r in results for row in r["rows"] if row["method"] != "uniform"]
+    fm = [(r["model"]["name"], row) for r in results for row in r["rows"] if row["method"] == "format"]
+    if fm:
+        md += ["", "## Other document formats (c = 1, chosen checkpoint; trained on 4-5 values, no "
+               "distractor)", "", "| model | format | 1L | 2L | baseline 1L |", "|---|---|---|---|---|"]
+        md += [f"| {n} | {row['variant']} | {_f(_acc(row['cells'], L))} | "
+               f"{_f(_acc(row['cells'], 2 * L))} | "
+               f"{_f((_acc(row['cells'], L, 'baseline') or {}).get('accuracy'))} |" for n, row in fm]
+    rx = [(r["model"]["name"], row) for r in results for row in r["rows"]
+          if row["method"] not in ("uniform", "format")]
     if rx:
         md += ["", "## RoPE extensions at s x L (factor s)", "", "| model | method | s | accuracy |",
                "|---|---|---|---|"]

@@ -58,6 +58,10 @@ class Plan:
     final_scales: tuple[float, ...] = (1.0, 1.5)
     rope_extensions: tuple[str, ...] = ("pi", "ntk", "yarn")
     """RoPE at s x L with these scalings at factor s (on every RoPE seed's chosen checkpoint)."""
+    variants: tuple[str, ...] = ("values=2:3", "values=6:8", "distractors=1", "depth=0:0.1",
+                                 "depth=0.9:1")
+    """Other document formats (kv parameters, `lenext eval tasks --task-set`) at 1L and 2L, c = 1:
+    how far the skill reaches beyond the training format."""
     headscale_targets: tuple[int, ...] = (2, 4, 8)
     """HeadScale (the paper's search) on NoPE seed 0 at T = s x L, answers-only loss."""
     headscale_steps: int = 200
@@ -78,6 +82,7 @@ def full_plan() -> Plan:
 def quick_plan() -> Plan:
     return Plan(models=(Model("nope-s0", "nope"), Model("rope-s0", "rope")), steps=60,
                 multiples=(1, 2), scales=(1.0, 1.5), final_scales=(1.0,), rope_extensions=("ntk",),
+                variants=("distractors=1",),
                 headscale_targets=(2,), headscale_steps=10, docs=8, valid_docs=8, kv_passes=1)
 
 
@@ -201,6 +206,12 @@ class Study:
                                     docs=p.docs, c=c, entropy=True)
                 rows.append({"checkpoint": which, "tag": tag, "method": "uniform", "c": c,
                              "cells": res["cells"]})
+            if which == "chosen":
+                for v in p.variants:
+                    res = self.evaluate(hf, self.out / "eval" / m.name / tag, lengths[:2],
+                                        seed=TEST_SEED, docs=p.docs, task_set=[f"kv.{v}"])
+                    rows.append({"checkpoint": which, "tag": tag, "method": "format",
+                                 "variant": v, "cells": res["cells"]})
             if which == "chosen" and m.position == "rope":
                 for kind in p.rope_extensions:
                     for k in p.multiples[1:]:
