@@ -3,16 +3,18 @@ the exported HF modeling code can carry a verbatim copy of this package.
 
 Public API: `attend` (the whole variant), `causal_attention` (SDPA fast path),
 `eager_causal_attention` / `iter_attention_probs` (explicit softmax reference, by query chunks),
-`build_position` / `POSITIONS` (the registry), `PositionVariant`, `NoPE`, `RoPE`, `ALiBi`,
-`KerpleLog`, `KerplePower`, `Sandwich`, `XPOS`, `MaskSpec` (sliding window / blockwise causal), the
-bias/mask kernels `BIAS_IMPLS` (paths.py), `Documents` / `document_ids` (document masking of
-packed sequences, documents.py).
+`build_position` / `POSITIONS` (the registry), `layer_variants` / `layer_names` / `LAYOUTS`
+(per-layer layouts, layout.py), `PositionVariant`, `NoPE`, `RoPE`, `ALiBi`, `KerpleLog`,
+`KerplePower`, `Sandwich`, `XPOS`, `MaskSpec` (sliding window / blockwise causal), the bias/mask
+kernels `BIAS_IMPLS` (paths.py), `Documents` / `document_ids` (document masking of packed
+sequences, documents.py).
 """
 from .alibi import ALiBi
 from .core import (BIAS_IMPLS, IMPL_NAMES, attend, causal_attention, eager_causal_attention,
                    iter_attention_probs)
 from .documents import Documents, document_ids
 from .kerple import KerpleLog, KerplePower
+from .layout import LAYOUTS, layer_names, layer_variants
 from .mask import MaskSpec
 from .names import HEAD_SCALE, HEAD_SCALE_KEY
 from .position import NoPE, PositionVariant, alibi_slopes
@@ -25,4 +27,4 @@ __all__ = ["attend", "causal_attention", "eager_causal_attention", "iter_attenti
            "NoPE", "PositionVariant", "POSITIONS", "build_position", "SCALINGS", "RoPE",
            "apply_rotary", "rotate_half", "ALiBi", "KerpleLog", "KerplePower", "Sandwich", "XPOS",
            "MaskSpec", "alibi_slopes", "BIAS_IMPLS", "IMPL_NAMES", "Documents", "document_ids"]
-__all__ += ["HEAD_SCALE", "HEAD_SCALE_KEY"]
+__all__ += ["HEAD_SCALE", "HEAD_SCALE_KEY", "LAYOUTS", "layer_names", "layer_variants"]

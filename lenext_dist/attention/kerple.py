@@ -34,6 +34,7 @@ def _softplus_inv(y: Tensor) -> Tensor:
 
 class _Kerple(PositionVariant):
     needs_num_heads = True
+    learned = True
 
     def __init__(self, num_heads: int, r1_init_max: float = 2.0, r2_init_max: float = 1.0,
                  eps: float = 1e-2):

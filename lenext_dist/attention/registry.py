@@ -1,7 +1,9 @@
 """The attention-variant registry: config names -> classes. Adding a variant is a new module with a
 `PositionVariant` subclass and one line here; core code never branches on a name.
 
-`AttentionConfig.__post_init__` validates `attention.position` against `POSITIONS`.
+`AttentionConfig.__post_init__` validates `attention.position` against `POSITIONS`. Which layers
+run which variant is the layout's (layout.py: `layer_variants` builds each layer's through
+`build_position`).
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Typed run configuration: dataclasses (schema), strict YAML loading, the DeepSpeed JSON."""
 from .schema import (AttentionConfig, BlendItem, CheckpointConfig, ConfigError, DataConfig,
-                     HeadScaleConfig, KerpleConfig, LoggingConfig, ModelConfig, OptimConfig,
+                     HeadScaleConfig, KerpleConfig, LayoutConfig, LoggingConfig, ModelConfig, OptimConfig,
                      ParallelConfig, RopeConfig, RunConfig, SandwichConfig, TrainConfig, XposConfig)
 from .load import load_config, save_config, split_cli_overrides, to_dict
 from .deepspeed import deepspeed_config
@@ -8,7 +8,7 @@ from .deepspeed import deepspeed_config
 # The package's public names (re-exported from the modules above).
 __all__ = [
     "AttentionConfig", "BlendItem", "CheckpointConfig", "ConfigError", "DataConfig", "HeadScaleConfig",
-    "KerpleConfig", "LoggingConfig", "ModelConfig", "OptimConfig", "ParallelConfig", "RopeConfig",
+    "KerpleConfig", "LayoutConfig", "LoggingConfig", "ModelConfig", "OptimConfig", "ParallelConfig", "RopeConfig",
     "RunConfig", "SandwichConfig", "TrainConfig", "XposConfig", "load_config", "save_config",
     "split_cli_overrides", "to_dict", "deepspeed_config",
 ]

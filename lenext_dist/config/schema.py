@@ -85,7 +85,8 @@ class ModelConfig:
 
 @dataclass
 class RopeConfig:
-    """Rotary position embedding settings, used when attention.position is `rope`."""
+    """Rotary position embedding settings, used by `rope` layers (attention.position, or the
+    layers attention.layout makes RoPE)."""
 
     base: float = 10000.0
     """Rotary base theta."""
@@ -176,12 +177,45 @@ class XposConfig:
 
 
 @dataclass
+class LayoutConfig:
+    """Per-layer layout: which position variant each layer runs (lenext_dist/attention/layout.py).
+    Everything else of `attention` (window, log-length scale, rope settings, scale) applies to
+    every layer; RoPE layers rotate with attention.rope (and its scaling), NoPE layers do not."""
+
+    kind: str = "uniform"
+    """A name in the layout registry: `uniform` (every layer attention.position), `nope_every`
+    (layers k, 2k, ... (1-based) NoPE, the others attention.position; k = `every`), `smollm3`
+    (SmolLM3-3B's pattern: nope_every with k = 4 over attention.position `rope`), `explicit`
+    (`layers`, one name per layer)."""
+    every: int = 4
+    """k of `nope_every`: every k-th layer is NoPE (4 layers, k = 2: rope, nope, rope, nope)."""
+    layers: list[str] = field(default_factory=list)
+    """`explicit` only: one attention-registry name per layer (model.num_layers entries), e.g.
+    [rope, rope, rope, nope]."""
+
+    def __post_init__(self):
+        from lenext_dist.attention import layout, registry  # late, as in AttentionConfig
+
+        _check(self.kind in layout.LAYOUTS, "attention.layout.kind",
+               f"unknown layout {self.kind!r}; registered: {sorted(layout.LAYOUTS)}")
+        _check(self.every >= 1, "attention.layout.every", "must be >= 1")
+        _check(not self.layers or self.kind == "explicit", "attention.layout.layers",
+               f"is read by kind 'explicit' only (kind is {self.kind!r})")
+        _check(bool(self.layers) or self.kind != "explicit", "attention.layout.layers",
+               "kind 'explicit' needs one position name per layer")
+        unknown = sorted({x for x in self.layers if x not in registry.POSITIONS})
+        _check(not unknown, "attention.layout.layers",
+               f"unknown variants {unknown}; registered: {sorted(registry.POSITIONS)}")
+
+
+@dataclass
 class AttentionConfig:
     """Attention variant (a registry entry, see lenext_dist/attention) and its softmax scale."""
 
     position: str = "nope"
     """Position handling, a name in the attention registry: `nope`, `rope`, `alibi`, `kerple_log`,
-    `kerple_power`, `sandwich`, `xpos`."""
+    `kerple_power`, `sandwich`, `xpos`; of every layer, or of the layers attention.layout does not
+    make NoPE."""
     scale_c: float = 1.0
     """Uniform softmax scale lambda = c / sqrt(d) (paper: c ~1.2 for 2x, 1.5 for 4x length)."""
     window: Optional[int] = None
@@ -200,6 +234,7 @@ class AttentionConfig:
     sandwich: SandwichConfig = field(default_factory=SandwichConfig)
     xpos: XposConfig = field(default_factory=XposConfig)
     head_scale: HeadScaleConfig = field(default_factory=HeadScaleConfig)
+    layout: LayoutConfig = field(default_factory=LayoutConfig)
 
     def __post_init__(self):
         _check(self.scale_c > 0, "attention.scale_c", "must be > 0")
@@ -207,9 +242,10 @@ class AttentionConfig:
 
         _check(self.position in registry.POSITIONS, "attention.position",
                f"unknown variant {self.position!r}; registered: {sorted(registry.POSITIONS)}")
-        _check(self.rope.scaling == "none" or registry.POSITIONS[self.position].rope_scalings,
-               "attention.rope.scaling", f"{self.rope.scaling!r} scales a RoPE rotation; position "
-               f"{self.position!r} has none")
+        if self.layout.kind == "uniform":  # a layout's layers are checked with model.num_layers
+            _check(self.rope.scaling == "none" or registry.POSITIONS[self.position].rope_scalings,
+                   "attention.rope.scaling", f"{self.rope.scaling!r} scales a RoPE rotation; "
+                   f"position {self.position!r} has none")
         if self.window is not None:
             _check(self.window >= 1, "attention.window", "must be >= 1 (or null)")
         _check(self.chunk_size >= 1, "attention.chunk_size", "must be >= 1")
@@ -466,12 +502,34 @@ class RunConfig:
         _check(not (self.train.precision == "bf16" and self.parallel.zero_stage == 0 and hs.trainable
                     and hs.min_value is not None), "parallel.zero_stage",
                "bf16 with clamped trainable head scales needs ZeRO stage >= 1 (or train.precision fp32)")
+        self._check_layout()
         n, m = self.parallel.ulysses_size, self.model
         _check(m.num_attention_heads % n == 0, "parallel.ulysses_size",
                f"{n} does not divide model.num_attention_heads {m.num_attention_heads}; pick a "
                "divisor of the head count")
         _check(m.seq_length % n == 0, "parallel.ulysses_size",
                f"{n} does not divide model.seq_length {m.seq_length}; pick a divisor of it")
+
+    def _check_layout(self) -> None:
+        """attention.layout against model.num_layers; what a non-uniform layout cannot do yet is
+        refused here, in one line naming the key."""
+        from lenext_dist.attention import layout
+
+        a = self.attention
+        try:
+            names = layout.layer_names(a, self.model.num_layers)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+        why = layout.refusal(names, a.rope.scaling)
+        if why:
+            raise ConfigError(why)
+
+    @property
+    def layer_positions(self) -> list[str]:
+        """The attention-registry name of every layer (attention.layout over model.num_layers)."""
+        from lenext_dist.attention import layout
+
+        return layout.layer_names(self.attention, self.model.num_layers)
 
     @property
     def head_scale_init(self) -> float:

@@ -1,15 +1,20 @@
 """Stock exports: a checkpoint as a transformers architecture that loads WITHOUT remote code.
 
-`STOCK_FORMS` maps a position variant of the attention registry to the stock architecture that
-computes exactly the same function (DESIGN.md section 10):
+`STOCK_FORMS` maps the set of position variants a run's layers use (attention.position over
+attention.layout, `RunConfig.layer_positions`) to the stock architecture that computes exactly
+the same function (DESIGN.md section 10):
 
-    nope -> SmolLM3ForCausalLM, `no_rope_layers` all 0 (every layer NoPE); a sliding window W
-            as SmolLM3's `use_sliding_window` + `sliding_window` W (both mask q - k < W: the
-            last W tokens, itself included; transformers.masking_utils.sliding_window_overlay)
-    rope -> LlamaForCausalLM with `rope_parameters` from `ROPE_PARAMETERS` (PI, NTK, YaRN);
-            with a window W, MistralForCausalLM (`sliding_window` W on every layer)
+    {nope}       -> SmolLM3ForCausalLM, `no_rope_layers` all 0 (every layer NoPE); a sliding
+                    window W as SmolLM3's `use_sliding_window` + `sliding_window` W with every
+                    layer "sliding_attention" (both mask q - k < W: the last W tokens, itself
+                    included; transformers.masking_utils.sliding_window_overlay)
+    {rope}       -> LlamaForCausalLM with `rope_parameters` from `ROPE_PARAMETERS` (PI, NTK,
+                    YaRN); with a window W, MistralForCausalLM (`sliding_window` W on every layer)
+    {nope, rope} -> SmolLM3ForCausalLM with `no_rope_layers[i]` = 1 for a RoPE layer, 0 for a
+                    NoPE one (interleaved NoPE: SmolLM3's own pattern, any other layout too),
+                    `rope_parameters` as for Llama, the window as for {nope}
 
-Every other registered variant (ALiBi, KERPLE, Sandwich, XPOS, and any variant added later) has
+Every other set (ALiBi, KERPLE, Sandwich, XPOS in any layer, and any variant added later) has
 no entry and is refused by `refusal()`, as are the options no stock form expresses (the
 log-length scale, any other non-default attention field).
 
@@ -18,8 +23,8 @@ q = W_q x that is q' = (m_h W_q[h]) x, so the scales fold into q_proj's rows of 
 (`fold_head_scales`). RoPE rotations are linear, so the fold commutes with them.
 
 The config records what was folded in under `lenext_provenance` (a field every stock loader
-ignores): the variant, rope settings, window, c, the per-head scales (full table and summary),
-the training length and the source checkpoint. `verify` and `lenext eval` read it back.
+ignores): the variant, the layout and each layer's variant, rope settings, window, c, the per-head
+scales (full table and summary), the training length and the source checkpoint. `verify` and `lenext eval` read it back.
 """
 from __future__ import annotations
 
@@ -86,19 +91,29 @@ class StockForm:
     """run cfg -> why this form cannot express it, or None."""
 
 
+def _with_scaling(cfg, common: dict) -> tuple[dict, dict]:
+    """(rope_parameters of attention.rope, common kwargs with the extended length when scaled)."""
+    a, m = cfg.attention, cfg.model
+    r = a.rope
+    params = ROPE_PARAMETERS[r.scaling](r, m.head_dim, m.base_length)
+    if r.scaling != "none":  # the extended length, informational (factor is given explicitly)
+        common = {**common, "max_position_embeddings": int(m.base_length * r.factor)}
+    return params, common
+
+
 def _smollm3_config(cfg, common: dict):
+    """SmolLM3ForCausalLM: `no_rope_layers[i]` 1 = RoPE layer, 0 = NoPE layer (modeling_smollm3:
+    `self.use_rope`); a window W on every layer as `use_sliding_window` + `sliding_window` W with
+    explicit `layer_types` (SmolLM3's default puts the window on its NoPE layers only)."""
     from transformers import SmolLM3Config
 
     a, n = cfg.attention, cfg.model.num_layers
+    params, common = _with_scaling(cfg, common)  # NoPE-only: unused, but the module is built
+    kind = "full_attention" if a.window is None else "sliding_attention"
     return SmolLM3Config(
-        **common, no_rope_layers=[0] * n,  # 0 = NoPE layer (modeling_smollm3: self.use_rope)
-        use_sliding_window=a.window is not None, sliding_window=a.window,
-        # unused by NoPE layers, but the rotary module is built: a valid default
-        rope_parameters={"rope_type": "default", "rope_theta": float(a.rope.base)})
-
-
-def _smollm3_refuse(cfg) -> Optional[str]:
-    return None  # NoPE with or without a window; scales fold
+        **common, no_rope_layers=[int(x == "rope") for x in cfg.layer_positions],
+        use_sliding_window=a.window is not None, sliding_window=a.window, layer_types=[kind] * n,
+        rope_parameters=params)
 
 
 def _rope_config(cfg, common: dict):
@@ -107,10 +122,7 @@ def _rope_config(cfg, common: dict):
     from transformers import LlamaConfig, MistralConfig
 
     a, m = cfg.attention, cfg.model
-    r = a.rope
-    params = ROPE_PARAMETERS[r.scaling](r, m.head_dim, m.base_length)
-    if r.scaling != "none":  # the extended length, informational (factor is given explicitly)
-        common = {**common, "max_position_embeddings": int(m.base_length * r.factor)}
+    params, common = _with_scaling(cfg, common)
     if a.window is not None:
         common = {**common, "architectures": ["MistralForCausalLM"]}
         return MistralConfig(**common, head_dim=m.head_dim, rope_parameters=params,
@@ -125,29 +137,42 @@ def _rope_refuse(cfg) -> Optional[str]:
     return None
 
 
-STOCK_FORMS: dict[str, StockForm] = {
-    "nope": StockForm("SmolLM3ForCausalLM", _smollm3_config, _smollm3_refuse),
-    "rope": StockForm("LlamaForCausalLM", _rope_config, _rope_refuse),
+STOCK_FORMS: dict[frozenset, StockForm] = {
+    frozenset({"nope"}): StockForm("SmolLM3ForCausalLM", _smollm3_config, _rope_refuse),
+    frozenset({"rope"}): StockForm("LlamaForCausalLM", _rope_config, _rope_refuse),
+    frozenset({"nope", "rope"}): StockForm("SmolLM3ForCausalLM", _smollm3_config, _rope_refuse),
 }
-"""Registered position variant -> its exact stock form. Variants without an entry are refused."""
+"""The set of position variants a run's layers use (attention.layout over attention.position,
+`RunConfig.layer_positions`) -> its exact stock form. Sets without an entry are refused."""
+
+
+def stock_form(cfg) -> Optional[StockForm]:
+    """The stock form of the run `cfg` by its layers' variants, or None."""
+    return STOCK_FORMS.get(frozenset(cfg.layer_positions))
+
 
 _INFERENCE_IRRELEVANT = ("impl", "chunk_size", "kerple", "sandwich", "xpos")
 """Attention fields that do not change the function of a NoPE/RoPE model: kernel choices, and
 the option sections of variants that have no stock form (refused by name first)."""
-_HANDLED = ("position", "scale_c", "head_scale", "rope", "window", "log_scale_a")
+_HANDLED = ("position", "scale_c", "head_scale", "rope", "window", "log_scale_a", "layout")
 
 
 def refusal(cfg) -> Optional[str]:
     """Why the run `cfg` (RunConfig) cannot be exported stock, or None. The message names the
     variant/option and points to the custom-code export."""
+    from lenext_dist.attention.layout import describe, is_uniform
     from lenext_dist.config import AttentionConfig
 
     a = cfg.attention
     hint = "; export it with --format custom (loads with trust_remote_code=True)"
-    form = STOCK_FORMS.get(a.position)
+    form = stock_form(cfg)
     if form is None:
-        return (f"attention.position {a.position!r} has no exact stock transformers architecture "
-                f"(stock forms exist for {sorted(STOCK_FORMS)}){hint}")
+        names = cfg.layer_positions
+        known = sorted("+".join(sorted(k)) for k in STOCK_FORMS)
+        what = (f"attention.position {names[0]!r}" if is_uniform(names) else
+                f"attention.layout {a.layout.kind!r} (layers: {describe(names)})")
+        return (f"{what} has no exact stock transformers architecture (stock forms exist for "
+                f"layers of {known}){hint}")
     if a.log_scale_a is not None:
         return ("attention.log_scale_a (log-length scale, a per-position logit multiplier) has "
                 f"no stock form{hint}")
@@ -188,10 +213,11 @@ def build_stock_config(cfg, *, scales: Tensor, scale_c: float, head_scale_source
                        tok: Optional[dict], source: dict, dtype: str, tokenizer_note: str):
     """The transformers config (SmolLM3Config / LlamaConfig) of the run, provenance included."""
     m, a = cfg.model, cfg.attention
-    form = STOCK_FORMS[a.position]
+    form = stock_form(cfg)
     tok = tok or {}
     provenance = {
         "format": STOCK_FORMAT, "position": a.position,
+        "layout": dataclasses.asdict(a.layout), "layer_positions": cfg.layer_positions,
         "rope": dataclasses.asdict(a.rope), "window": a.window, "scale_c": float(scale_c),
         "head_scale_source": head_scale_source, "head_scales_folded_into": "q_proj",
         "head_scales_summary": {"min": float(scales.min()), "max": float(scales.max()),

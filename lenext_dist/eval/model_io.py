@@ -67,6 +67,9 @@ def model_info(model, path: str, job) -> dict:
         pos = getattr(model.model.layers[0].self_attn, "position", None)
         if pos is not None:
             info["position"] = repr(pos)
+            every = [repr(getattr(layer.self_attn, "position", None)) for layer in model.model.layers]
+            if len(set(every)) > 1:  # attention.layout: the variant of each layer
+                info["layer_positions"] = every
     except (TypeError, AttributeError) as e:
         info["attention_layout"] = f"unknown ({e})"
     info["software"] = {"torch": torch.__version__, "transformers": transformers.__version__,

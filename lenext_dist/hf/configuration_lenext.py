@@ -15,8 +15,9 @@ when one is missing or unknown (`check_lenext_config`):
 - `train_length`: the training context L (YaRN's original length).
 - `head_scale_source`: where the exported head scales came from (`uniform`, `learned`, `file`).
 - `attention_options`: every other field of the run's `attention` config section (sliding
-  `window`, log-length scale, per-variant sections such as `kerple`, ...), handed to the
-  variant's `from_config` as attributes (missing ones take the variant's defaults). Optional.
+  `window`, log-length scale, per-variant sections such as `kerple`, the per-layer `layout`, ...),
+  handed to the variant's `from_config` as attributes (missing ones take the variant's defaults;
+  a missing `layout` is every layer `position`). Optional.
 - `bos_at_document_start`: the training data had BOS (`bos_token_id`) before every document
   (data.bos); evaluations start documents and prompts with BOS by default when it is true.
   Optional (absent in exports made before it existed: false).

@@ -14,7 +14,9 @@ scale lambda_h = head_scale[h] / sqrt(d), causal softmax, GQA).
 
 Weights use Llama's names (`model.layers.N.self_attn.q_proj.weight`, ...) plus one fp32 buffer per
 layer, `model.layers.N.self_attn.head_scale` [heads]. The config's `position` / `rope` fields choose
-the variant; a config without them, or with a name this code does not know, is refused.
+the variant, `attention_options.layout` which layers run it (attention/layout.py: e.g. every k-th
+layer NoPE, the others RoPE; absent: every layer); a config without them, or with a name this code
+does not know, is refused.
 
 Eval-time knobs on a loaded model (see also `set_position`, `set_uniform_scale`,
 `set_head_scales`): `from_pretrained(dir, trust_remote_code=True, position="rope",
@@ -45,26 +47,36 @@ from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutpu
 from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm
 
 from .configuration_lenext import LenextConfig, check_lenext_config
-from .lenext_attention import HEAD_SCALE, POSITIONS, Documents, attend, build_position, document_ids
+from .lenext_attention import (HEAD_SCALE, POSITIONS, Documents, attend, build_position, document_ids,
+                               layer_variants as _layout_variants)
 
 
 def _namespace(d):
     return SimpleNamespace(**{k: _namespace(v) if isinstance(v, dict) else v for k, v in d.items()})
 
 
-def build_variant(config: LenextConfig):
-    """The PositionVariant of `config` (validated): registry name + rope settings + the other
-    attention options of the run (`config.attention_options`: window, variant sections, ...)."""
+def _attn_cfg(config: LenextConfig):
+    """The run's attention section as attributes: registry name + rope settings + the other
+    attention options of the run (`config.attention_options`: window, layout, variant sections)."""
     check_lenext_config(config, POSITIONS)
-    attn_cfg = _namespace({**(config.attention_options or {}), "position": config.position,
-                           "scale_c": float(config.scale_c), "rope": dict(config.rope)})
+    return _namespace({**(config.attention_options or {}), "position": config.position,
+                       "scale_c": float(config.scale_c), "rope": dict(config.rope)})
+
+
+def _variant_kwargs(config: LenextConfig) -> dict:
     kwargs = dict(head_dim=config.head_dim, train_length=int(config.train_length))
     if "num_heads" in inspect.signature(build_position).parameters:
         kwargs["num_heads"] = config.num_attention_heads
+    return kwargs
+
+
+def build_variant(config: LenextConfig):
+    """The PositionVariant of `config.position` (validated), with the run's attention options;
+    the variant of every layer of a uniform layout (`layer_variants` gives each layer's)."""
     # transformers builds models under a meta default device; the variant's tables (RoPE inv_freq)
     # are real CPU tensors, moved to the activations' device lazily
     with torch.device("cpu"):
-        return build_position(attn_cfg, **kwargs)
+        return build_position(_attn_cfg(config), **_variant_kwargs(config))
 
 
 def _has_state(variant) -> bool:
@@ -72,13 +84,18 @@ def _has_state(variant) -> bool:
 
 
 def layer_variants(config: LenextConfig) -> list:
-    """One variant per layer: a shared instance when the variant is parameter-free (RoPE's cos/sin
-    cache is then computed once per forward), separate instances when it has per-layer state
-    (KERPLE's learned r1, r2 at `model.layers.N.self_attn.position.*`)."""
-    first = build_variant(config)
-    if not _has_state(first):
-        return [first] * config.num_hidden_layers
-    return [first] + [build_variant(config) for _ in range(config.num_hidden_layers - 1)]
+    """One variant per layer, from the run's `attention.layout` (attention_options.layout; none:
+    every layer config.position): parameter-free variants are shared by the layers that run them
+    (RoPE's cos/sin cache is then computed once per forward), a variant with per-layer state
+    (KERPLE's learned r1, r2 at `model.layers.N.self_attn.position.*`) is one copy per layer."""
+    with torch.device("cpu"):
+        shared = _layout_variants(_attn_cfg(config), num_layers=config.num_hidden_layers,
+                                  **_variant_kwargs(config))
+        out, seen = [], set()
+        for v in shared:  # for_layer: the object itself when parameter-free, else a fresh copy
+            out.append(v.for_layer() if id(v) in seen else v)
+            seen.add(id(v))
+        return out
 
 
 class LenextAttention(nn.Module):
@@ -374,7 +391,9 @@ def set_position(model: nn.Module, position: Optional[str] = None, *,
                  rope: Optional[dict] = None, **options):
     """Switch every layer to another position variant / options at eval time, e.g.
     `set_position(model, "rope", rope={"scaling": "yarn", "factor": 4.0})` or
-    `set_position(model, window=128)`. Updates model.config (position, rope (given keys only),
+    `set_position(model, window=128)`; under a layout (attention_options.layout) `position` is the
+    variant of the layers the layout does not make NoPE, `rope` reaches the RoPE layers, and
+    `layout={...}` replaces the layout. Updates model.config (position, rope (given keys only),
     attention_options) and rebuilds the variants; returns the first layer's variant.
     Unknown names raise ValueError (the config is left unchanged). A variant with learned state
     (KERPLE) keeps its per-layer parameters when the variant class is unchanged."""

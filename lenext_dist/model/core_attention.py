@@ -33,8 +33,9 @@ from .megatron_env import current_device
 class LenextCoreAttention(MegatronModule):
     """Causal attention of one layer with a per-head multiplier m [np] (lambda_h = m_h / sqrt(hn)).
 
-    Built by `core_attention_builder(variant, head_scale=..., ...)` (a closure over our run
-    config, since megatron passes only its own kwargs). `head_scale` is an fp32 Parameter when
+    Built by `core_attention_builder(variants=..., init_scale=..., ...)` (a closure over our run
+    config, since megatron passes only its own kwargs; `variant` is this layer's, from
+    attention.layout). `head_scale` is an fp32 Parameter when
     HeadScale is enabled, else a non-persistent buffer filled with the uniform scale c (so uniform
     and per-head scales run the same code; the buffer stays out of checkpoints since c is config).
     """
@@ -137,11 +138,15 @@ def _documents(attention_mask: Optional[Tensor]) -> Optional[Documents]:
     return docs
 
 
-def core_attention_builder(**bound):
+def core_attention_builder(*, variants: list, **bound):
     """A `CoreAttentionBuilder` (megatron's protocol: a callable taking its kwargs) that also
-    passes our keyword arguments `bound` (variant, init_scale, learned, trainable)."""
+    passes our keyword arguments `bound` (init_scale, learned, trainable) and the variant of the
+    layer being built: `variants[layer_number - 1]` (one per layer, attention.layout)."""
 
     def build(**megatron_kwargs) -> LenextCoreAttention:
-        return LenextCoreAttention(**megatron_kwargs, **bound)
+        i = megatron_kwargs["layer_number"] - 1  # megatron's global 1-based layer number
+        if not 0 <= i < len(variants):
+            raise ValueError(f"layer_number {i + 1} outside the {len(variants)} layers of the layout")
+        return LenextCoreAttention(**megatron_kwargs, variant=variants[i], **bound)
 
     return build

@@ -58,7 +58,8 @@ def flops_per_token(cfg) -> float:
     and the input lookup, which is no matmul, is not); L layers, H query heads, Q head dim,
     T = sequence length (the attention score and value matmuls, counted over the full T x T
     square as PaLM does, i.e. without halving for the causal mask). Per-head scales are in N
-    but negligible.
+    but negligible. The same for every attention variant and layout (attention.layout): a NoPE
+    layer and a RoPE layer do the same matmuls (the rotation is elementwise, not counted).
 
     `train.mode: headscale` freezes every weight: the weight-gradient matmuls (2 N of the 6 N)
     are not computed, the activation gradients still are (the head scales sit in every layer),

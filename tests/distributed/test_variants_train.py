@@ -1,4 +1,5 @@
-"""Each attention variant of project issue 7 trains under ZeRO-2 on 2 gloo ranks on real text
+"""Each attention variant of project issue 7 (and a per-layer layout: RoPE and NoPE layers
+interleaved) trains under ZeRO-2 on 2 gloo ranks on real text
 (launch/pretrain.py under the deepspeed launcher, the tiny model of tests/helpers.py, 4 steps), is
 exported, and `lenext eval ppl` runs on it at 1x/2x/4x its training length."""
 import json
@@ -16,6 +17,8 @@ CASES = {
     "sandwich": {"position": "sandwich"},
     "xpos": {"position": "xpos", "xpos": {"blockwise": True}},
     "window": {"position": "nope", "window": 8},  # sliding window W = 8 < L = 32
+    # attention.layout: layer 1 RoPE, layer 2 NoPE (NoPE every 2nd layer; the tiny model has 2)
+    "interleaved": {"position": "rope", "layout": {"kind": "nope_every", "every": 2}},
 }
 
 
@@ -32,6 +35,8 @@ def test_variant_trains_under_zero2(case, sample_shards, tmp_path):
     assert curve[4] < curve[1], curve
     assert "world 2, ZeRO-2" in p.stdout
     assert f"attention {CASES[case]['position']}" in p.stdout
+    if "layout" in CASES[case]:
+        assert "(layout nope_every: rope, nope)" in p.stdout
 
     # export (exact weights, incl. KERPLE's learned r1/r2) and evaluate past the training length
     from lenext_dist.cli import main as lenext
@@ -44,6 +49,13 @@ def test_variant_trains_under_zero2(case, sample_shards, tmp_path):
             "--no-progress", "--threads", "1", "--out", str(tmp_path / "eval")])
     res = json.loads((tmp_path / "eval" / "ppl_last-stride.json").read_text())
     assert res["model"]["config"]["position"] == CASES[case]["position"]
+    if "layout" in CASES[case]:  # the export's layers run the trained layout
+        assert res["model"]["config"]["attention_options"]["layout"]["kind"] == "nope_every"
+        assert ["name=rope" in p for p in res["model"]["layer_positions"]] == [True, False]
+        from transformers import AutoModelForCausalLM
+
+        model = AutoModelForCausalLM.from_pretrained(str(hf), trust_remote_code=True)
+        assert [layer.self_attn.position.name for layer in model.model.layers] == ["rope", "nope"]
     assert [r["length"] for r in res["results"]] == [32, 64, 128]
     assert all(math.isfinite(r["ppl"]) and r["ppl"] > 1 for r in res["results"])
 

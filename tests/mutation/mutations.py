@@ -38,6 +38,7 @@ T_TASKS = "tests/unit/test_prep_tasks.py"
 T_DOC = "tests/unit/test_document_mask.py"
 T_BOS = "tests/unit/test_data_bos.py"
 T_STOCK = "tests/unit/test_stock_export.py"
+T_LAYOUT = "tests/unit/test_layout.py"
 T_SAFE = "tests/unit/test_safety.py"
 T_PREP = "tests/unit/test_prep_reliability.py"
 T_GPU = "tests/unit/test_gpu_ready.py"
@@ -358,4 +359,19 @@ MUTATIONS: list[M] = [
       'return [{"start": s, "end": min(s + step + 1, size), "bytes": min(step, size - s)}', (T_PREP,)),
     M("units-last-range-dropped", "prep units", "lenext_dist/prep/units.py",
       "for s in range(0, size, step)]", "for s in range(0, size - step, step)]", (T_PREP,)),
+    # ---- per-layer layouts (attention/layout.py, model build, stock SmolLM3) -----------------
+    M("layout-nope-every-off-by-one", "layouts", "lenext_dist/attention/layout.py",
+      '"nope" if (i + 1) % every == 0 else base', '"nope" if i % every == 0 else base',
+      (T_LAYOUT,)),
+    M("layout-every-layer-the-base-variant", "layouts", "lenext_dist/attention/layout.py",
+      "view = _LayerView(attn_cfg, x,", "view = _LayerView(attn_cfg, attn_cfg.position,",
+      (T_LAYOUT,)),
+    M("layout-megatron-layers-all-get-the-first", "layouts", "lenext_dist/model/core_attention.py",
+      "variant=variants[i]", "variant=variants[0]", (T_LAYOUT,)),
+    M("layout-nope-layer-scaled", "layouts", "lenext_dist/attention/layout.py",
+      "rope if POSITIONS[x].rope_scalings else plain", "rope", (T_LAYOUT,)),
+    M("stock-no-rope-layers-inverted", "layouts", "lenext_dist/convert/stock.py",
+      'no_rope_layers=[int(x == "rope")', 'no_rope_layers=[int(x == "nope")', (T_STOCK,)),
+    M("stock-window-on-nope-layers-only", "layouts", "lenext_dist/convert/stock.py",
+      "layer_types=[kind] * n,", "layer_types=None,", (T_STOCK,)),
 ]

@@ -2,9 +2,9 @@
 process, written as a step folder (config.yaml + DeepSpeed-layout module file + COMPLETE), then
 exported both ways. The stock folder loads with plain `AutoModelForCausalLM` in a fresh process
 (no trust_remote_code, no lenext module imported) and gives the custom export's logits at 1x, 4x
-and 8x the training length; `--verify` compares it with megatron; its tokenizer.json encodes as
-SentencePiece; `lenext eval` gives the same numbers on both; every variant without a stock form
-is refused by name."""
+and 8x the training length (attention.layout's interleaved NoPE/RoPE too, as SmolLM3); `--verify`
+compares it with megatron; its tokenizer.json encodes as SentencePiece; `lenext eval` gives the
+same numbers on both; every variant (and layout) without a stock form is refused by name."""
 import json
 import os
 import random
@@ -16,8 +16,8 @@ import torch
 
 from lenext_dist.attention import POSITIONS
 from lenext_dist.attention.rope import SCALINGS
-from lenext_dist.config import (AttentionConfig, DataConfig, HeadScaleConfig, ModelConfig,
-                                RopeConfig, RunConfig, save_config)
+from lenext_dist.config import (AttentionConfig, DataConfig, HeadScaleConfig, LayoutConfig,
+                                ModelConfig, RopeConfig, RunConfig, save_config)
 from lenext_dist.convert import ExportError, export, verify
 from lenext_dist.convert.stock import PROBE_TEXTS, ROPE_PARAMETERS, STOCK_FORMS
 from tiny_models import REPO, SAMPLE_TOKENIZER
@@ -28,9 +28,9 @@ L = 16  # training length of the tiny models: 8x = 128 tokens
 
 
 
-def run_config(position="nope", *, learned=False, tie=False, groups=2, **attn):
+def run_config(position="nope", *, learned=False, tie=False, groups=2, layers=2, **attn):
     return RunConfig(
-        model=ModelConfig(num_layers=2, hidden_size=64, num_attention_heads=4,
+        model=ModelConfig(num_layers=layers, hidden_size=64, num_attention_heads=4,
                           num_query_groups=groups, ffn_hidden_size=96, vocab_size=4096,
                           seq_length=L, tie_embeddings=tie),
         attention=AttentionConfig(position=position, head_scale=HeadScaleConfig(enabled=learned),
@@ -96,9 +96,20 @@ CASES = {
     "rope_yarn_tied": dict(position="rope", rope=RopeConfig(scaling="yarn", factor=8.0), tie=True,
                            groups=None, scale_c=1.2),
     "rope_pi_window": dict(position="rope", rope=RopeConfig(scaling="pi", factor=4.0), window=6),
+    # attention.layout (issue: per-layer layouts): NoPE every 2nd layer of 4, uniform c folded
+    "interleaved": dict(position="rope", layers=4, layout=LayoutConfig(kind="nope_every", every=2),
+                        scale_c=1.3),
+    # SmolLM3's own pattern with YaRN, a window on every layer and learned head scales
+    "smollm3_yarn_window": dict(position="rope", layers=4, layout=LayoutConfig(kind="smollm3"),
+                                rope=RopeConfig(scaling="yarn", factor=4.0), window=6,
+                                learned=True),
 }
 EXPECTED = {"nope_headscale": "SmolLM3ForCausalLM", "nope_window": "SmolLM3ForCausalLM",
-            "rope_yarn_tied": "LlamaForCausalLM", "rope_pi_window": "MistralForCausalLM"}
+            "rope_yarn_tied": "LlamaForCausalLM", "rope_pi_window": "MistralForCausalLM",
+            "interleaved": "SmolLM3ForCausalLM", "smollm3_yarn_window": "SmolLM3ForCausalLM"}
+NO_ROPE_LAYERS = {"nope_headscale": [0, 0], "nope_window": [0, 0], "interleaved": [1, 0, 1, 0],
+                  "smollm3_yarn_window": [1, 1, 1, 0]}
+"""SmolLM3's no_rope_layers: 1 = a RoPE layer, 0 = a NoPE layer."""
 
 FRESH = r"""
 import json, sys, torch
@@ -162,13 +173,17 @@ def test_stock_loads_without_remote_code_and_equals_custom(exports, fresh_proces
     assert cfg["architectures"] == [EXPECTED[name]] and "auto_map" not in cfg
     prov = cfg["lenext_provenance"]
     assert prov["position"] == position and prov["source"]["checkpoint"].startswith(str(ckpt))
-    if position == "nope":
-        assert cfg["no_rope_layers"] == [0, 0]
-        assert cfg["use_sliding_window"] == ("window" in CASES[name])
-    elif name == "rope_yarn_tied":
+    if name in NO_ROPE_LAYERS:
+        assert cfg["no_rope_layers"] == NO_ROPE_LAYERS[name]
+        assert prov["layer_positions"] == ["rope" if x else "nope" for x in NO_ROPE_LAYERS[name]]
+        windowed = "window" in CASES[name]
+        assert cfg["use_sliding_window"] == windowed
+        assert cfg["layer_types"] == [("sliding" if windowed else "full") + "_attention"] * \
+            len(NO_ROPE_LAYERS[name])
+    if name in ("rope_yarn_tied", "smollm3_yarn_window"):
         assert cfg["rope_parameters"]["rope_type"] == "yarn"
         assert cfg["rope_parameters"]["original_max_position_embeddings"] == L
-    else:
+    elif name == "rope_pi_window":
         assert cfg["rope_parameters"]["rope_type"] == "linear" and cfg["sliding_window"] == 6
     assert prov["exported_as"] == EXPECTED[name]
     got = fresh_process[name]
@@ -193,7 +208,8 @@ def test_folded_scales_are_the_learned_ones(exports):
     assert prov["head_scale_source"] == "learned" and prov["head_scales_folded_into"] == "q_proj"
 
 
-@pytest.mark.parametrize("name", ["nope_headscale", "rope_yarn_tied"])
+@pytest.mark.parametrize("name", ["nope_headscale", "rope_yarn_tied", "interleaved",
+                                  "smollm3_yarn_window"])
 def test_verify_stock_against_megatron(exports, name):
     _, stock_dir, _ = exports[name]
     assert verify(stock_dir) <= 1e-4
@@ -273,7 +289,7 @@ def _eval(*argv):
     assert main(list(argv)) == 0
 
 
-@pytest.mark.parametrize("name", ["nope_headscale", "rope_yarn_tied"])
+@pytest.mark.parametrize("name", ["nope_headscale", "rope_yarn_tied", "interleaved"])
 def test_lenext_eval_equal_on_both_exports(exports, tmp_path, name):
     _, stock_dir, custom_dir = exports[name]
     data = f"{REPO}/data/sample/heldout/books.jsonl.zst"
@@ -287,7 +303,7 @@ def test_lenext_eval_equal_on_both_exports(exports, tmp_path, name):
               "--max-new-tokens", "5")
         res[kind] = {f: json.loads((out / f).read_text())
                      for f in ("ppl_last-stride.json", "passkey.json")}
-        if name == "nope_headscale":  # eval-time scale (re-folded) and entropy (no rotation)
+        if name in ("nope_headscale", "interleaved"):  # eval-time scale (re-folded), entropy
             _eval("eval", "ppl", *common, "--data", data, "--lengths", f"{2 * L}", "--stride",
                   "8", "--budget-tokens", "48", "--no-penalty", "--scale-c", "1.3")
             _eval("eval", "entropy", *common, "--data", data, "--length", f"{4 * L}",
@@ -304,7 +320,7 @@ def test_lenext_eval_equal_on_both_exports(exports, tmp_path, name):
     assert s["passkey.json"]["accuracy"] == c["passkey.json"]["accuracy"]
     outputs = [[e["output"] for e in r["passkey.json"]["examples"]] for r in (s, c)]
     assert outputs[0] == outputs[1] and len(outputs[0]) == 8  # greedy answers, token for token
-    if name == "nope_headscale":
+    if name in ("nope_headscale", "interleaved"):
         hs = s["ppl_last-stride_c1.3.json"]["model"]["head_scale"]
         assert hs["min"] == pytest.approx(1.3) and hs["max"] == pytest.approx(1.3)
         ea, eb = s[f"entropy_{4 * L}.json"], c[f"entropy_{4 * L}.json"]
@@ -322,10 +338,24 @@ def _config_only(root, cfg):
     return step
 
 
-@pytest.mark.parametrize("position", sorted(set(POSITIONS) - set(STOCK_FORMS)))
+@pytest.mark.parametrize("position", sorted(p for p in POSITIONS
+                                             if frozenset({p}) not in STOCK_FORMS))
 def test_variants_without_a_stock_form_are_refused(tmp_path, position):
     step = _config_only(tmp_path, run_config(position))
     with pytest.raises(ExportError, match=rf"'{position}' has no exact stock .*--format custom"):
+        export(step, tmp_path / "out", fmt="stock")
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("position,layout,what", [
+    ("alibi", LayoutConfig(kind="nope_every", every=2), "alibi, nope, alibi, nope"),
+    ("rope", LayoutConfig(kind="explicit", layers=["rope", "xpos", "nope", "rope"]),
+     "rope, xpos, nope, rope"),
+])
+def test_layouts_without_a_stock_form_are_refused(tmp_path, position, layout, what):
+    step = _config_only(tmp_path, run_config(position, layers=4, layout=layout))
+    with pytest.raises(ExportError, match=rf"attention.layout '{layout.kind}' \(layers: {what}\) "
+                                          r"has no exact stock .*--format custom"):
         export(step, tmp_path / "out", fmt="stock")
     assert not (tmp_path / "out").exists()
 

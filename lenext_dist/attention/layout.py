@@ -1,0 +1,160 @@
+"""Per-layer attention layouts: which position variant each layer of a model runs.
+
+A layout is an entry of `LAYOUTS`: a function (num_layers, base, layout options) -> one registry
+name (`registry.POSITIONS`) per layer, where `base` is the run's `attention.position`. Adding a
+layout is a function and one line here; the model code only ever sees a list of variants.
+
+    uniform     every layer `base` (every model before layouts; the default)
+    nope_every  layers k, 2k, 3k, ... (1-based) NoPE, the others `base` (`every`: k); with base
+                `rope`, the interleaved NoPE/RoPE of SmolLM3 (k = 4) and of the NoPE/RoPE hybrids
+    smollm3     SmolLM3-3B's pattern: nope_every with k = 4 over RoPE (`base` must be `rope`;
+                transformers' SmolLM3Config default `no_rope_layer_interval` 4)
+    explicit    `layers`: one registry name per layer, e.g. [rope, rope, rope, nope]
+
+Everything else of `attention` applies to every layer (window, log-length scale, rope settings:
+RoPE layers rotate with attention.rope and its PI/NTK/YaRN scaling, NoPE layers ignore it).
+
+`layer_variants(attn_cfg, num_layers=, head_dim=, train_length=, num_heads=)` builds the list:
+one variant object per distinct name, shared by the layers that run it (a RoPE cos/sin table is
+then computed once per forward); a layer holding a variant with learned parameters takes its own
+copy through `PositionVariant.for_layer()` (megatron's core attention and the HF model both do).
+
+Layout options are read duck-typed from `attn_cfg.layout` (the `LayoutConfig` of
+lenext_dist.config, or the plain dict of an exported config.json turned into attributes):
+`kind`, `every`, `layers`; a missing `layout` is `uniform` (exports made before layouts).
+"""
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Callable, Optional
+
+from .position import PositionVariant, cfg_get
+from .registry import POSITIONS, build_position
+
+
+def _uniform(n: int, base: str, every: int, layers: list) -> list[str]:
+    return [base] * n
+
+
+def _nope_every(n: int, base: str, every: int, layers: list) -> list[str]:
+    if every < 1:
+        raise ValueError(f"attention.layout.every must be >= 1, got {every}")
+    return ["nope" if (i + 1) % every == 0 else base for i in range(n)]
+
+
+def _smollm3(n: int, base: str, every: int, layers: list) -> list[str]:
+    if base != "rope":
+        raise ValueError(f"attention.layout 'smollm3' interleaves NoPE with RoPE: it needs "
+                         f"attention.position 'rope', got {base!r} (nope_every takes any base)")
+    return _nope_every(n, base, 4, layers)
+
+
+def _explicit(n: int, base: str, every: int, layers: list) -> list[str]:
+    if len(layers) != n:
+        raise ValueError(f"attention.layout.layers has {len(layers)} entries for {n} layers "
+                         "(model.num_layers): give one position name per layer")
+    return list(layers)
+
+
+LAYOUTS: dict[str, Callable[[int, str, int, list], list[str]]] = {
+    "uniform": _uniform,
+    "nope_every": _nope_every,
+    "smollm3": _smollm3,
+    "explicit": _explicit,
+}
+DEFAULT_EVERY = 4
+"""`every` when the layout section does not give it (SmolLM3's interval)."""
+
+
+def layout_kind(attn_cfg) -> str:
+    return cfg_get(attn_cfg, "layout", "kind", default="uniform")
+
+
+def layer_names(attn_cfg, num_layers: int) -> list[str]:
+    """The registry name of each of `num_layers` layers (ValueError naming the key when the
+    layout is unknown, malformed, or names a variant that is not registered)."""
+    kind = layout_kind(attn_cfg)
+    if kind not in LAYOUTS:
+        raise ValueError(f"unknown attention.layout.kind {kind!r}; registered: {sorted(LAYOUTS)}")
+    every = int(cfg_get(attn_cfg, "layout", "every", default=DEFAULT_EVERY))
+    layers = list(cfg_get(attn_cfg, "layout", "layers", default=[]))
+    if layers and kind != "explicit":
+        raise ValueError(f"attention.layout.layers is read by kind 'explicit' only, not {kind!r}")
+    names = LAYOUTS[kind](num_layers, attn_cfg.position, every, layers)
+    unknown = sorted({x for x in names if x not in POSITIONS})
+    if unknown:
+        raise ValueError(f"attention.layout names unknown variants {unknown}; registered: "
+                         f"{sorted(POSITIONS)}")
+    return names
+
+
+def is_uniform(names: list[str]) -> bool:
+    return len(set(names)) <= 1
+
+
+def describe(names: list[str]) -> str:
+    """Per-layer names as a short run-length string: [rope, rope, rope, nope] -> 'rope x3, nope'."""
+    out, i = [], 0
+    while i < len(names):
+        j = i
+        while j < len(names) and names[j] == names[i]:
+            j += 1
+        out.append(names[i] + (f" x{j - i}" if j - i > 1 else ""))
+        i = j
+    return ", ".join(out)
+
+
+def refusal(names: list[str], scaling: str = "none") -> Optional[str]:
+    """Why these per-layer names cannot run (with attention.rope.scaling `scaling`), or None."""
+    if scaling != "none" and not any(POSITIONS[x].rope_scalings for x in names):
+        return (f"attention.rope.scaling {scaling!r} scales a RoPE rotation; no layer "
+                f"({describe(names)}) has one (use rope.scaling 'none')")
+    learned = sorted({x for x in names if POSITIONS[x].learned})
+    if learned and not is_uniform(names):
+        return (f"attention.layout: learned variants {learned} in a non-uniform layout are not "
+                "supported yet (use attention.layout.kind 'uniform')")
+    return None
+
+
+def summary(kind: str, names: list[str]) -> str:
+    """'' for a uniform layout, else ' (layout nope_every: rope, nope, rope, nope)' (log lines)."""
+    if is_uniform(names) and kind == "uniform":
+        return ""
+    return f" (layout {kind}: {describe(names)})"
+
+
+class _LayerView:
+    """`attn_cfg` as one layer's variant sees it: `position` replaced by the layer's name, and
+    `rope.scaling` 'none' for a variant without a rotation (a NoPE layer of a RoPE+YaRN model
+    has nothing to scale; `build_position` refuses a scaling it would ignore)."""
+
+    def __init__(self, cfg, position: str, rope):
+        self._cfg, self.position, self.rope = cfg, position, rope
+
+    def __getattr__(self, name):
+        if name == "_cfg":  # not set yet (copy/pickle): no recursion
+            raise AttributeError(name)
+        return getattr(self._cfg, name)
+
+
+def layer_variants(attn_cfg, *, num_layers: int, head_dim: int, train_length: int,
+                   num_heads: Optional[int] = None) -> list[PositionVariant]:
+    """One variant per layer, as `build_position` builds it for the layer's registry name: one
+    object per distinct name, shared by its layers (each layer calls `for_layer()` on it)."""
+    names = layer_names(attn_cfg, num_layers)
+    if is_uniform(names) and names[0] == attn_cfg.position:  # exactly the pre-layout build
+        v = build_position(attn_cfg, head_dim=head_dim, train_length=train_length,
+                           num_heads=num_heads)
+        return [v] * num_layers
+    why = refusal(names, cfg_get(attn_cfg, "rope", "scaling", default="none"))
+    if why:
+        raise ValueError(why)
+    rope = getattr(attn_cfg, "rope", None)
+    plain = SimpleNamespace(base=cfg_get(rope, "base", default=10000.0), scaling="none",
+                            factor=1.0)
+    built: dict[str, PositionVariant] = {}
+    for x in dict.fromkeys(names):
+        view = _LayerView(attn_cfg, x, rope if POSITIONS[x].rope_scalings else plain)
+        built[x] = build_position(view, head_dim=head_dim, train_length=train_length,
+                                  num_heads=num_heads)
+    return [built[x] for x in names]

@@ -1,0 +1,240 @@
+"""Per-layer attention layouts (attention.layout, lenext_dist/attention/layout.py): the registry's
+presets, the config's one-line refusals, each layer's math against plain torch (a NoPE layer is
+not rotated, a RoPE layer is, with its PI scaling), and the megatron model with a layout: each
+layer holds its variant, and the HF custom model built from the same config (the export's class)
+gives the same logits, with packed documents, a KV cache and eval-time RoPE scaling too; the dry
+run reports the layout."""
+import math
+import os
+from types import SimpleNamespace as NS
+
+import pytest
+import torch
+
+from lenext_dist.attention import LAYOUTS, NoPE, RoPE, attend, layer_names, layer_variants
+from lenext_dist.config import (AttentionConfig, ConfigError, LayoutConfig, ModelConfig,
+                                RopeConfig, RunConfig, load_config)
+
+os.environ.setdefault("DS_ACCELERATOR", "cpu")
+
+B, H, G, D = 2, 4, 2, 8
+L = 8
+
+
+def names(kind, n=4, position="rope", **lay):
+    return layer_names(NS(position=position, layout=NS(kind=kind, **lay)), n)
+
+
+# ---- the registry ------------------------------------------------------------------------------
+
+def test_presets():
+    assert sorted(LAYOUTS) == ["explicit", "nope_every", "smollm3", "uniform"]
+    assert names("uniform") == ["rope"] * 4
+    assert names("nope_every", every=2) == ["rope", "nope", "rope", "nope"]  # layers 2, 4 (1-based)
+    assert names("nope_every", n=8, every=3) == ["rope", "rope", "nope"] * 2 + ["rope"] * 2
+    # SmolLM3-3B: transformers' SmolLM3Config default no_rope_layers (interval 4), 1 = RoPE
+    from transformers import SmolLM3Config
+
+    smol = SmolLM3Config(num_hidden_layers=36).no_rope_layers
+    assert names("smollm3", n=36) == ["rope" if x else "nope" for x in smol]
+    assert names("explicit", layers=["rope", "alibi", "nope", "rope"]) == \
+        ["rope", "alibi", "nope", "rope"]
+    # an export made before layouts: no layout section at all = every layer `position`
+    assert layer_names(NS(position="xpos"), 3) == ["xpos"] * 3
+
+
+@pytest.mark.parametrize("overrides,match", [
+    (["attention.layout.kind=sometimes"], "attention.layout.kind: unknown layout 'sometimes'"),
+    (["attention.layout.kind=nope_every", "attention.layout.every=0"], "every: must be >= 1"),
+    (["attention.layout.kind=explicit"], "needs one position name per layer"),
+    (["attention.layout.kind=explicit", "attention.layout.layers=[rope,nope]"],
+     "2 entries for 4 layers"),
+    (["attention.layout.kind=explicit", "attention.layout.layers=[rope,nope,alibo,rope]"],
+     "unknown variants \\['alibo'\\]"),
+    (["attention.layout.layers=[rope,nope,rope,nope]"], "read by kind 'explicit' only"),
+    (["attention.layout.kind=smollm3"], "needs attention.position 'rope'"),
+    (["attention.position=kerple_log", "attention.layout.kind=nope_every"],
+     "learned variants \\['kerple_log'\\] in a non-uniform layout"),
+    (["attention.layout.kind=explicit", "attention.layout.layers=[nope,alibi,nope,alibi]",
+      "attention.rope.scaling=yarn", "attention.rope.factor=2"], "no layer .* has one"),
+])
+def test_config_refusals_are_one_line(overrides, match):
+    with pytest.raises(ConfigError, match=match) as e:
+        load_config(None, ["model.num_layers=4", *overrides])
+    assert "\n" not in str(e.value)
+
+
+def test_rope_scaling_needs_one_rope_layer_not_all():
+    cfg = load_config(None, ["model.num_layers=4", "attention.position=rope",
+                             "attention.layout.kind=nope_every", "attention.layout.every=2",
+                             "attention.rope.scaling=yarn", "attention.rope.factor=4"])
+    assert cfg.layer_positions == ["rope", "nope", "rope", "nope"]
+    with pytest.raises(ConfigError, match="rope.scaling"):  # the uniform check is unchanged
+        AttentionConfig(position="nope", rope=RopeConfig(scaling="yarn", factor=2.0))
+
+
+# ---- each layer's math against plain torch ---------------------------------------------------------
+
+def plain_rope(x, pos, base=10000.0, factor=1.0):
+    """Rotary embedding written out: pair (x_k, x_{k+d/2}) turned by angle p theta_k / factor."""
+    d = x.shape[-1]
+    theta = base ** (-torch.arange(0, d, 2, dtype=torch.float64) / d) / factor
+    ang = pos.double()[:, None] * theta  # [s, d/2]
+    c, s = ang.cos(), ang.sin()
+    x1, x2 = x[..., : d // 2].double(), x[..., d // 2:].double()
+    return torch.cat((x1 * c - x2 * s, x1 * s + x2 * c), dim=-1)
+
+
+def plain_attention(q, k, v, m, rotate, factor=1.0, window=None):
+    """softmax(m_h / sqrt(d) q.k + causal (and window) mask) v in float64, GQA by repetition."""
+    s = q.shape[2]
+    pos = torch.arange(s)
+    r = q.shape[1] // k.shape[1]
+    kk, vv = k.repeat_interleave(r, 1).double(), v.repeat_interleave(r, 1).double()
+    qq = q.double()
+    if rotate:
+        qq, kk = plain_rope(qq, pos, factor=factor), plain_rope(kk, pos, factor=factor)
+    logits = qq @ kk.transpose(-1, -2) * (m.double() / math.sqrt(D)).view(1, -1, 1, 1)
+    visible = pos[None, :] <= pos[:, None]
+    if window is not None:
+        visible &= pos[:, None] - pos[None, :] < window
+    logits = logits.masked_fill(~visible, float("-inf"))
+    return torch.softmax(logits, -1) @ vv
+
+
+@pytest.mark.parametrize("scaling,factor,window", [("none", 1.0, None), ("pi", 4.0, None),
+                                                   ("none", 1.0, 5)])
+def test_each_layer_against_plain_torch(scaling, factor, window):
+    """nope_every k=2 over RoPE: layers 0, 2 rotate (with the PI scaling), layers 1, 3 do not;
+    both kinds share the window and the per-head scale."""
+    cfg = NS(position="rope", rope=NS(base=10000.0, scaling=scaling, factor=factor),
+             window=window, layout=NS(kind="nope_every", every=2))
+    variants = layer_variants(cfg, num_layers=4, head_dim=D, train_length=L, num_heads=H)
+    assert [type(v) for v in variants] == [RoPE, NoPE, RoPE, NoPE]
+    assert variants[0] is variants[2] and variants[1] is variants[3]  # one object per name
+    assert variants[0].scaling == scaling and variants[1].window == variants[0].window == window
+    gen = torch.Generator().manual_seed(3)
+    s = 24
+    q, k, v = (torch.randn(B, n, s, D, generator=gen) for n in (H, G, G))
+    m = torch.tensor([0.8, 1.0, 1.3, 1.7])
+    for i, var in enumerate(variants):
+        out = attend(q, k, v, m, var).double()
+        rope = i % 2 == 0
+        ref = plain_attention(q, k, v, m, rotate=rope, factor=factor, window=window)
+        other = plain_attention(q, k, v, m, rotate=not rope, factor=factor, window=window)
+        torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+        assert (out - other).abs().max() > 1e-2, f"layer {i}: rotation made no difference"
+
+
+def test_nope_layers_of_a_yarn_model_are_not_scaled():
+    """rope.scaling applies to the RoPE layers; a NoPE layer's variant is plain NoPE."""
+    cfg = NS(position="rope", rope=NS(base=10000.0, scaling="yarn", factor=4.0),
+             layout=NS(kind="explicit", layers=["nope", "rope"]))
+    nope, rope = layer_variants(cfg, num_layers=2, head_dim=D, train_length=L)
+    assert type(nope) is NoPE and rope.scaling == "yarn" and rope.mscale > 1
+    for layout in (NS(kind="uniform"), NS(kind="explicit", layers=["nope", "alibi"])):
+        with pytest.raises(ValueError, match="rope.scaling.*'yarn' scales a RoPE rotation"):
+            layer_variants(NS(position="nope", rope=cfg.rope, layout=layout), num_layers=2,
+                           head_dim=D, train_length=L, num_heads=H)
+
+
+# ---- the megatron model and the HF model of the export ---------------------------------------------
+
+VOCAB, SEQ, EOS = 128, 24, 2
+
+
+def layout_cfg(**attn):
+    attn = {"position": "rope", "scale_c": 1.3,
+            "layout": LayoutConfig(kind="nope_every", every=2), **attn}
+    return RunConfig(model=ModelConfig(num_layers=4, hidden_size=64, num_attention_heads=4,
+                                       num_query_groups=2, ffn_hidden_size=96, vocab_size=VOCAB,
+                                       seq_length=SEQ),
+                     attention=AttentionConfig(**attn))
+
+
+def megatron_and_hf(cfg, init_megatron):
+    from lenext_dist.convert.export import build_hf_config
+    from lenext_dist.convert.keymap import Shape, megatron_to_hf
+    from lenext_dist.hf import LenextForCausalLM
+    from lenext_dist.model import build_model
+
+    init_megatron(11)
+    meg = build_model(cfg, device="cpu").eval()
+    with torch.no_grad():
+        for p in meg.parameters():  # position-dependent attention: larger projections
+            p.add_(torch.rand_like(p) * 0.2) if p.dim() == 1 else p.mul_(4.0)
+    state = {k: v for k, v in meg.state_dict().items() if isinstance(v, torch.Tensor)}
+    hf_cfg = build_hf_config(cfg, scale_c=cfg.attention.scale_c, head_scale_source="uniform",
+                             tok={"eos": EOS}, source={}, dtype="float32")
+    hf = LenextForCausalLM(hf_cfg).eval()
+    hf.load_state_dict(megatron_to_hf(state, Shape.from_run_config(cfg)), strict=False)
+    return meg, hf
+
+
+def test_megatron_and_hf_run_the_layout(megatron_1rank):
+    from lenext_dist.attention import document_ids
+
+    cfg = layout_cfg(window=10)
+    meg, hf = megatron_and_hf(cfg, megatron_1rank)
+    megs = [layer.self_attention.core_attention.position for layer in meg.decoder.layers]
+    hfs = [layer.self_attn.position for layer in hf.model.layers]
+    assert [v.name for v in megs] == [v.name for v in hfs] == ["rope", "nope", "rope", "nope"]
+    assert all(v.window == 10 for v in megs + hfs)
+    assert hf.config.attention_options["layout"] == {"kind": "nope_every", "every": 2, "layers": []}
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randint(3, VOCAB, (2, SEQ), generator=gen)
+    pos = torch.arange(SEQ).expand_as(x)
+    with torch.no_grad():
+        a = meg(x, pos, attention_mask=None)
+        b = hf(input_ids=x, use_cache=False).logits
+        torch.testing.assert_close(b, a, atol=1e-5, rtol=1e-5)
+        # packed documents: each document as alone, on both sides
+        x[:, [6, 15]] = EOS
+        ids = document_ids(x, eos_id=EOS)
+        packed = meg(x, pos, attention_mask=ids)
+        torch.testing.assert_close(hf(input_ids=x, use_cache=False, document_ids=ids).logits,
+                                   packed, atol=1e-5, rtol=1e-5)
+        seg = x[:1, 7:16]
+        torch.testing.assert_close(packed[:1, 7:16], meg(seg, torch.arange(9)[None], None),
+                                   atol=1e-5, rtol=1e-5)
+        # KV-cache decoding (each layer rotates its cached keys, or not) = the full forward
+        pre = hf(input_ids=x[:, :-3], use_cache=True)
+        step = hf(input_ids=x[:, -3:], past_key_values=pre.past_key_values, use_cache=True)
+        torch.testing.assert_close(step.logits, hf(input_ids=x, use_cache=False).logits[:, -3:],
+                                   atol=1e-5, rtol=1e-5)
+        # the layout is the function: the same weights with every layer RoPE differ
+        uniform, _ = megatron_and_hf(layout_cfg(window=10, layout=LayoutConfig()), megatron_1rank)
+        uniform.load_state_dict(meg.state_dict(), strict=False)
+        assert not torch.allclose(uniform(x, pos, None), meg(x, pos, None), atol=1e-3)
+
+
+def test_eval_time_rope_scaling_reaches_the_rope_layers_only(megatron_1rank):
+    from lenext_dist.hf.modeling_lenext import set_position
+
+    _, hf = megatron_and_hf(layout_cfg(), megatron_1rank)
+    x = torch.randint(3, VOCAB, (1, 4 * SEQ), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        before = hf(input_ids=x, use_cache=False).logits
+        set_position(hf, rope={"scaling": "yarn", "factor": 4.0})
+        after = hf(input_ids=x, use_cache=False).logits
+    got = [layer.self_attn.position for layer in hf.model.layers]
+    assert [v.name for v in got] == ["rope", "nope", "rope", "nope"]
+    assert got[0].scaling == "yarn" and got[0].factor == 4.0 and type(got[1]) is NoPE
+    assert not torch.allclose(before, after)
+    with pytest.raises(ValueError, match="2 entries for 4 layers"):  # config left unchanged
+        set_position(hf, layout={"kind": "explicit", "layers": ["rope", "nope"]})
+    assert hf.config.attention_options["layout"]["kind"] == "nope_every"
+
+
+def test_dry_run_reports_the_layout(megatron_1rank, capsys):
+    from lenext_dist.train.dryrun import dry_run
+
+    cfg = load_config(None, ["model.num_layers=8", "attention.position=rope",
+                             "attention.layout.kind=smollm3"])
+    out = dry_run(cfg, world=1)
+    text = capsys.readouterr().out
+    assert out["layers"] == (["rope"] * 3 + ["nope"]) * 2
+    assert "layout smollm3: layers rope x3, nope, rope x3, nope" in text
+    uniform = dry_run(load_config(None, ["model.num_layers=8", "attention.position=rope"]), world=1)
+    assert uniform["counts"] == out["counts"]  # NoPE layers hold nothing more or less
+    assert uniform["flops_per_token"] == out["flops_per_token"]
