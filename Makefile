@@ -142,8 +142,8 @@ bench: setup
 
 # What CPU tests cannot see, on this machine's GPUs (variants x HeadScale in bf16, ZeRO-2 on all
 # GPUs, fp32/bf16 evaluation at 8x L, TinyLlama-shape MFU) -> runs/gpu-check/gpu_check.json.
-# Without a CUDA device it prints a skip and exits 0.
-gpu-check: setup
+# Without a CUDA device it prints a skip and exits 0. The sample shards feed its ZeRO-2 launch.
+gpu-check: setup shards
 	$(BIN)/python -m lenext_dist.gpu_check --out runs/gpu-check/gpu_check.json
 
 clean:

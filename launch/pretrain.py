@@ -15,35 +15,18 @@ examples:
 A user error prints one `error:` line and exits 2 (--debug or LENEXT_DEBUG=1: the traceback).
 Manual: docs/pretraining.md
 """
-import argparse
 import os
 import sys
 
+# Run from a checkout without installing: put the repo root on sys.path.
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from lenext_dist.config import load_config, split_cli_overrides  # noqa: E402
-from lenext_dist.errors import entry_point  # noqa: E402
+from lenext_dist.train.cli import rank_main  # noqa: E402
 
 
-@entry_point
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--config", help="YAML under configs/ (default: built-in defaults)")
-    ap.add_argument("--dry-run", action="store_true",
-                    help="build on the meta device, print config, sizes, FLOPs, memory; no training")
-    ap.add_argument("--local_rank", "--local-rank", type=int, default=None,
-                    help=argparse.SUPPRESS)  # passed by the deepspeed launcher; LOCAL_RANK is used
-    args, rest = ap.parse_known_args(argv)
-    cfg = load_config(args.config, split_cli_overrides(rest))
-    if args.dry_run:
-        from lenext_dist.train.dryrun import dry_run
-
-        dry_run(cfg)
-        return 0
-    from lenext_dist.train.loop import train
-
-    train(cfg)  # a diverged run raises Diverged (a UserError: exit 2, `latest` on the last good step)
-    return 0
+    """The training command of the package (`python -m lenext_dist.train`), with this help."""
+    return rank_main(argv, prog=None, description=__doc__)
 
 
 if __name__ == "__main__":

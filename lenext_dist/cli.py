@@ -1,5 +1,10 @@
-"""Evaluate, compare and length-extend language models trained with lenext_dist.
+"""Prepare data, train, export, evaluate and length-extend language models with lenext_dist.
 
+  lenext prep          tokenize text corpora into shards for training (`lenext prep merge` after
+                       a Slurm array of them)
+  lenext train         pretrain a GPT model (or search its per-head scales) on N ranks of this
+                       machine under DeepSpeed
+  lenext convert       export a training checkpoint to a Hugging Face model folder
   lenext eval KIND     measure a Hugging Face model folder at several lengths
                        (ppl, passkey, tasks, entropy, scale-sweep) and write JSON + plots
   lenext report        collect the results of `lenext eval` into one markdown report
@@ -8,8 +13,13 @@
 
 Run `lenext COMMAND --help` for a command's options. Also runs as `python -m lenext_dist`.
 """
-# Developers: a subcommand is one entry of SUBCOMMANDS below (name -> (help, loader)); its module's
-# build_parser sets its own description, example and options.
+# Developers: a subcommand is one entry of SUBCOMMANDS below (name -> (help, loader)). The loader
+# returns (build_parser, run): build_parser(p) sets the command's own description, example and
+# options on the subparser p, run(args) does the work (an int it returns is the exit status). A
+# command whose run takes the arguments it does not know (training's config overrides) sets the
+# default takes_overrides=True: they arrive as args.overrides. A loader may instead return a
+# whole `main(argv, prog)`, for a command with its own grammar (prep: `[shard] ...` or `merge ...`);
+# it gets the rest of the command line.
 from __future__ import annotations
 
 import argparse
@@ -17,6 +27,24 @@ import sys
 from typing import Optional, Sequence
 
 from .errors import entry_point
+
+
+def _prep():
+    from .prep import cli
+
+    return cli.shard_main
+
+
+def _train():
+    from .train import cli
+
+    return cli.build_parser, cli.run
+
+
+def _convert():
+    from .convert import cli
+
+    return cli.build_parser, cli.run
 
 
 def _eval():
@@ -38,6 +66,11 @@ def _extend():
 
 
 SUBCOMMANDS = {
+    "prep": ("tokenize text corpora into shards for training (merge: join a Slurm array's parts)",
+             _prep),
+    "train": ("pretrain a GPT model, or search its per-head scales, on N ranks under DeepSpeed",
+              _train),
+    "convert": ("export a training checkpoint to a Hugging Face model folder", _convert),
     "eval": ("measure a model folder at several lengths: ppl, passkey, tasks, entropy, scale-sweep",
              _eval),
     "report": ("one markdown report of the results of lenext eval", _report),
@@ -47,11 +80,15 @@ SUBCOMMANDS = {
 
 
 EPILOG = """examples:
+  lenext prep --input 'data/sample/slimpajama/chunk*/*.jsonl.zst' --format slimpajama \\
+      --tokenizer data/sample/tokenizer.model --out shards/sample --name slimpajama --valid-fraction 0.02
+  lenext train --nproc 2 --config configs/exp/tiny-cpu-nope.yaml
+  lenext convert --checkpoint runs/tiny-cpu-nope/checkpoints --out hf/tiny-nope --verify
   lenext eval ppl --model hf/tiny-nope --data data/sample/heldout/books.jsonl.zst --lengths 128,256,512
   lenext report --runs results/tiny-nope --out results/report.md
   lenext extend --base runs/tiny-cpu-nope --targets 256,512
 
-Manual: docs/evaluation.md, docs/length-extension.md"""
+Manual: docs/pretraining.md, docs/evaluation.md, docs/length-extension.md"""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -59,7 +96,11 @@ def build_parser() -> argparse.ArgumentParser:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="command", required=True)
     for name, (help_, loader) in SUBCOMMANDS.items():
-        build, run = loader()
+        loaded = loader()
+        if not isinstance(loaded, tuple):  # its own main: listed here, run by `main` below
+            sub.add_parser(name, help=help_, add_help=False)
+            continue
+        build, run = loaded
         p = sub.add_parser(name, help=help_, description=help_)
         build(p)
         p.set_defaults(_run=run)
@@ -68,9 +109,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 @entry_point
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    args = build_parser().parse_args(argv)
-    args._run(args)
-    return 0
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in SUBCOMMANDS:
+        loaded = SUBCOMMANDS[argv[0]][1]()
+        if not isinstance(loaded, tuple):
+            return loaded(argv[1:], prog=f"lenext {argv[0]}")
+    ap = build_parser()
+    args, rest = ap.parse_known_args(argv)
+    if rest and not getattr(args, "takes_overrides", False):
+        ap.error(f"unrecognized arguments: {' '.join(rest)}")
+    if getattr(args, "takes_overrides", False):
+        args.overrides = rest
+    rc = args._run(args)
+    return rc if isinstance(rc, int) and not isinstance(rc, bool) else 0
 
 
 if __name__ == "__main__":

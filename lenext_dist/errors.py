@@ -5,8 +5,8 @@ what is wrong, where (the file, line or flag) and what to do. `entry_point(main)
 main: a UserError (or a missing/unreadable file the user named) prints `error: <message>` on one
 line and exits 2, with no traceback; `--debug` on the command line or LENEXT_DEBUG=1 in the
 environment shows the traceback instead. Any other exception is a bug and keeps its traceback.
-Used by launch/pretrain.py, data_prep/shard.py, `python -m lenext_dist.convert` and `lenext ...`
-(eval, report, extend).
+Used by every `lenext ...` command (prep, train, convert, eval, report, extend), `python -m
+lenext_dist.train` / launch/pretrain.py, data_prep/shard.py and `python -m lenext_dist.convert`.
 """
 from __future__ import annotations
 

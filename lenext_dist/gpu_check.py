@@ -1,14 +1,16 @@
 """`make gpu-check`: what the CPU test suite cannot see, run on the GPUs of this machine.
 
-    python -m lenext_dist.gpu_check [--out runs/gpu-check/gpu_check.json] [--quick]
+    python -m lenext_dist.gpu_check [--out runs/gpu-check/gpu_check.json] [--quick] [--config C]
 
 Without a CUDA device it prints why it skipped and exits 0 (nothing is measured). With one:
 
 1. variants: a few bf16 steps of a small model under a real DeepSpeed engine (ZeRO-2, 1 GPU) for
    every registered position variant x HeadScale mode (off, fixed c = 1.2, trainable);
    passes when every loss is finite and, for trainable scales, m_h moved in fp32.
-2. zero2: launch/pretrain.py under the deepspeed launcher, ZeRO-2, bf16, NCCL, on all GPUs
-   present (the sample shards are made first when missing: `make shards`).
+2. zero2: a short training of --config (default configs/exp/tiny-cpu-nope.yaml, read from the
+   working directory: a checkout, whose sample shards `make gpu-check` makes first) launched as
+   `lenext train` launches it (DeepSpeed's launcher, `python -m lenext_dist.train` per rank),
+   ZeRO-2, bf16, NCCL, on all GPUs present.
 3. eval_8x: no-grad forward of a TinyLlama-width 2-layer model (L = 2048) at 8 L = 16384
    tokens, fp32 and bf16, NoPE (SDPA + GQA) and ALiBi (bias path), with the peak memory: passes
    without out-of-memory (the math kernel's [b, h, L, L] would be 34 GB fp32 per layer call).
@@ -32,7 +34,8 @@ from pathlib import Path
 
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
+ZERO2_CONFIG = "configs/exp/tiny-cpu-nope.yaml"
+"""The zero2 section's default config, relative to the working directory (a checkout)."""
 HS_MODES = {
     "off": ["attention.head_scale.enabled=false"],
     "fixed_1.2": ["attention.head_scale.enabled=true", "attention.head_scale.trainable=false",
@@ -103,22 +106,30 @@ def check_variants(steps: int = 3) -> dict:
     return {"ok": all(r["ok"] for r in out.values()), "runs": out}
 
 
-def check_zero2(run_dir: Path) -> dict:
+def check_zero2(run_dir: Path, config: str = ZERO2_CONFIG) -> dict:
+    from lenext_dist.cluster.run_state import preflight
+    from lenext_dist.config import load_config, split_cli_overrides
+    from lenext_dist.train.launch import launch_command
+
     n = torch.cuda.device_count()
-    if not (REPO / "shards/sample/.done").exists():
-        subprocess.run(["make", "-C", str(REPO), "shards"], check=True)
-    cmd = [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", str(n),
-           str(REPO / "launch/pretrain.py"), "--config", str(REPO / "configs/exp/tiny-cpu-nope.yaml"),
-           "--train.precision=bf16", "--parallel.zero_stage=2", "--parallel.backend=nccl",
-           "--train.steps=10", f"--train.global_batch_size={8 * n}", "--train.eval_interval=5",
-           "--checkpoint.interval=0", "--logging.interval=5", "--logging.tensorboard=false",
-           f"--run_dir={run_dir}", "--checkpoint.resume=false"]
+    overrides = ["--train.precision=bf16", "--parallel.zero_stage=2", "--parallel.backend=nccl",
+                 "--train.steps=10", f"--train.global_batch_size={8 * n}", "--train.eval_interval=5",
+                 "--checkpoint.interval=0", "--logging.interval=5", "--logging.tensorboard=false",
+                 f"--run_dir={run_dir}", "--checkpoint.resume=false"]
+    if not os.path.isfile(config):
+        return {"ok": False, "error": f"--config {config} not found (run from a checkout, or name "
+                "a config)"}
+    problems = preflight(load_config(config, split_cli_overrides(overrides)))
+    if problems:
+        return {"ok": False, "error": "; ".join(problems) + " (make its data first: in a checkout, "
+                "`make shards`)"}
+    cmd = launch_command(config, n, None, overrides)
     shutil.rmtree(run_dir, ignore_errors=True)  # this check's own scratch run, started afresh
     t0 = time.perf_counter()
     # the launcher sets each rank's own RANK / LOCAL_RANK / WORLD_SIZE / MASTER_PORT
     env = {k: v for k, v in os.environ.items()
            if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
-    p = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, env=env)
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env)
     recs = []
     metrics = run_dir / "metrics.jsonl"
     if metrics.exists():
@@ -207,6 +218,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="runs/gpu-check/gpu_check.json", help="result JSON")
     ap.add_argument("--quick", action="store_true", help="skip the multi-GPU launch (zero2)")
+    ap.add_argument("--config", default=ZERO2_CONFIG,
+                    help=f"config of the zero2 launch, its data made (default {ZERO2_CONFIG})")
     args = ap.parse_args(argv)
     reason = skip_reason()
     if reason:
@@ -227,7 +240,7 @@ def main(argv=None) -> int:
     sections = [("variants", check_variants), ("eval_8x", check_eval_8x),
                 ("throughput", check_throughput)]
     if not args.quick:
-        sections.append(("zero2", lambda: check_zero2(out.parent.resolve() / "zero2")))
+        sections.append(("zero2", lambda: check_zero2(out.parent.resolve() / "zero2", args.config)))
     for name, fn in sections:
         print(f"gpu-check: {name} ...", flush=True)
         try:

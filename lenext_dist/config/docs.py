@@ -1,8 +1,10 @@
 """The configuration reference (docs/configuration.md), generated from schema.py (field docstrings
 and defaults).
 
-    python -m lenext_dist.config.docs            # print the markdown
-    python -m lenext_dist.config.docs --write    # replace the block between the markers in the page
+    python -m lenext_dist.config.docs                  # print the markdown
+    python -m lenext_dist.config.docs --write [PAGE]   # replace the block between the markers in
+                                                       # PAGE (default docs/configuration.md, from
+                                                       # the root of a checkout)
 
 A unit test fails when the page's block differs from what this prints, so the reference cannot
 drift from the code.
@@ -19,8 +21,9 @@ from pathlib import Path
 from . import schema
 
 START, END = "<!-- config-reference:start -->", "<!-- config-reference:end -->"
-PAGE = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
-"""The manual page that holds the generated table between START and END."""
+PAGE = Path("docs") / "configuration.md"
+"""The manual page that holds the generated table between START and END, relative to the root of
+a checkout (the package holds no path into one)."""
 
 
 def _field_docs(cls) -> dict[str, str]:
@@ -75,11 +78,17 @@ def readme_block(readme: Path) -> str:
     return text[text.index(START): text.index(END) + len(END)]
 
 
+def write(page: Path) -> None:
+    """Replace the block between START and END in `page` by `reference()`."""
+    text = page.read_text()
+    page.write_text(text.replace(readme_block(page), reference()))
+
+
 def main(argv=None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
+    argv = list(sys.argv[1:] if argv is None else argv)
     if "--write" in argv:
-        text = PAGE.read_text()
-        PAGE.write_text(text.replace(readme_block(PAGE), reference()))
+        rest = argv[argv.index("--write") + 1:]
+        write(Path(rest[0]) if rest else PAGE)
     else:
         print(reference())
     return 0

@@ -1,6 +1,6 @@
 """The HeadScale search of `lenext extend`: its `RunConfig` (the base run's, with the search's
 changes), validated here before anything is launched, written as the config file of a
-pretraining launch on N ranks (deepspeed launcher + launch/pretrain.py, as any training run)."""
+training launch on N ranks (lenext_dist.train.launch's command, as `lenext train --nproc N`)."""
 from __future__ import annotations
 
 import json
@@ -12,8 +12,7 @@ from typing import Optional
 
 from lenext_dist.config import RunConfig, load_config, save_config
 from lenext_dist.errors import UserError
-
-REPO = Path(__file__).resolve().parents[2]
+from lenext_dist.train.launch import launch_command
 
 
 def search_length(target: int, overshoot: float) -> int:
@@ -61,8 +60,7 @@ def launch(cfg: RunConfig, target: int, nproc: int, port: int) -> None:
     """Write cfg to <run_dir>/search.yaml and train it on `nproc` ranks (resumes if killed)."""
     conf = Path(cfg.run_dir) / "search.yaml"
     save_config(cfg, conf)
-    cmd = [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", str(nproc),
-           "--master_port", str(port), str(REPO / "launch" / "pretrain.py"), "--config", str(conf)]
+    cmd = launch_command(conf, nproc, port)
     print(f"[extend] HeadScale search for T={target}: L'={cfg.model.seq_length}, m_h init "
           f"{cfg.attention.head_scale.init}: {' '.join(cmd)}", flush=True)
     try:  # into the caller's stdout (a worker's log when run in a worker process)

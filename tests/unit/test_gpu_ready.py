@@ -410,7 +410,7 @@ def test_gpu_check_skips_cleanly_without_cuda(repo, tmp_path):
 
 def test_makefile_has_gpu_check(repo):
     text = (repo / "Makefile").read_text()
-    assert "\ngpu-check: setup\n\t$(BIN)/python -m lenext_dist.gpu_check" in text
+    assert "\ngpu-check: setup shards\n\t$(BIN)/python -m lenext_dist.gpu_check" in text
 
 
 # ---- per-call copies and fusions -------------------------------------------------------------------

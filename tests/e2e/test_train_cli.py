@@ -1,0 +1,43 @@
+"""`lenext train`, the front door of training (issue 35): `--nproc 2` becomes DeepSpeed's launcher
+of `python -m lenext_dist.train` on 2 gloo ranks; SIGUSR1 to the whole process group (as Slurm's
+--signal=USR1 sends it) makes both ranks save and the command exit 0 (the launcher ignores it,
+instead of dying with 138); the same command with --nproc 1 resumes that run in its own process.
+About a minute on 2 cores."""
+import os
+import signal
+import sys
+
+import pytest
+
+from helpers import free_port, losses, run, start, wait_for, write_config
+
+pytestmark = pytest.mark.e2e
+LENEXT = [sys.executable, "-m", "lenext_dist", "train"]
+
+
+def test_lenext_train_two_ranks_stop_on_sigusr1_then_resume_in_one_process(sample_shards, tmp_path):
+    cfg = write_config(tmp_path, sample_shards, "front", train={"steps": 400, "eval_interval": 0},
+                       checkpoint={"interval": 0})
+    run_dir = tmp_path / "front"
+    metrics = run_dir / "metrics.jsonl"
+    log = tmp_path / "train.log"
+    first = start([*LENEXT, "--nproc", "2", "--port", str(free_port()), "--config", str(cfg)], log)
+    try:
+        assert wait_for(lambda: metrics.exists() and len(metrics.read_text().splitlines()) >= 2,
+                        timeout=300), log.read_text()[-3000:]
+        os.killpg(first.pid, signal.SIGUSR1)  # lenext (now the launcher), its launch.py, both ranks
+        assert first.wait(timeout=180) == 0, log.read_text()[-3000:]
+    finally:
+        if first.poll() is None:
+            os.killpg(first.pid, signal.SIGKILL)
+            first.wait()
+    text = log.read_text()
+    assert "[lenext train] " in text and "deepspeed.launcher.runner" in text
+    assert "--module lenext_dist.train" in text and "world 2" in text
+    assert "SIGUSR1 received" in text
+    stopped = int(text.split("stopped at step ")[1].split(";")[0])
+    assert (run_dir / "checkpoints" / "latest").read_text().strip() == f"step_{stopped:07d}"
+
+    p = run([*LENEXT, "--config", str(cfg), f"--train.steps={stopped + 2}"])
+    assert "world 1" in p.stdout and f"done at step {stopped + 2}" in p.stdout
+    assert {stopped + 1, stopped + 2} <= set(losses(run_dir))

@@ -1,0 +1,134 @@
+"""`lenext prep|train|convert|eval|report|extend` (issue 35): each command is the package's own
+(the scripts of a checkout are aliases of them); `lenext train --nproc N` becomes DeepSpeed's
+launcher with SIGUSR1 ignored, and trains in its own process for N = 1; the HeadScale search of
+`lenext extend` is launched by the same command."""
+import os
+import signal
+import sys
+
+import pytest
+
+from lenext_dist import cli
+from lenext_dist.train import cli as train_cli
+from lenext_dist.train import launch
+
+
+class Exec(Exception):
+    pass
+
+
+@pytest.fixture
+def execve(monkeypatch):
+    """os.execve recorded instead of run; SIGUSR1's disposition restored after the test."""
+    calls = []
+
+    def fake(path, argv, env):
+        calls.append((path, list(argv), signal.getsignal(signal.SIGUSR1)))
+        raise Exec
+
+    old = signal.getsignal(signal.SIGUSR1)
+    monkeypatch.setattr(launch.os, "execve", fake)
+    yield calls
+    signal.signal(signal.SIGUSR1, old)
+
+
+def test_lenext_lists_every_stage():
+    sub = next(a for a in cli.build_parser()._actions if a.dest == "command")
+    assert list(sub.choices) == ["prep", "train", "convert", "eval", "report", "extend"]
+
+
+def test_lenext_train_nproc_n_execs_the_runner_with_sigusr1_ignored(execve, tmp_path, capsys):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("train: {steps: 5}\n")
+    with pytest.raises(Exec):
+        cli.main(["train", "--nproc", "2", "--port", "29611", "--config", str(cfg),
+                  "--optim.lr=3e-4", "--train.steps", "100"])
+    (path, argv, usr1), = execve
+    assert path == sys.executable and usr1 == signal.SIG_IGN
+    assert argv == launch.launch_command(cfg, 2, 29611, ["--optim.lr=3e-4", "--train.steps", "100"])
+    assert "[lenext train] " in capsys.readouterr().out  # the command, printed before exec
+
+
+def test_lenext_train_refuses_a_bad_override_before_launching(execve, tmp_path, capsys):
+    assert cli.main(["train", "--nproc", "2", "--train.stepz=3"]) == 2
+    assert execve == []
+    assert "train.stepz: unknown key" in capsys.readouterr().err
+
+
+def test_lenext_train_one_rank_runs_in_this_process(monkeypatch, execve):
+    seen = []
+    monkeypatch.setattr(train_cli, "train_or_dry_run", lambda *a, **k: seen.append((a, k)))
+    monkeypatch.delenv("MASTER_PORT", raising=False)
+    assert cli.main(["train", "--config", "c.yaml", "--port", "29612", "--a.b=1"]) == 0
+    assert seen == [(("c.yaml", ["--a.b=1"], False), {"world": 1})] and execve == []
+    assert os.environ.pop("MASTER_PORT") == "29612"
+    seen.clear()
+    assert cli.main(["train", "--nproc", "8", "--dry-run"]) == 0  # the dry run: this process, world 8
+    assert seen == [((None, [], True), {"world": 8})] and execve == []
+
+
+def test_other_commands_still_refuse_unknown_arguments(capsys):
+    with pytest.raises(SystemExit) as e:
+        cli.main(["report", "--runs", "x", "--out", "y", "--train.steps=3"])
+    assert e.value.code == 2 and "unrecognized arguments: --train.steps=3" in capsys.readouterr().err
+
+
+def test_lenext_prep_is_the_shard_command(monkeypatch):
+    from lenext_dist.prep import cli as prep_cli
+
+    seen = []
+    monkeypatch.setattr(prep_cli, "shard_main", lambda argv, prog: seen.append((argv, prog)) or 5)
+    assert cli.main(["prep", "merge", "--out", "o", "--name", "n"]) == 5
+    assert seen == [(["merge", "--out", "o", "--name", "n"], "lenext prep")]
+
+
+def test_lenext_convert_is_the_convert_command(monkeypatch):
+    from lenext_dist.convert import cli as convert_cli
+
+    seen = []
+    monkeypatch.setattr(convert_cli, "run", lambda a: seen.append(a) or 1)
+    assert cli.main(["convert", "--checkpoint", "ck", "--out", "o", "--verify"]) == 1
+    assert seen[0].checkpoint == "ck" and seen[0].verify and seen[0].dtype == "fp32"
+
+
+def test_the_headscale_search_is_launched_like_lenext_train(monkeypatch, tmp_path):
+    from lenext_dist.config import load_config
+    from lenext_dist.extend import search
+
+    runs = []
+    monkeypatch.setattr(search.subprocess, "run",
+                        lambda cmd, **kw: runs.append(cmd) or type("P", (), {"returncode": 0})())
+    cfg = load_config(None, [f"run_dir={tmp_path / 'hs-256'}"])
+    search.launch(cfg, 256, 2, 29531)
+    conf = tmp_path / "hs-256" / "search.yaml"
+    assert conf.is_file() and runs == [launch.launch_command(conf, 2, 29531)]
+
+
+def test_gpu_check_zero2_launches_like_lenext_train(monkeypatch, tmp_path):
+    """The GPU check's ZeRO-2 section: --config from the working directory (no path into a
+    checkout), its data checked first, then the one launch command."""
+    from types import SimpleNamespace
+
+    from lenext_dist import gpu_check
+    from lenext_dist.cluster import run_state
+
+    monkeypatch.setattr(gpu_check.torch.cuda, "device_count", lambda: 2)
+    monkeypatch.chdir(tmp_path)
+    r = gpu_check.check_zero2(tmp_path / "z", "missing.yaml")
+    assert not r["ok"] and "--config missing.yaml not found" in r["error"]
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("data: {tokenizer: nowhere.model}\n")
+    r = gpu_check.check_zero2(tmp_path / "z", str(cfg))
+    assert not r["ok"] and "data.tokenizer: nowhere.model not found" in r["error"]
+    assert "make shards" in r["error"]
+
+    runs = []
+    monkeypatch.setattr(run_state, "preflight", lambda c: [])
+    monkeypatch.setattr(gpu_check.subprocess, "run",
+                        lambda cmd, **kw: runs.append((cmd, kw)) or SimpleNamespace(returncode=0, stderr=""))
+    assert gpu_check.check_zero2(tmp_path / "z", str(cfg))["ok"]
+    (cmd, kw), = runs
+    port = cmd[cmd.index("--master_port") + 1]
+    assert cmd[:len(cmd) - 11] == launch.launch_command(cfg, 2, int(port))
+    assert "--parallel.zero_stage=2" in cmd and "--train.global_batch_size=16" in cmd
+    assert "cwd" not in kw
