@@ -53,15 +53,15 @@ class Plan:
     steps: int = 3000
     multiples: tuple[int, ...] = (1, 2, 4, 8, 16)
     scales: tuple[float, ...] = (1.0, 1.1, 1.2, 1.3, 1.5, 1.75, 2.0)
-    """Uniform c on every model at the chosen checkpoint (NoPE: the fit of the best c), with the
-    attention entropy of the answer queries."""
+    """Uniform c on the NoPE seeds at the chosen checkpoint (the fit of the best c), with the
+    attention entropy of the answer queries; the other models get final_scales."""
     final_scales: tuple[float, ...] = (1.0, 1.5)
     rope_extensions: tuple[str, ...] = ("pi", "ntk", "yarn")
-    """RoPE at s x L with these scalings at factor s (on every RoPE seed's chosen checkpoint)."""
+    """RoPE at s x L with these scalings at factor s (RoPE seed 0's chosen checkpoint)."""
     variants: tuple[str, ...] = ("values=2:3", "values=6:8", "distractors=1", "depth=0:0.1",
                                  "depth=0.9:1")
-    """Other document formats (kv parameters, `lenext eval tasks --task-set`) at 1L and 2L, c = 1:
-    how far the skill reaches beyond the training format."""
+    """Other document formats (kv parameters, `lenext eval tasks --task-set`) at 1L and 2L, c = 1,
+    on NoPE and RoPE seed 0: how far the skill reaches beyond the training format."""
     headscale_targets: tuple[int, ...] = (2, 4, 8)
     """HeadScale (the paper's search) on NoPE seed 0 at T = s x L, answers-only loss."""
     headscale_steps: int = 200
@@ -201,18 +201,19 @@ class Study:
             if tag is None:
                 continue
             hf = self.export(ckpt, tag, m.name)
-            for c in (p.scales if which == "chosen" else p.final_scales):
+            grid = p.scales if m.position == "nope" and not m.overrides else p.final_scales
+            for c in (grid if which == "chosen" else p.final_scales):
                 res = self.evaluate(hf, self.out / "eval" / m.name / tag, lengths, seed=TEST_SEED,
                                     docs=p.docs, c=c, entropy=True)
                 rows.append({"checkpoint": which, "tag": tag, "method": "uniform", "c": c,
                              "cells": res["cells"]})
-            if which == "chosen":
+            if which == "chosen" and m.seed == 0 and m.position in ("nope", "rope"):
                 for v in p.variants:
                     res = self.evaluate(hf, self.out / "eval" / m.name / tag, lengths[:2],
                                         seed=TEST_SEED, docs=p.docs, task_set=[f"kv.{v}"])
                     rows.append({"checkpoint": which, "tag": tag, "method": "format",
                                  "variant": v, "cells": res["cells"]})
-            if which == "chosen" and m.position == "rope":
+            if which == "chosen" and m.position == "rope" and m.seed == 0:
                 for kind in p.rope_extensions:
                     for k in p.multiples[1:]:
                         res = self.evaluate(hf, self.out / "eval" / m.name / tag, [k * p.L],
