@@ -2,7 +2,7 @@
 every model and scale by length in multiples of L, beside the no-retrieval baseline on the same
 documents, generated from the `lenext eval tasks` JSON of a run (never typed by hand).
 
-`--into FILE` replaces the part of FILE between `<!-- demo-results:start -->` and
+`--into FILE...` replaces the part of each FILE between `<!-- demo-results:start -->` and
 `<!-- demo-results:end -->` (docs/demo.md), so the page always shows a fresh run's numbers with
 the machine and date they came from.
 """
@@ -66,22 +66,24 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p = argparse.ArgumentParser(
         prog="python -m lenext_dist.eval.demo_table",
         description="Print the demo's retrieval table from `lenext eval tasks` results.",
-        epilog="example: python -m lenext_dist.eval.demo_table --runs runs/demo/nope runs/demo/rope "
-               "--into docs/demo.md")
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="examples:\n  python -m lenext_dist.eval.demo_table --runs runs/demo/nope runs/demo/rope "
+               "--into README.md docs/demo.md")
     p.add_argument("--runs", nargs="+", required=True, help="folders holding tasks*.json")
     p.add_argument("--out", help="write the table to this file")
-    p.add_argument("--into", help="replace the table between the demo-results markers of this file")
+    p.add_argument("--into", nargs="+", default=[], metavar="FILE",
+                   help="replace the table between the demo-results markers of these files")
     a = p.parse_args(argv)
     try:
         text = table(a.runs)
-        if a.into:
-            with open(a.into) as f:
+        for path in a.into:
+            with open(path) as f:
                 page = f.read()
             if START not in page or END not in page:
-                raise ValueError(f"{a.into}: no {START} ... {END} markers")
+                raise ValueError(f"{path}: no {START} ... {END} markers")
             head, rest = page.split(START, 1)
             page = head + START + "\n" + text + "\n" + END + rest.split(END, 1)[1]
-            with open(a.into, "w") as f:
+            with open(path, "w") as f:
                 f.write(page)
     except (OSError, ValueError, KeyError) as e:
         print(f"error: {e}", file=sys.stderr)
