@@ -1,22 +1,28 @@
 """Per-layer attention layouts: which position variant each layer of a model runs.
 
 A layout is an entry of `LAYOUTS`: a function (num_layers, base, layout options) -> one registry
-name (`registry.POSITIONS`) per layer, where `base` is the run's `attention.position`. Adding a
-layout is a function and one line here; the model code only ever sees a list of variants.
+name (`registry.POSITIONS`) per layer and whether the layer is local (takes attention.window),
+where `base` is the run's `attention.position`. Adding a layout is a function and one line here;
+the model code only ever sees a list of variants.
 
     uniform     every layer `base` (every model before layouts; the default)
     nope_every  layers k, 2k, 3k, ... (1-based) NoPE, the others `base` (`every`: k); with base
                 `rope`, the interleaved NoPE/RoPE of SmolLM3 (k = 4) and of the NoPE/RoPE hybrids
     smollm3     SmolLM3-3B's pattern: nope_every with k = 4 over RoPE (`base` must be `rope`;
                 transformers' SmolLM3Config default `no_rope_layer_interval` 4)
+    local_global layers k, 2k, ... global NoPE (full causal attention), the others `base` under
+                the sliding window attention.window (needed): Cohere Command R7B / Command A's
+                three local RoPE layers per global NoPE layer with k = 4 and base `rope`
     explicit    `layers`: one registry name per layer, e.g. [rope, rope, rope, nope]
 
-Everything else of `attention` applies to every layer (window, log-length scale, rope settings:
-RoPE layers rotate with attention.rope and its PI/NTK/YaRN scaling, NoPE layers ignore it).
+A layout function returns (name, local) per layer; attention.window applies to the local layers
+(every layer, except the global ones of local_global). Everything else of `attention` applies to
+every layer (log-length scale, rope settings: RoPE layers rotate with attention.rope and its
+PI/NTK/YaRN scaling, NoPE layers ignore it).
 
 `layer_variants(attn_cfg, num_layers=, head_dim=, train_length=, num_heads=)` builds the list:
-one variant object per distinct name, shared by the layers that run it (a RoPE cos/sin table is
-then computed once per forward); a layer holding a variant with learned parameters takes its own
+one variant object per distinct (name, window), shared by the layers that run it (a RoPE cos/sin
+table is then computed once per forward); a layer holding a variant with learned parameters takes its own
 copy through `PositionVariant.for_layer()` (megatron's core attention and the HF model both do).
 
 Layout options are read duck-typed from `attn_cfg.layout` (the `LayoutConfig` of
@@ -32,36 +38,53 @@ from .position import PositionVariant, cfg_get
 from .registry import POSITIONS, build_position
 
 
-def _uniform(n: int, base: str, every: int, layers: list) -> list[str]:
-    return [base] * n
+Layer = tuple[str, bool]
+"""(registry name, local): `local` layers take attention.window (when set), the others attend
+to every earlier token."""
 
 
-def _nope_every(n: int, base: str, every: int, layers: list) -> list[str]:
+def _uniform(n: int, base: str, every: int, layers: list) -> list[Layer]:
+    return [(base, True)] * n
+
+
+def _every(n: int, every: int) -> list[bool]:
+    """True for layers k, 2k, ... (1-based)."""
     if every < 1:
         raise ValueError(f"attention.layout.every must be >= 1, got {every}")
-    return ["nope" if (i + 1) % every == 0 else base for i in range(n)]
+    return [(i + 1) % every == 0 for i in range(n)]
 
 
-def _smollm3(n: int, base: str, every: int, layers: list) -> list[str]:
+def _nope_every(n: int, base: str, every: int, layers: list) -> list[Layer]:
+    return [("nope" if kth else base, True) for kth in _every(n, every)]
+
+
+def _smollm3(n: int, base: str, every: int, layers: list) -> list[Layer]:
     if base != "rope":
         raise ValueError(f"attention.layout 'smollm3' interleaves NoPE with RoPE: it needs "
                          f"attention.position 'rope', got {base!r} (nope_every takes any base)")
     return _nope_every(n, base, 4, layers)
 
 
-def _explicit(n: int, base: str, every: int, layers: list) -> list[str]:
+def _local_global(n: int, base: str, every: int, layers: list) -> list[Layer]:
+    return [("nope", False) if kth else (base, True) for kth in _every(n, every)]
+
+
+def _explicit(n: int, base: str, every: int, layers: list) -> list[Layer]:
     if len(layers) != n:
         raise ValueError(f"attention.layout.layers has {len(layers)} entries for {n} layers "
                          "(model.num_layers): give one position name per layer")
-    return list(layers)
+    return [(x, True) for x in layers]
 
 
-LAYOUTS: dict[str, Callable[[int, str, int, list], list[str]]] = {
+LAYOUTS: dict[str, Callable[[int, str, int, list], list[Layer]]] = {
     "uniform": _uniform,
     "nope_every": _nope_every,
     "smollm3": _smollm3,
+    "local_global": _local_global,
     "explicit": _explicit,
 }
+NEEDS_WINDOW = ("local_global",)
+"""Layouts whose point is a local window: refused without attention.window."""
 DEFAULT_EVERY = 4
 """`every` when the layout section does not give it (SmolLM3's interval)."""
 
@@ -70,9 +93,10 @@ def layout_kind(attn_cfg) -> str:
     return cfg_get(attn_cfg, "layout", "kind", default="uniform")
 
 
-def layer_names(attn_cfg, num_layers: int) -> list[str]:
-    """The registry name of each of `num_layers` layers (ValueError naming the key when the
-    layout is unknown, malformed, or names a variant that is not registered)."""
+def layer_specs(attn_cfg, num_layers: int) -> list[tuple[str, Optional[int]]]:
+    """(registry name, window) of each of `num_layers` layers: the window is attention.window on
+    the layout's local layers, None on its global ones (ValueError naming the key when the layout
+    is unknown, malformed, or names a variant that is not registered)."""
     kind = layout_kind(attn_cfg)
     if kind not in LAYOUTS:
         raise ValueError(f"unknown attention.layout.kind {kind!r}; registered: {sorted(LAYOUTS)}")
@@ -80,12 +104,34 @@ def layer_names(attn_cfg, num_layers: int) -> list[str]:
     layers = list(cfg_get(attn_cfg, "layout", "layers", default=[]))
     if layers and kind != "explicit":
         raise ValueError(f"attention.layout.layers is read by kind 'explicit' only, not {kind!r}")
-    names = LAYOUTS[kind](num_layers, attn_cfg.position, every, layers)
-    unknown = sorted({x for x in names if x not in POSITIONS})
+    window = cfg_get(attn_cfg, "window")
+    if kind in NEEDS_WINDOW and window is None:
+        raise ValueError(f"attention.layout {kind!r} needs attention.window (the window of its "
+                         "local layers)")
+    specs = [(x, window if local else None)
+             for x, local in LAYOUTS[kind](num_layers, attn_cfg.position, every, layers)]
+    unknown = sorted({x for x, _ in specs if x not in POSITIONS})
     if unknown:
         raise ValueError(f"attention.layout names unknown variants {unknown}; registered: "
                          f"{sorted(POSITIONS)}")
-    return names
+    return specs
+
+
+def layer_names(attn_cfg, num_layers: int) -> list[str]:
+    """The registry name of each of `num_layers` layers (see `layer_specs`)."""
+    return [x for x, _ in layer_specs(attn_cfg, num_layers)]
+
+
+def layer_windows(attn_cfg, num_layers: int) -> list[Optional[int]]:
+    """The sliding window of each layer (None: full causal attention; see `layer_specs`)."""
+    return [w for _, w in layer_specs(attn_cfg, num_layers)]
+
+
+def labels(specs: list[tuple[str, Optional[int]]]) -> list[str]:
+    """One label per layer: its name, '+ window W' added where the layers' windows differ."""
+    if len({w for _, w in specs}) <= 1:
+        return [x for x, _ in specs]
+    return [x if w is None else f"{x} + window {w}" for x, w in specs]
 
 
 def is_uniform(names: list[str]) -> bool:
@@ -104,32 +150,35 @@ def describe(names: list[str]) -> str:
     return ", ".join(out)
 
 
-def refusal(names: list[str], scaling: str = "none") -> Optional[str]:
-    """Why these per-layer names cannot run (with attention.rope.scaling `scaling`), or None."""
+def refusal(specs: list[tuple[str, Optional[int]]], scaling: str = "none") -> Optional[str]:
+    """Why these layers (`layer_specs`) cannot run with attention.rope.scaling `scaling`, or
+    None."""
+    names = [x for x, _ in specs]
     if scaling != "none" and not any(POSITIONS[x].rope_scalings for x in names):
         return (f"attention.rope.scaling {scaling!r} scales a RoPE rotation; no layer "
                 f"({describe(names)}) has one (use rope.scaling 'none')")
     learned = sorted({x for x in names if POSITIONS[x].learned})
-    if learned and not is_uniform(names):
+    if learned and len(set(specs)) > 1:
         return (f"attention.layout: learned variants {learned} in a non-uniform layout are not "
                 "supported yet (use attention.layout.kind 'uniform')")
     return None
 
 
-def summary(kind: str, names: list[str]) -> str:
+def summary(attn_cfg, num_layers: int) -> str:
     """'' for a uniform layout, else ' (layout nope_every: rope, nope, rope, nope)' (log lines)."""
-    if is_uniform(names) and kind == "uniform":
+    kind = layout_kind(attn_cfg)
+    if kind == "uniform":
         return ""
-    return f" (layout {kind}: {describe(names)})"
+    return f" (layout {kind}: {describe(labels(layer_specs(attn_cfg, num_layers)))})"
 
 
 class _LayerView:
-    """`attn_cfg` as one layer's variant sees it: `position` replaced by the layer's name, and
-    `rope.scaling` 'none' for a variant without a rotation (a NoPE layer of a RoPE+YaRN model
+    """`attn_cfg` as one layer's variant sees it: `position` and `window` replaced by the layer's,
+    and `rope.scaling` 'none' for a variant without a rotation (a NoPE layer of a RoPE+YaRN model
     has nothing to scale; `build_position` refuses a scaling it would ignore)."""
 
-    def __init__(self, cfg, position: str, rope):
-        self._cfg, self.position, self.rope = cfg, position, rope
+    def __init__(self, cfg, position: str, rope, window: Optional[int]):
+        self._cfg, self.position, self.rope, self.window = cfg, position, rope, window
 
     def __getattr__(self, name):
         if name == "_cfg":  # not set yet (copy/pickle): no recursion
@@ -141,20 +190,20 @@ def layer_variants(attn_cfg, *, num_layers: int, head_dim: int, train_length: in
                    num_heads: Optional[int] = None) -> list[PositionVariant]:
     """One variant per layer, as `build_position` builds it for the layer's registry name: one
     object per distinct name, shared by its layers (each layer calls `for_layer()` on it)."""
-    names = layer_names(attn_cfg, num_layers)
-    if is_uniform(names) and names[0] == attn_cfg.position:  # exactly the pre-layout build
+    specs = layer_specs(attn_cfg, num_layers)
+    if set(specs) == {(attn_cfg.position, cfg_get(attn_cfg, "window"))}:  # the pre-layout build
         v = build_position(attn_cfg, head_dim=head_dim, train_length=train_length,
                            num_heads=num_heads)
         return [v] * num_layers
-    why = refusal(names, cfg_get(attn_cfg, "rope", "scaling", default="none"))
+    why = refusal(specs, cfg_get(attn_cfg, "rope", "scaling", default="none"))
     if why:
         raise ValueError(why)
     rope = getattr(attn_cfg, "rope", None)
     plain = SimpleNamespace(base=cfg_get(rope, "base", default=10000.0), scaling="none",
                             factor=1.0)
-    built: dict[str, PositionVariant] = {}
-    for x in dict.fromkeys(names):
-        view = _LayerView(attn_cfg, x, rope if POSITIONS[x].rope_scalings else plain)
-        built[x] = build_position(view, head_dim=head_dim, train_length=train_length,
-                                  num_heads=num_heads)
-    return [built[x] for x in names]
+    built: dict[tuple, PositionVariant] = {}
+    for x, w in dict.fromkeys(specs):
+        view = _LayerView(attn_cfg, x, rope if POSITIONS[x].rope_scalings else plain, w)
+        built[x, w] = build_position(view, head_dim=head_dim, train_length=train_length,
+                                     num_heads=num_heads)
+    return [built[spec] for spec in specs]

@@ -179,16 +179,20 @@ class XposConfig:
 @dataclass
 class LayoutConfig:
     """Per-layer layout: which position variant each layer runs (lenext_dist/attention/layout.py).
-    Everything else of `attention` (window, log-length scale, rope settings, scale) applies to
-    every layer; RoPE layers rotate with attention.rope (and its scaling), NoPE layers do not."""
+    Everything else of `attention` (window, except on local_global's global layers; log-length
+    scale, rope settings, scale) applies to every layer; RoPE layers rotate with attention.rope
+    (and its scaling), NoPE layers do not."""
 
     kind: str = "uniform"
     """A name in the layout registry: `uniform` (every layer attention.position), `nope_every`
     (layers k, 2k, ... (1-based) NoPE, the others attention.position; k = `every`), `smollm3`
-    (SmolLM3-3B's pattern: nope_every with k = 4 over attention.position `rope`), `explicit`
+    (SmolLM3-3B's pattern: nope_every with k = 4 over attention.position `rope`), `local_global`
+    (layers k, 2k, ... global NoPE without a window, the others attention.position under
+    attention.window, which it needs: Cohere Command R7B's with k = 4 and `rope`), `explicit`
     (`layers`, one name per layer)."""
     every: int = 4
-    """k of `nope_every`: every k-th layer is NoPE (4 layers, k = 2: rope, nope, rope, nope)."""
+    """k of `nope_every` / `local_global`: every k-th layer is NoPE (4 layers, k = 2: rope, nope,
+    rope, nope)."""
     layers: list[str] = field(default_factory=list)
     """`explicit` only: one attention-registry name per layer (model.num_layers entries), e.g.
     [rope, rope, rope, nope]."""
@@ -220,7 +224,8 @@ class AttentionConfig:
     """Uniform softmax scale lambda = c / sqrt(d) (paper: c ~1.2 for 2x, 1.5 for 4x length)."""
     window: Optional[int] = None
     """Sliding-window attention: each token sees the last `window` tokens (itself included), with
-    any position variant, in training or at evaluation; null = full causal."""
+    any position variant, in training or at evaluation, on every layer (layout local_global: on
+    its local layers); null = full causal."""
     log_scale_a: Optional[float] = None
     """Log-length scale: logits of token i (1-based) times 1 + a ln max(1, i / L), L =
     model.train_length (null: model.seq_length); null = off."""
@@ -517,10 +522,10 @@ class RunConfig:
 
         a = self.attention
         try:
-            names = layout.layer_names(a, self.model.num_layers)
+            specs = layout.layer_specs(a, self.model.num_layers)
         except ValueError as e:
             raise ConfigError(str(e)) from None
-        why = layout.refusal(names, a.rope.scaling)
+        why = layout.refusal(specs, a.rope.scaling)
         if why:
             raise ConfigError(why)
 
@@ -530,6 +535,14 @@ class RunConfig:
         from lenext_dist.attention import layout
 
         return layout.layer_names(self.attention, self.model.num_layers)
+
+    @property
+    def layer_windows(self) -> list[Optional[int]]:
+        """The sliding window of every layer (None: full causal; attention.window on the local
+        layers of attention.layout)."""
+        from lenext_dist.attention import layout
+
+        return layout.layer_windows(self.attention, self.model.num_layers)
 
     @property
     def head_scale_init(self) -> float:

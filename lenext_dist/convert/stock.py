@@ -12,7 +12,9 @@ the same function (DESIGN.md section 10):
                     YaRN); with a window W, MistralForCausalLM (`sliding_window` W on every layer)
     {nope, rope} -> SmolLM3ForCausalLM with `no_rope_layers[i]` = 1 for a RoPE layer, 0 for a
                     NoPE one (interleaved NoPE: SmolLM3's own pattern, any other layout too),
-                    `rope_parameters` as for Llama, the window as for {nope}
+                    `rope_parameters` as for Llama, the window as `layer_types`
+                    "sliding_attention" on the layers it applies to (every layer, or
+                    local_global's local RoPE layers with full-attention global NoPE layers)
 
 Every other set (ALiBi, KERPLE, Sandwich, XPOS in any layer, and any variant added later) has
 no entry and is refused by `refusal()`, as are the options no stock form expresses (the
@@ -103,16 +105,18 @@ def _with_scaling(cfg, common: dict) -> tuple[dict, dict]:
 
 def _smollm3_config(cfg, common: dict):
     """SmolLM3ForCausalLM: `no_rope_layers[i]` 1 = RoPE layer, 0 = NoPE layer (modeling_smollm3:
-    `self.use_rope`); a window W on every layer as `use_sliding_window` + `sliding_window` W with
-    explicit `layer_types` (SmolLM3's default puts the window on its NoPE layers only)."""
+    `self.use_rope`); the window W as `use_sliding_window` + `sliding_window` W with explicit
+    `layer_types`: "sliding_attention" on every layer the window applies to (all of them, or
+    local_global's local ones; SmolLM3's default would put it on its NoPE layers only)."""
     from transformers import SmolLM3Config
 
-    a, n = cfg.attention, cfg.model.num_layers
+    a = cfg.attention
     params, common = _with_scaling(cfg, common)  # NoPE-only: unused, but the module is built
-    kind = "full_attention" if a.window is None else "sliding_attention"
     return SmolLM3Config(
         **common, no_rope_layers=[int(x == "rope") for x in cfg.layer_positions],
-        use_sliding_window=a.window is not None, sliding_window=a.window, layer_types=[kind] * n,
+        use_sliding_window=a.window is not None, sliding_window=a.window,
+        layer_types=["full_attention" if w is None else "sliding_attention"
+                     for w in cfg.layer_windows],
         rope_parameters=params)
 
 
@@ -137,9 +141,15 @@ def _rope_refuse(cfg) -> Optional[str]:
     return None
 
 
+def _llama_refuse(cfg) -> Optional[str]:
+    if len(set(cfg.layer_windows)) > 1:  # Mistral's sliding_window is on every layer
+        return "RoPE layers with different windows (attention.layout) have no Llama/Mistral form"
+    return _rope_refuse(cfg)
+
+
 STOCK_FORMS: dict[frozenset, StockForm] = {
     frozenset({"nope"}): StockForm("SmolLM3ForCausalLM", _smollm3_config, _rope_refuse),
-    frozenset({"rope"}): StockForm("LlamaForCausalLM", _rope_config, _rope_refuse),
+    frozenset({"rope"}): StockForm("LlamaForCausalLM", _rope_config, _llama_refuse),
     frozenset({"nope", "rope"}): StockForm("SmolLM3ForCausalLM", _smollm3_config, _rope_refuse),
 }
 """The set of position variants a run's layers use (attention.layout over attention.position,
@@ -218,6 +228,7 @@ def build_stock_config(cfg, *, scales: Tensor, scale_c: float, head_scale_source
     provenance = {
         "format": STOCK_FORMAT, "position": a.position,
         "layout": dataclasses.asdict(a.layout), "layer_positions": cfg.layer_positions,
+        "layer_windows": cfg.layer_windows,
         "rope": dataclasses.asdict(a.rope), "window": a.window, "scale_c": float(scale_c),
         "head_scale_source": head_scale_source, "head_scales_folded_into": "q_proj",
         "head_scales_summary": {"min": float(scales.min()), "max": float(scales.max()),

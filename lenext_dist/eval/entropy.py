@@ -66,7 +66,8 @@ def evaluate_entropy(model: nn.Module, docs: Sequence, length: int, *, samples: 
     (non-overlapping windows interleaved across documents).
 
     Returns numpy arrays: `entropy` [layers, heads, length], `upper_bound` [length] = log(n_i)
-    (n_i keys visible to query i, i+1 without a window or block mask),
+    (n_i keys visible to query i, i+1 without a window or block mask; the largest over layers
+    when a layout gives layers different windows),
     plus `samples` (windows used) and `windows` (doc name, start)."""
     windows, skipped = plan_windows(docs, length, length, "full", None)
     windows = windows[:samples]
@@ -101,8 +102,12 @@ def evaluate_entropy(model: nn.Module, docs: Sequence, length: int, *, samples: 
     if bar is not None:
         bar.close()
     ent = (total / len(windows)).float().numpy()
-    mask = getattr(getattr(layers[0], "position", None), "mask", None) if kind == "lenext" else None
-    visible = mask.visible_counts(length).numpy() if mask is not None else np.arange(1, length + 1)
+    # keys visible to query i; per-layer windows (attention.layout): the most any layer sees, so
+    # the bound holds for every layer
+    masks = [getattr(getattr(a, "position", None), "mask", None) for a in layers] \
+        if kind == "lenext" else []
+    visible = (np.max([m.visible_counts(length).numpy() for m in masks], axis=0)
+               if masks and all(m is not None for m in masks) else np.arange(1, length + 1))
     return {"entropy": ent, "upper_bound": np.log(visible),
             "samples": len(windows), "windows": [(docs[w.doc].name, w.start) for w in windows],
             "documents_skipped": skipped}

@@ -64,7 +64,7 @@ def memory_estimate(cfg: RunConfig, total: int, trainable: int, world: int) -> d
 
 def dry_run(cfg: RunConfig, world: int | None = None) -> dict:
     """Print the resolved config and the model's numbers; returns them (used by tests)."""
-    from lenext_dist.attention.layout import describe
+    from lenext_dist.attention.layout import describe, labels
     from lenext_dist.model import (build_model, flops_per_token, init_megatron,
                                    init_single_process_group, parameter_counts)
     from lenext_dist.train.optim import freeze_for_mode
@@ -91,8 +91,9 @@ def dry_run(cfg: RunConfig, world: int | None = None) -> dict:
           f" heads) = HeadScale's per-head scales, here {counts['head_scales']:,} parameters "
           f"({'trainable' if cfg.attention.head_scale.trainable else 'fixed'} when enabled)")
     names = cfg.layer_positions
+    specs = list(zip(names, cfg.layer_windows))
     print(f"attention: {cfg.attention.position}, layout {cfg.attention.layout.kind}: layers "
-          f"{describe(names)}")
+          f"{describe(labels(specs))}")
     print(f"trainable: {trainable:,} ({cfg.train.mode} mode)")
     print(f"FLOPs/token: {fpt:.4e} (PaLM 6N + 12LHQT); per step: "
           f"{fpt * cfg.train.global_batch_size * cfg.model.seq_length:.4e}")

@@ -110,7 +110,7 @@ def _header(cfg: RunConfig, model, world: int, dp: int, accum: int, fpt: float, 
         f"[lenext] run {cfg.name} ({cfg.train.mode}) -> {cfg.run_dir}\n"
         f"[lenext] model {cfg.model.name}: {c['total']:,} params ({c['non_embedding']:,} non-embedding, "
         f"{c['head_scales']:,} head scales), attention {cfg.attention.position}"
-        f"{layout_summary(cfg.attention.layout.kind, cfg.layer_positions)} c={cfg.attention.scale_c}\n"
+        f"{layout_summary(cfg.attention, cfg.model.num_layers)} c={cfg.attention.scale_c}\n"
         f"[lenext] FLOPs/token {fpt:.3e} (PaLM 6N+12LHQT), peak {peak:.3f} TFLOP/s per device\n"
         f"[lenext] world {world}, ZeRO-{cfg.parallel.zero_stage}, ulysses {world // dp}, micro "
         f"{cfg.train.micro_batch_size} x accum {accum} x dp {dp} = global {cfg.train.global_batch_size} seqs = "

@@ -1,5 +1,5 @@
-"""Each attention variant of project issue 7 (and a per-layer layout: RoPE and NoPE layers
-interleaved) trains under ZeRO-2 on 2 gloo ranks on real text
+"""Each attention variant of project issue 7 (and per-layer layouts: RoPE and NoPE layers
+interleaved; local RoPE + global NoPE) trains under ZeRO-2 on 2 gloo ranks on real text
 (launch/pretrain.py under the deepspeed launcher, the tiny model of tests/helpers.py, 4 steps), is
 exported, and `lenext eval ppl` runs on it at 1x/2x/4x its training length."""
 import json
@@ -19,7 +19,11 @@ CASES = {
     "window": {"position": "nope", "window": 8},  # sliding window W = 8 < L = 32
     # attention.layout: layer 1 RoPE, layer 2 NoPE (NoPE every 2nd layer; the tiny model has 2)
     "interleaved": {"position": "rope", "layout": {"kind": "nope_every", "every": 2}},
+    # local RoPE under a window W = 8, global NoPE on every 2nd layer (Cohere Command R7B's, k = 2)
+    "local_global": {"position": "rope", "window": 8, "layout": {"kind": "local_global", "every": 2}},
 }
+HEADERS = {"interleaved": "(layout nope_every: rope, nope)",
+           "local_global": "(layout local_global: rope + window 8, nope)"}
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
@@ -36,7 +40,7 @@ def test_variant_trains_under_zero2(case, sample_shards, tmp_path):
     assert "world 2, ZeRO-2" in p.stdout
     assert f"attention {CASES[case]['position']}" in p.stdout
     if "layout" in CASES[case]:
-        assert "(layout nope_every: rope, nope)" in p.stdout
+        assert HEADERS[case] in p.stdout
 
     # export (exact weights, incl. KERPLE's learned r1/r2) and evaluate past the training length
     from lenext_dist.cli import main as lenext
@@ -50,12 +54,15 @@ def test_variant_trains_under_zero2(case, sample_shards, tmp_path):
     res = json.loads((tmp_path / "eval" / "ppl_last-stride.json").read_text())
     assert res["model"]["config"]["position"] == CASES[case]["position"]
     if "layout" in CASES[case]:  # the export's layers run the trained layout
-        assert res["model"]["config"]["attention_options"]["layout"]["kind"] == "nope_every"
+        layout = CASES[case]["layout"]
+        assert res["model"]["config"]["attention_options"]["layout"]["kind"] == layout["kind"]
         assert ["name=rope" in p for p in res["model"]["layer_positions"]] == [True, False]
         from transformers import AutoModelForCausalLM
 
         model = AutoModelForCausalLM.from_pretrained(str(hf), trust_remote_code=True)
         assert [layer.self_attn.position.name for layer in model.model.layers] == ["rope", "nope"]
+        windows = [layer.self_attn.position.window for layer in model.model.layers]
+        assert windows == ([8, None] if layout["kind"] == "local_global" else [None, None])
     assert [r["length"] for r in res["results"]] == [32, 64, 128]
     assert all(math.isfinite(r["ppl"]) and r["ppl"] > 1 for r in res["results"])
 

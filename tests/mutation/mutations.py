@@ -361,7 +361,7 @@ MUTATIONS: list[M] = [
       "for s in range(0, size, step)]", "for s in range(0, size - step, step)]", (T_PREP,)),
     # ---- per-layer layouts (attention/layout.py, model build, stock SmolLM3) -----------------
     M("layout-nope-every-off-by-one", "layouts", "lenext_dist/attention/layout.py",
-      '"nope" if (i + 1) % every == 0 else base', '"nope" if i % every == 0 else base',
+      "return [(i + 1) % every == 0 for i in range(n)]", "return [i % every == 0 for i in range(n)]",
       (T_LAYOUT,)),
     M("layout-every-layer-the-base-variant", "layouts", "lenext_dist/attention/layout.py",
       "view = _LayerView(attn_cfg, x,", "view = _LayerView(attn_cfg, attn_cfg.position,",
@@ -373,5 +373,8 @@ MUTATIONS: list[M] = [
     M("stock-no-rope-layers-inverted", "layouts", "lenext_dist/convert/stock.py",
       'no_rope_layers=[int(x == "rope")', 'no_rope_layers=[int(x == "nope")', (T_STOCK,)),
     M("stock-window-on-nope-layers-only", "layouts", "lenext_dist/convert/stock.py",
-      "layer_types=[kind] * n,", "layer_types=None,", (T_STOCK,)),
+      'layer_types=["full_attention" if w is None else "sliding_attention"\n'
+      "                     for w in cfg.layer_windows],", "layer_types=None,", (T_STOCK,)),
+    M("layout-global-layers-windowed", "layouts", "lenext_dist/attention/layout.py",
+      "specs = [(x, window if local else None)", "specs = [(x, window)", (T_LAYOUT,)),
 ]

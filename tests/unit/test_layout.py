@@ -1,17 +1,20 @@
 """Per-layer attention layouts (attention.layout, lenext_dist/attention/layout.py): the registry's
 presets, the config's one-line refusals, each layer's math against plain torch (a NoPE layer is
-not rotated, a RoPE layer is, with its PI scaling), and the megatron model with a layout: each
-layer holds its variant, and the HF custom model built from the same config (the export's class)
-gives the same logits, with packed documents, a KV cache and eval-time RoPE scaling too; the dry
-run reports the layout."""
+not rotated, a RoPE layer is, with its PI scaling; local_global's local layers are windowed, its
+global ones not), and the megatron model with a layout: each layer holds its variant, and the HF
+custom model built from the same config (the export's class) gives the same logits, with packed
+documents, a KV cache and eval-time RoPE scaling too; the entropy bound under per-layer windows;
+the dry run reports the layout."""
 import math
 import os
 from types import SimpleNamespace as NS
 
+import numpy as np
 import pytest
 import torch
 
 from lenext_dist.attention import LAYOUTS, NoPE, RoPE, attend, layer_names, layer_variants
+from lenext_dist.attention.layout import layer_specs
 from lenext_dist.config import (AttentionConfig, ConfigError, LayoutConfig, ModelConfig,
                                 RopeConfig, RunConfig, load_config)
 
@@ -28,7 +31,7 @@ def names(kind, n=4, position="rope", **lay):
 # ---- the registry ------------------------------------------------------------------------------
 
 def test_presets():
-    assert sorted(LAYOUTS) == ["explicit", "nope_every", "smollm3", "uniform"]
+    assert sorted(LAYOUTS) == ["explicit", "local_global", "nope_every", "smollm3", "uniform"]
     assert names("uniform") == ["rope"] * 4
     assert names("nope_every", every=2) == ["rope", "nope", "rope", "nope"]  # layers 2, 4 (1-based)
     assert names("nope_every", n=8, every=3) == ["rope", "rope", "nope"] * 2 + ["rope"] * 2
@@ -41,6 +44,12 @@ def test_presets():
         ["rope", "alibi", "nope", "rope"]
     # an export made before layouts: no layout section at all = every layer `position`
     assert layer_names(NS(position="xpos"), 3) == ["xpos"] * 3
+    # Cohere Command R7B: three local (windowed) RoPE layers, then a global NoPE one
+    cfg = NS(position="rope", window=16, layout=NS(kind="local_global"))
+    assert layer_specs(cfg, 8) == ([("rope", 16)] * 3 + [("nope", None)]) * 2
+    # every other layout: the window (if any) on every layer
+    assert layer_specs(NS(position="rope", window=16, layout=NS(kind="nope_every", every=2)), 2) \
+        == [("rope", 16), ("nope", 16)]
 
 
 @pytest.mark.parametrize("overrides,match", [
@@ -57,6 +66,8 @@ def test_presets():
      "learned variants \\['kerple_log'\\] in a non-uniform layout"),
     (["attention.layout.kind=explicit", "attention.layout.layers=[nope,alibi,nope,alibi]",
       "attention.rope.scaling=yarn", "attention.rope.factor=2"], "no layer .* has one"),
+    (["attention.position=rope", "attention.layout.kind=local_global"],
+     "'local_global' needs attention.window"),
 ])
 def test_config_refusals_are_one_line(overrides, match):
     with pytest.raises(ConfigError, match=match) as e:
@@ -126,6 +137,23 @@ def test_each_layer_against_plain_torch(scaling, factor, window):
         assert (out - other).abs().max() > 1e-2, f"layer {i}: rotation made no difference"
 
 
+def test_local_global_layers_against_plain_torch():
+    """local_global k=2: RoPE under the window on layers 0, 2; NoPE over every earlier token on
+    layers 1, 3 (Cohere Command R7B's pattern with k = 4)."""
+    cfg = NS(position="rope", rope=NS(base=10000.0, scaling="none", factor=1.0), window=5,
+             layout=NS(kind="local_global", every=2))
+    variants = layer_variants(cfg, num_layers=4, head_dim=D, train_length=L, num_heads=H)
+    assert [(v.name, v.window) for v in variants] == [("rope", 5), ("nope", None)] * 2
+    gen = torch.Generator().manual_seed(4)
+    q, k, v = (torch.randn(B, n, 24, D, generator=gen) for n in (H, G, G))
+    m = torch.tensor([0.8, 1.0, 1.3, 1.7])
+    torch.testing.assert_close(attend(q, k, v, m, variants[0]).double(),
+                               plain_attention(q, k, v, m, rotate=True, window=5),
+                               atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(attend(q, k, v, m, variants[1]).double(),
+                               plain_attention(q, k, v, m, rotate=False), atol=1e-5, rtol=1e-5)
+
+
 def test_nope_layers_of_a_yarn_model_are_not_scaled():
     """rope.scaling applies to the RoPE layers; a NoPE layer's variant is plain NoPE."""
     cfg = NS(position="rope", rope=NS(base=10000.0, scaling="yarn", factor=4.0),
@@ -171,16 +199,18 @@ def megatron_and_hf(cfg, init_megatron):
     return meg, hf
 
 
-def test_megatron_and_hf_run_the_layout(megatron_1rank):
+@pytest.mark.parametrize("kind,windows", [("nope_every", [10] * 4),
+                                          ("local_global", [10, None, 10, None])])
+def test_megatron_and_hf_run_the_layout(megatron_1rank, kind, windows):
     from lenext_dist.attention import document_ids
 
-    cfg = layout_cfg(window=10)
+    cfg = layout_cfg(window=10, layout=LayoutConfig(kind=kind, every=2))
     meg, hf = megatron_and_hf(cfg, megatron_1rank)
     megs = [layer.self_attention.core_attention.position for layer in meg.decoder.layers]
     hfs = [layer.self_attn.position for layer in hf.model.layers]
     assert [v.name for v in megs] == [v.name for v in hfs] == ["rope", "nope", "rope", "nope"]
-    assert all(v.window == 10 for v in megs + hfs)
-    assert hf.config.attention_options["layout"] == {"kind": "nope_every", "every": 2, "layers": []}
+    assert [v.window for v in megs] == [v.window for v in hfs] == windows == cfg.layer_windows
+    assert hf.config.attention_options["layout"] == {"kind": kind, "every": 2, "layers": []}
     gen = torch.Generator().manual_seed(0)
     x = torch.randint(3, VOCAB, (2, SEQ), generator=gen)
     pos = torch.arange(SEQ).expand_as(x)
@@ -226,6 +256,22 @@ def test_eval_time_rope_scaling_reaches_the_rope_layers_only(megatron_1rank):
     assert hf.config.attention_options["layout"]["kind"] == "nope_every"
 
 
+def test_entropy_bound_under_local_global_windows():
+    """Per-layer windows: the bound is the most keys any layer sees (the global layers': i + 1),
+    so it holds for every layer; the windowed layers' entropy stays under ln(window)."""
+    from lenext_dist.eval.entropy import evaluate_entropy
+    from tiny_models import random_docs, tiny_lenext
+
+    model = tiny_lenext("rope", vocab_size=512, train_length=32, attention_options={
+        "window": 8, "layout": {"kind": "local_global", "every": 2}})
+    assert [a.self_attn.position.window for a in model.model.layers] == [8, None]
+    e = evaluate_entropy(model, random_docs([150], vocab_size=512), 40, samples=1, progress=False)
+    assert np.allclose(e["upper_bound"], np.log(np.arange(1, 41)))
+    assert np.all(e["entropy"] <= e["upper_bound"] + 1e-5)
+    assert np.all(e["entropy"][0] <= np.log(8) + 1e-5)  # the local layer
+    assert e["entropy"][1][..., 30:].mean() > np.log(8)  # the global one reads further
+
+
 def test_dry_run_reports_the_layout(megatron_1rank, capsys):
     from lenext_dist.train.dryrun import dry_run
 
@@ -238,3 +284,6 @@ def test_dry_run_reports_the_layout(megatron_1rank, capsys):
     uniform = dry_run(load_config(None, ["model.num_layers=8", "attention.position=rope"]), world=1)
     assert uniform["counts"] == out["counts"]  # NoPE layers hold nothing more or less
     assert uniform["flops_per_token"] == out["flops_per_token"]
+    dry_run(load_config(None, ["model.num_layers=4", "attention.position=rope", "attention.window=64",
+                               "attention.layout.kind=local_global"]), world=1)
+    assert "layout local_global: layers rope + window 64 x3, nope" in capsys.readouterr().out

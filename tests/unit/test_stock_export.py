@@ -103,13 +103,19 @@ CASES = {
     "smollm3_yarn_window": dict(position="rope", layers=4, layout=LayoutConfig(kind="smollm3"),
                                 rope=RopeConfig(scaling="yarn", factor=4.0), window=6,
                                 learned=True),
+    # Cohere Command R7B's pattern (k = 2 here): local RoPE layers under the window, global NoPE
+    "local_global": dict(position="rope", layers=4, layout=LayoutConfig(kind="local_global", every=2),
+                         window=6, rope=RopeConfig(scaling="pi", factor=2.0)),
 }
 EXPECTED = {"nope_headscale": "SmolLM3ForCausalLM", "nope_window": "SmolLM3ForCausalLM",
             "rope_yarn_tied": "LlamaForCausalLM", "rope_pi_window": "MistralForCausalLM",
-            "interleaved": "SmolLM3ForCausalLM", "smollm3_yarn_window": "SmolLM3ForCausalLM"}
+            "interleaved": "SmolLM3ForCausalLM", "smollm3_yarn_window": "SmolLM3ForCausalLM",
+            "local_global": "SmolLM3ForCausalLM"}
 NO_ROPE_LAYERS = {"nope_headscale": [0, 0], "nope_window": [0, 0], "interleaved": [1, 0, 1, 0],
-                  "smollm3_yarn_window": [1, 1, 1, 0]}
+                  "smollm3_yarn_window": [1, 1, 1, 0], "local_global": [1, 0, 1, 0]}
 """SmolLM3's no_rope_layers: 1 = a RoPE layer, 0 = a NoPE layer."""
+LAYER_TYPES = {"local_global": ["sliding_attention", "full_attention"] * 2}
+"""SmolLM3's layer_types where the window is not on every layer (else all sliding, or all full)."""
 
 FRESH = r"""
 import json, sys, torch
@@ -178,12 +184,12 @@ def test_stock_loads_without_remote_code_and_equals_custom(exports, fresh_proces
         assert prov["layer_positions"] == ["rope" if x else "nope" for x in NO_ROPE_LAYERS[name]]
         windowed = "window" in CASES[name]
         assert cfg["use_sliding_window"] == windowed
-        assert cfg["layer_types"] == [("sliding" if windowed else "full") + "_attention"] * \
-            len(NO_ROPE_LAYERS[name])
+        assert cfg["layer_types"] == LAYER_TYPES.get(
+            name, [("sliding" if windowed else "full") + "_attention"] * len(NO_ROPE_LAYERS[name]))
     if name in ("rope_yarn_tied", "smollm3_yarn_window"):
         assert cfg["rope_parameters"]["rope_type"] == "yarn"
         assert cfg["rope_parameters"]["original_max_position_embeddings"] == L
-    elif name == "rope_pi_window":
+    elif name in ("rope_pi_window", "local_global"):
         assert cfg["rope_parameters"]["rope_type"] == "linear" and cfg["sliding_window"] == 6
     assert prov["exported_as"] == EXPECTED[name]
     got = fresh_process[name]
@@ -209,7 +215,7 @@ def test_folded_scales_are_the_learned_ones(exports):
 
 
 @pytest.mark.parametrize("name", ["nope_headscale", "rope_yarn_tied", "interleaved",
-                                  "smollm3_yarn_window"])
+                                  "smollm3_yarn_window", "local_global"])
 def test_verify_stock_against_megatron(exports, name):
     _, stock_dir, _ = exports[name]
     assert verify(stock_dir) <= 1e-4

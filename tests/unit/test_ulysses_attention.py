@@ -19,10 +19,12 @@ CASES = {  # overrides of the tiny model (4 heads, 2 KV groups, 32 tokens)
                              "attention.log_scale_a=0.5", "model.train_length=8"],
     "xpos_documents": ["attention.position=xpos", "attention.xpos.blockwise=true",
                        "data.document_mask=true"],
-    # attention.layout: RoPE and NoPE layers (each layer its own variant), packed documents
-    "layout_documents": ["attention.position=rope", "attention.layout.kind=nope_every",
-                         "attention.layout.every=2", "attention.rope.scaling=yarn",
-                         "attention.rope.factor=2", "data.document_mask=true"],
+    # attention.layout: local RoPE + YaRN layers under a window, a global NoPE layer (each layer
+    # its own variant and window), packed documents
+    "layout_documents": ["attention.position=rope", "attention.layout.kind=local_global",
+                         "attention.layout.every=2", "attention.window=12",
+                         "attention.rope.scaling=yarn", "attention.rope.factor=2",
+                         "data.document_mask=true"],
 }
 BASE = ["model.num_layers=2", "model.hidden_size=64", "model.num_attention_heads=4",
         "model.num_query_groups=2", "model.ffn_hidden_size=128", "model.vocab_size=256",
