@@ -104,7 +104,7 @@ def answer_entropy(model: nn.Module, ids: Sequence[int], positions: Sequence[int
     layers = attention_layers(model)
     out = np.zeros((len(layers), int(model.config.num_attention_heads), 2))
     kind = layout(model)
-    norm = torch.log(at.double() + 1)  # causal: query i sees i + 1 keys
+    norm = torch.log(at.double() + 1)  # causal: query i sees i + 1 keys (no window)
 
     def on_layer(i, q, k, m):
         qs, mod = (_position_hooks(layers[i], q.shape[2], q.device) if kind == "lenext"
