@@ -21,7 +21,9 @@ def snapshot(folder):
 
 
 def test_run_dir_in_use_refused_then_resume_false_refused_then_start_over(sample_shards, tmp_path):
-    cfg = write_config(tmp_path, sample_shards, "busy", train={"steps": 400, "eval_interval": 0},
+    # steps far beyond what the test waits for: the first run must still hold the run_dir when
+    # the second starts, however slow the machine (it is stopped by SIGUSR1 below)
+    cfg = write_config(tmp_path, sample_shards, "busy", train={"steps": 20000, "eval_interval": 0},
                        checkpoint={"interval": 0})
     run_dir = tmp_path / "busy"
     metrics = run_dir / "metrics.jsonl"

@@ -1,6 +1,8 @@
 """Unit tier: one torch thread per test module (tiny models on a busy 2-core machine run far
 faster single-threaded than with OpenMP threads waiting on each other), and the 1-rank megatron
 setup that the model tests share."""
+import sys
+
 import pytest
 import torch.distributed as dist
 
@@ -21,7 +23,7 @@ def gloo_1rank():
     own = init_single_process_group()
     yield
     if own:
-        dist.destroy_process_group()
+        destroy_group()
 
 
 @pytest.fixture(scope="module")
@@ -35,4 +37,14 @@ def megatron_1rank():
     yield init_megatron
     destroy_megatron()
     if own:
-        dist.destroy_process_group()
+        destroy_group()
+
+
+def destroy_group():
+    """Destroy the 1-rank group, and DeepSpeed's cached clone of its WORLD (deepspeed.utils.groups
+    keeps it in a module global: an engine built under the next module's group would use the
+    destroyed one, 'Group ... is not registered')."""
+    dist.destroy_process_group()
+    groups = sys.modules.get("deepspeed.utils.groups")
+    if groups is not None and hasattr(groups, "_release_process_group_references"):
+        groups._release_process_group_references(None)
