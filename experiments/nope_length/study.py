@@ -75,7 +75,7 @@ class Plan:
 def full_plan() -> Plan:
     seeds = [Model(f"{p}-s{s}", p, s) for p in ("nope", "rope") for s in (0, 1, 2)]
     others = [Model("alibi-s0", "alibi"), Model("kerple-s0", "kerple_log"),
-              Model("window-s0", "nope", 0, ("--attention.window=32",))]
+              Model("window-s0", "nope", 0, ("--attention.window=64",))]  # a window of L
     return Plan(models=tuple(seeds + others))
 
 
@@ -309,8 +309,9 @@ def summarize_fit(summary: dict) -> Optional[float]:
 
 
 def publish(out: Path, dest: Path) -> None:
-    """Copy the study's records (summary.json, results.json, STUDY.md, timings) to `dest`."""
-    names = ("summary.json", "results.json", "STUDY.md", "timings.json")
+    """Copy the study's records to `dest`: summary.json (every number, the per-model results and
+    the timings included) and STUDY.md (generated from it)."""
+    names = ("summary.json", "STUDY.md")
     missing = [n for n in names if not (out / n).is_file()]
     if missing:
         raise SystemExit(f"error: {out} has no {', '.join(missing)}: run the study first")
