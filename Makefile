@@ -27,7 +27,7 @@ $(VENV)/.installed: pyproject.toml
 # regime (docs/demo.md): kv documents of exactly L = 64 tokens -> shards/kv -> a NoPE and a RoPE
 # model on 2 CPU ranks (ZeRO-2, the loss on the answers) -> HF export (verified by logits) ->
 # retrieval of fresh documents at 1x-8x L with c = 1.0 and c = 1.5, beside a rule that never
-# retrieves -> runs/demo/report.md and the table of docs/demo.md. About 7 minutes on 2 cores.
+# retrieves -> runs/demo/report.md and the table of docs/demo.md. About 6 minutes on 2 cores.
 DEMO_POSITIONS ?= nope rope
 DEMO_LENGTHS   := 64,128,256,512
 KV_DATA        := data/kv/heldout/filler.jsonl
