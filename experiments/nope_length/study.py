@@ -123,10 +123,10 @@ class Study:
         return out
 
     def _launch(self, config: Path, run_dir: Path, overrides: list[str]) -> None:
+        from lenext_dist.train.launch import launch_command
+
         log = run_dir.parent / f"{run_dir.name}.log"
-        cmd = [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", str(self.plan.nproc),
-               "--master_port", str(29700 + os.getpid() % 200), str(REPO / "launch" / "pretrain.py"),
-               "--config", str(config), f"--run_dir={run_dir}", *overrides]
+        cmd = launch_command(config, self.plan.nproc, overrides=[f"--run_dir={run_dir}", *overrides])
         run_dir.parent.mkdir(parents=True, exist_ok=True)
         with open(log, "w") as f:
             f.write("$ " + " ".join(cmd) + "\n")
@@ -229,8 +229,8 @@ class Study:
         bounded below by 1 (full), unbounded (no bound), initialised at 1 (init 1)."""
         import math
 
-        from lenext_dist.config import load_config, save_config
-        from lenext_dist.extend.search import _dotted
+        from lenext_dist.config import save_config
+        from lenext_dist.extend.search import search_config
 
         p, out = self.plan, []
         ckpt = self.out / "runs" / m.name / "checkpoints" / rule["chosen"]
@@ -245,23 +245,13 @@ class Study:
                 run_dir = self.out / "runs" / name
                 last = run_dir / "checkpoints" / f"step_{p.headscale_steps:07d}"
                 if not last.exists():
-                    changes = {
-                        "name": name, "run_dir": str(run_dir),
-                        "model": {"seq_length": T, "train_length": p.L},
-                        "attention": {"scale_c": init, "head_scale": {
-                            "enabled": True, "trainable": True, "init": init, "min_value": bound}},
-                        "train": {"mode": "headscale", "steps": p.headscale_steps,
-                                  "global_batch_size": batch, "micro_batch_size": batch // p.nproc,
-                                  "grad_accum": None, "eval_interval": 0},
-                        "optim": {"lr": 0.1, "warmup_steps": max(1, p.headscale_steps // 10),
-                                  "min_lr_ratio": 0.1, "weight_decay": 0.0},
-                        "data": {"cache_dir": None, "seed": 99,
-                                 "blend": [{"prefix": str(shards / "kv_train"), "weight": 1.0}],
-                                 "valid_blend": []},
-                        "checkpoint": {"dir": str(run_dir / "checkpoints"), "init_from": str(ckpt),
-                                       "interval": p.headscale_steps, "resume": True},
-                    }
-                    cfg = load_config(ckpt / "config.yaml", _dotted(changes))
+                    cfg = search_config(
+                        ckpt, run_dir, target=T, init=init, steps=p.headscale_steps, lr=0.1,
+                        warmup=max(1, p.headscale_steps // 10), global_batch=batch,
+                        micro_batch=batch // p.nproc, overshoot=1.0, min_value=bound,
+                        zero_stage=2, activation_checkpointing=False,
+                        data={"seed": 99, "valid_blend": [],
+                              "blend": [{"prefix": str(shards / "kv_train"), "weight": 1.0}]})
                     conf = self.out / "runs" / f"{name}.yaml"
                     save_config(cfg, conf)
                     self.log(f"[study] HeadScale {name} (T = {T}, init {init}, bound {bound})")

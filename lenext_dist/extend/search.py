@@ -34,9 +34,10 @@ def _dotted(d: dict, prefix: str = "") -> list[str]:
 def search_config(ckpt: Path, run_dir: Path, *, target: int, init: float, steps: int, lr: float,
                   warmup: int, global_batch: int, micro_batch: int, overshoot: float,
                   min_value: Optional[float], zero_stage: int,
-                  activation_checkpointing: bool) -> RunConfig:
+                  activation_checkpointing: bool, data: Optional[dict] = None) -> RunConfig:
     """The search's config: the checkpoint's own config.yaml with these changes, through the same
-    strict loader as any run (a bad value is a one-line ConfigError here, not in the child)."""
+    strict loader as any run (a bad value is a one-line ConfigError here, not in the child).
+    data: other `data.*` keys (e.g. a blend of documents of the target length, a seed)."""
     base = load_config(ckpt / "config.yaml")
     changes = {
         "name": run_dir.name, "run_dir": str(run_dir),
@@ -48,7 +49,8 @@ def search_config(ckpt: Path, run_dir: Path, *, target: int, init: float, steps:
                   "micro_batch_size": micro_batch, "grad_accum": None, "eval_interval": 0,
                   "activation_checkpointing": activation_checkpointing},
         "optim": {"lr": lr, "warmup_steps": warmup, "min_lr_ratio": 0.1, "weight_decay": 0.0},
-        "data": {"seed": base.data.seed + 1, "cache_dir": None},  # fresh data order, as the paper
+        # a fresh data order, as the paper
+        "data": {"seed": base.data.seed + 1, "cache_dir": None, **(data or {})},
         "parallel": {"zero_stage": zero_stage},
         "checkpoint": {"dir": str(run_dir / "checkpoints"), "init_from": str(ckpt),
                        "interval": max(1, steps // 4), "resume": True},
