@@ -1,0 +1,93 @@
+"""NoPE inside hybrid layouts (experiments/nope_layouts): which layer layout extends furthest past
+the training length L, and do the temperature schedules help the NoPE layers of a hybrid?
+
+The synthetic key-value regime of experiments/nope_length (same data, tokenizer, optimisation,
+checkpoint rule and scoring; its `Study` steps are reused), with 4 layers so a 3:1 layout exists:
+
+    nope          every layer NoPE
+    rope          every layer RoPE
+    interleave    RoPE, RoPE, RoPE, NoPE (SmolLM3's NoPE every 4th layer; `nope_every` 4)
+    local_global  RoPE under a window of L/4 on layers 1-3, global NoPE on layer 4 (Cohere
+                  Command R7B / Command A's local RoPE + global NoPE; `local_global` 4)
+
+Each trained with two seeds; each chosen checkpoint (the first >= 0.9 at L, validation documents)
+is scored at 1, 2, 4, 8 L under every temperature schedule of `SCHEDULES`, applied at evaluation to
+the NoPE layers only (`lenext eval tasks --temperature`; the schedules' parameters are fixed here,
+before any run: c = 1.5 (the demo's), the log fit's a = 0.274 (experiments/nope_length's published
+fit), Llama 4's attn_scale 0.1 with floor_scale = L (its 8192 relative to its training chunk)).
+Pure RoPE has no NoPE layer: its schedules change nothing and are scored once.
+
+  python -m experiments.nope_layouts             # ~60 min on 2 cores, resumable
+  python -m experiments.nope_layouts --quick     # a smoke run (a few minutes)
+  python -m experiments.nope_layouts --publish   # records -> experiments/nope_layouts/results
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import asdict, replace
+from pathlib import Path
+
+from experiments.nope_length.study import REPO, TEST_SEED, Model, Plan, Study, publish
+
+HERE = Path(__file__).resolve().parent
+
+DEPTH = ("--model.num_layers=4",)
+LAYOUTS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "nope": ("nope", ()),
+    "rope": ("rope", ()),
+    "interleave": ("rope", ("--attention.layout.kind=nope_every", "--attention.layout.every=4")),
+    "local_global": ("rope", ("--attention.layout.kind=local_global", "--attention.layout.every=4",
+                              "--attention.window=16")),
+}
+"""layout -> (attention.position, overrides) of the 4-layer kv model."""
+
+SCHEDULES: dict[str, str | None] = {
+    "none": None,
+    "uniform c = 1.5": "uniform:c=1.5",
+    "log fit a = 0.274": "log_fit:a=0.274",
+    "llama4": "llama4:floor_scale=64,attn_scale=0.1",
+}
+"""Row label -> `lenext eval --temperature` spec (on the NoPE layers: the default `layers=nope`)."""
+
+
+def models(seeds=(0, 1), layouts=tuple(LAYOUTS)) -> tuple[Model, ...]:
+    return tuple(Model(f"{name}-s{s}", LAYOUTS[name][0], s, DEPTH + LAYOUTS[name][1])
+                 for name in layouts for s in seeds)
+
+
+def full_plan() -> Plan:
+    return Plan(models=models(), steps=2500, multiples=(1, 2, 4, 8))
+
+
+def quick_plan() -> Plan:
+    return Plan(models=models(seeds=(0,), layouts=("nope", "interleave")), steps=60,
+                multiples=(1, 2), docs=8, valid_docs=8, kv_passes=1)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m experiments.nope_layouts",
+                                 description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="a smoke run: 2 models, a few steps")
+    ap.add_argument("--out", help="work folder (default results/nope_layouts[-quick])")
+    ap.add_argument("--train-only", action="store_true", help="train every model, score nothing")
+    ap.add_argument("--publish", action="store_true",
+                    help="copy the finished study's records to experiments/nope_layouts/results")
+    ap.add_argument("--nproc", type=int, default=2, help="ranks per training (default 2)")
+    a = ap.parse_args(argv)
+    out = Path(a.out or REPO / f"results/nope_layouts{'-quick' if a.quick else ''}")
+    if a.publish:
+        publish(out, HERE / "results")
+        return 0
+    plan = replace(quick_plan() if a.quick else full_plan(), nproc=a.nproc)
+    study = Study(plan, out)
+    for m in plan.models:
+        study.train(m)
+    if a.train_only:
+        return 0
+    raise SystemExit("error: scoring is not written yet")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
