@@ -25,7 +25,7 @@ class UserError(Exception):
 
 class CheckpointError(UserError, RuntimeError):
     """A checkpoint is missing, partial or not ours (the message says which and what to do);
-    lenext_dist.train.checkpoint, safe_load and reshard raise it."""
+    lenext_dist.checkpoint, lenext_dist.train.checkpoint and reshard raise it."""
 
 
 def _debug(argv: Sequence[str]) -> bool:

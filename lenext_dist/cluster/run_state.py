@@ -1,8 +1,9 @@
 """What a job script needs to know about a run before and after training.
 
-Contract with the training loop (lenext_dist/train/loop.py + checkpoint.py), no marker file
-needed: the loop always saves a checkpoint at step == train.steps, and `<checkpoint.dir>/latest`
-names the newest complete checkpoint (`step_NNNNNNN/COMPLETE`). So
+Contract with the training loop (lenext_dist/train/loop.py) and the checkpoint format
+(lenext_dist/checkpoint), no marker file needed: the loop always saves a checkpoint at
+step == train.steps, and `<checkpoint.dir>/latest` names the newest complete checkpoint
+(`step_NNNNNNN/COMPLETE`). So
 
     done     latest step >= train.steps            -> nothing to do
     stopped  a complete checkpoint before the end  -> resume (requeue) from it
@@ -13,13 +14,11 @@ names the newest complete checkpoint (`step_NNNNNNN/COMPLETE`). So
 from __future__ import annotations
 
 import os
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-LATEST, COMPLETE = "latest", "COMPLETE"  # the names checkpoint.py writes
-_TAG = re.compile(r"step_(\d+)")
+from lenext_dist.checkpoint.layout import COMPLETE, latest_tag_name, step_of
 
 
 @dataclass
@@ -35,14 +34,11 @@ class RunState:
 
 def latest_step(checkpoint_dir: str | os.PathLike) -> Optional[int]:
     """Step of the complete checkpoint `latest` names; None if there is none."""
-    f = Path(checkpoint_dir) / LATEST
-    if not f.is_file():
+    tag = latest_tag_name(Path(checkpoint_dir))
+    step = step_of(tag) if tag is not None else None
+    if step is None or not (Path(checkpoint_dir) / tag / COMPLETE).is_file():
         return None
-    tag = f.read_text().strip()
-    m = _TAG.fullmatch(tag)
-    if not m or not (Path(checkpoint_dir) / tag / COMPLETE).is_file():
-        return None
-    return int(m.group(1))
+    return step
 
 
 def run_state(cfg) -> RunState:

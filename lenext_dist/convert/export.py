@@ -36,10 +36,11 @@ from typing import Optional, Union
 import torch
 from torch import Tensor
 
-from lenext_dist.train.checkpoint import CheckpointError
-from lenext_dist.train.checkpoint import read_state as load_megatron_state
-from lenext_dist.train.checkpoint import resolve as resolve_checkpoint
-from lenext_dist.train.checkpoint import run_config as load_run_config
+from lenext_dist.checkpoint.layout import resolve as resolve_checkpoint
+from lenext_dist.checkpoint.layout import run_config as load_run_config
+from lenext_dist.checkpoint.safe_load import load as safe_load
+from lenext_dist.checkpoint.weights import read_state as load_megatron_state
+from lenext_dist.errors import CheckpointError
 
 from . import stock
 from lenext_dist.attention.names import HEAD_SCALE_KEY
@@ -76,8 +77,6 @@ def head_scales_from(path: Union[str, Path], num_layers: int, num_heads: int) ->
         data = json.loads(p.read_text())
         t = torch.tensor(data["head_scales"] if isinstance(data, dict) else data, dtype=torch.float32)
     elif p.suffix in (".pt", ".pth"):
-        from lenext_dist.train.safe_load import load as safe_load
-
         data = safe_load(p)
         t = (data["head_scales"] if isinstance(data, dict) else data).float()
     else:

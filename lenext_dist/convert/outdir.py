@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 from typing import Iterable, Iterator
 
-from lenext_dist.train.checkpoint import CheckpointError
+from lenext_dist.errors import CheckpointError
 
 MARKER = "lenext_export.json"
 # names a pre-marker export may hold (see export.py's module docstring)

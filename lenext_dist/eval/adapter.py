@@ -61,7 +61,8 @@ def layout(model: nn.Module) -> str:
 
 
 def _provenance(model: nn.Module) -> Optional[dict]:
-    # lenext_dist.convert.stock.PROVENANCE; read here without importing the converter
+    # the key a stock export writes into its config (convert comes before eval in the pipeline,
+    # so eval may read it); imported here, not at the top: the convert package loads its exporter
     from lenext_dist.convert.stock import PROVENANCE
 
     prov = getattr(getattr(model, "config", None), PROVENANCE, None)

@@ -6,7 +6,8 @@ Prompts are built in token space with the model's own SentencePiece model (each 
 separately, so lengths are exact): [prefix] [filler x n1] [key sentence] [filler x n2] [question],
 n1 + n2 whole filler sentences, the most that keep the prompt <= the target length, and
 n1 = round(depth * (n1 + n2)). Depth 0 puts the key right after the prefix, depth 1 right before
-the question. The same keys (seeded) are used in every (length, depth) cell.
+the question. The same keys (seeded) are used in every (length, depth) cell. The wording lives in
+lenext_dist/prep/passkey_wording.py, which the task generators read to keep out of it.
 
 Public API: `PasskeyPrompt`, `build_prompt`, `passkey_match`, `greedy_generate`, `run_passkey`.
 """
@@ -20,13 +21,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from .scoring import _accepts
+from lenext_dist.prep.passkey_wording import FILLER, KEY, PREFIX, QUESTION
 
-PREFIX = ("There is an important info hidden inside a lot of irrelevant text. Find it and "
-          "memorize it. I will quiz you about the important information there.")
-FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
-KEY = "The pass key is {key}. Remember it. {key} is the pass key."
-QUESTION = "What is the pass key? The pass key is"
+from .scoring import _accepts
 
 
 @dataclass

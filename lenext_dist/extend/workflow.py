@@ -103,7 +103,7 @@ class ExtendOptions:
         from lenext_dist.eval.claims import extend_claims
         from lenext_dist.eval.report import write_report
         from lenext_dist.eval.scale_sweep import best_c_for_length
-        from lenext_dist.train.checkpoint import latest_tag, resolve, run_config
+        from lenext_dist.checkpoint.layout import latest_tag, resolve, run_config, tag_for
 
         from .search import launch, search_config
 
@@ -133,7 +133,7 @@ class ExtendOptions:
         for T, cfg in searches.items():
             models[f"uniform-{T}"] = (hf_base, best_c[T])
             hs_dir = self.search_dir(T)
-            if latest_tag(hs_dir / "checkpoints") != f"step_{self.steps:07d}":
+            if latest_tag(hs_dir / "checkpoints") != tag_for(self.steps):
                 launch(cfg, T, self.nproc, self.port)
             hf = self.export_dir(T)
             if not (hf / "config.json").exists():

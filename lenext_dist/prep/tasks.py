@@ -15,12 +15,11 @@ each field, rendered into docs/data-preparation.md by `task_reference`). A docum
 by one space; each segment is stripped text that SentencePiece encodes alone to the same tokens it
 gets inside the document (pieces never span a space), so token positions are sums of segment
 lengths and the lengths are exact. The wording ("vault", "code", "Entry", "Recall") is a format
-family of its own: none of the passkey evaluation's template (lenext_dist/eval/passkey.py) occurs.
+family of its own: none of the passkey evaluation's template (prep/passkey_wording.py) occurs.
 """
 from __future__ import annotations
 
 import dataclasses
-import re
 import typing
 from dataclasses import dataclass, field
 from typing import Callable, NamedTuple, Optional
@@ -28,6 +27,7 @@ from typing import Callable, NamedTuple, Optional
 import numpy as np
 
 from .errors import PrepError
+from .passkey_wording import TAKEN_WORDS
 
 
 @dataclass(frozen=True)
@@ -110,13 +110,9 @@ class Toolkit:
         self.ws_after = np.array([p.endswith("▁") or p in ws for p in pieces])
         # lower-case alphabetic whole words of >= 4 letters: one token each, for labels/values;
         # none of the passkey evaluation's words, so its wording never appears in a template
-        from ..eval import passkey as ev
-
-        taken = set(re.findall(r"[a-z]+", " ".join((ev.PREFIX, ev.FILLER, ev.KEY, ev.QUESTION))
-                                              .lower()))
         self.words = [p[1:] for p in pieces
                       if p.startswith("▁") and len(p) >= 5 and p[1:].isascii() and p[1:].isalpha()
-                      and p[1:].islower() and p[1:] not in taken]
+                      and p[1:].islower() and p[1:] not in TAKEN_WORDS]
         # tokens of the longest pool word alone (1 when every pool word is its own piece)
         self.label_tokens = max(len(self.encode(w)) for w in self.words) if self.words else 0
         if len(self.words) < 64:

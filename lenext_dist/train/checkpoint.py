@@ -1,8 +1,6 @@
-"""DeepSpeed checkpoints with an atomic `latest`, keep-last-K retention and full RNG state.
-
-Layout of checkpoint.dir:
-    step_0000100/    DeepSpeed's files (model, ZeRO optimizer partitions) + config.yaml + COMPLETE
-    latest           the tag of the newest complete checkpoint (written last, by os.replace)
+"""Writing and resuming DeepSpeed checkpoints: an atomic `latest`, keep-last-K retention and full
+RNG state. The format (names, locating a complete step, reading weights) is lenext_dist/checkpoint,
+which convert and extend read without importing training.
 
 A crash (even kill -9) while step_N is being written leaves `latest` naming the previous tag, so
 resume never sees a partial checkpoint; the partial folder is overwritten when step N comes again
@@ -16,9 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import io
 import os
-import pickle
 import random
 import re
 import shutil
@@ -30,15 +26,11 @@ import torch
 import torch.distributed as dist
 
 from lenext_dist.atomic import atomic_write
+from lenext_dist.checkpoint.layout import COMPLETE, CONFIG, LATEST, latest_tag_name, resolve, run_config, tag_for
+from lenext_dist.checkpoint.safe_load import weights_only_loads
+from lenext_dist.checkpoint.weights import read_weights, unreadable
 from lenext_dist.config import RunConfig, save_config
 from lenext_dist.errors import CheckpointError
-
-LATEST = "latest"
-COMPLETE = "COMPLETE"
-
-
-def tag_for(step: int) -> str:
-    return f"step_{step:07d}"
 
 
 def rng_state() -> dict:
@@ -75,7 +67,7 @@ def _save(engine, cfg: RunConfig, root: Path, tag: str, step: int, consumed_samp
     engine.save_checkpoint(str(root), tag=tag, client_state=client, save_latest=False)
     dist.barrier()  # every rank's shard is on disk before `latest` may point at it
     if dist.get_rank() == 0:
-        save_config(cfg, root / tag / "config.yaml")
+        save_config(cfg, root / tag / CONFIG)
         _atomic_write(root / tag / COMPLETE, f"{step}\n")
         _atomic_write(root / LATEST, tag + "\n")
         _prune(root, cfg.checkpoint.keep_last, tag)
@@ -144,12 +136,6 @@ def _retire(root: Path, tag: str) -> None:
     (root / tag / COMPLETE).unlink(missing_ok=True)
 
 
-def latest_tag_name(root: Path) -> Optional[str]:
-    """The tag `latest` names, complete or not (None without a `latest` file)."""
-    f = root / LATEST
-    return f.read_text().strip() if f.is_file() else None
-
-
 def _prune(root: Path, keep: int, newest: str) -> None:
     """Keep the `keep` latest complete steps up to `newest` (the tag just saved, named by `latest`)."""
     if keep <= 0:
@@ -157,39 +143,6 @@ def _prune(root: Path, keep: int, newest: str) -> None:
     tags = sorted(p for p in root.glob("step_*") if (p / COMPLETE).exists() and p.name <= newest)
     for old in tags[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
-
-
-
-
-def latest_tag(root: str | os.PathLike) -> Optional[str]:
-    """Tag named by `latest` if that checkpoint is complete, else None."""
-    f = Path(root) / LATEST
-    tag = latest_tag_name(Path(root))
-    if tag is None:
-        return None
-    if not (Path(root) / tag / COMPLETE).is_file():
-        raise CheckpointError(f"{f} names {tag}, which is not a complete checkpoint; "
-                              f"point it at a complete step_* folder or remove it")
-    return tag
-
-
-def resolve(checkpoint: str | os.PathLike, tag: Optional[str] = None) -> Path:
-    """A checkpoint folder (+ tag, or its `latest`) or a step_* folder -> the complete step folder."""
-    p = Path(checkpoint)
-    if tag is not None:
-        step = p / tag
-    elif (p / COMPLETE).is_file() or any(p.glob("*model_states.pt")):
-        step = p
-    elif (p / LATEST).is_file():
-        step = p / latest_tag(p)
-    else:
-        raise CheckpointError(f"{p}: neither a checkpoint folder with a `latest` file nor a step_* "
-                              "folder (name a step_NNNNNNN folder)")
-    if not step.is_dir():
-        raise CheckpointError(f"{step}: no such checkpoint")
-    if not (step / COMPLETE).is_file():
-        raise CheckpointError(f"{step}: no COMPLETE marker (a partial save?); choose another step")
-    return step
 
 
 # Sections that define the network: resuming with any of them changed trains another model on
@@ -241,9 +194,7 @@ def check_resume(cfg: RunConfig, step_dir: str | os.PathLike) -> list[str]:
 def load(engine, root: str, tag: str, reshard: bool = False) -> dict:
     """Full resume: module, optimizer and our client state (step, samples, RNG). reshard: the
     checkpoint's ZeRO-1/2 partitions are of another data-parallel size (train/reshard.py)."""
-    from lenext_dist.train.safe_load import weights_only_loads
-
-    with weights_only_loads(Path(root) / tag), _unreadable(Path(root) / tag):
+    with weights_only_loads(Path(root) / tag), unreadable(Path(root) / tag):
         if reshard:
             from lenext_dist.train.reshard import load_resharded
 
@@ -255,87 +206,6 @@ def load(engine, root: str, tag: str, reshard: bool = False) -> dict:
         raise CheckpointError(f"{root}/{tag}: DeepSpeed could not load this checkpoint")
     set_rng_state(client["rng"])
     return client
-
-
-def run_config(step_dir: str | os.PathLike) -> RunConfig:
-    """The resolved config a checkpoint was written with (its config.yaml)."""
-    from lenext_dist.config import load_config
-
-    f = Path(step_dir) / "config.yaml"
-    if not f.is_file():
-        raise CheckpointError(f"{step_dir}: no config.yaml (not written by lenext_dist.train?)")
-    return load_config(f)
-
-
-def read_state(step_dir: str | os.PathLike) -> tuple[dict[str, torch.Tensor], str]:
-    """(megatron state dict on CPU, source) of a complete step folder, in one process.
-
-    source 'zero_fp32': ZeRO 1-3 keep the exact fp32 master weights in the optimizer partitions,
-    merged with DeepSpeed's zero_to_fp32 (the only source under ZeRO-3, whose module file holds
-    empty placeholders). Frozen parameters (all but the head scales of a HeadScale run) have no
-    partition; DeepSpeed records them for zero_to_fp32 only when it partitions gradients (stages
-    2-3), so at stage 1 they come from the module file, where they are whole and never changed.
-    source 'module': ZeRO-0 has no partitions; its module file is complete.
-    """
-    step_dir = Path(step_dir)
-    if any(step_dir.glob("*_optim_states.pt")):
-        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
-
-        from lenext_dist.train.safe_load import weights_only_loads
-
-        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()), \
-                weights_only_loads(step_dir), _unreadable(step_dir):
-            state = get_fp32_state_dict_from_zero_checkpoint(str(step_dir.parent), tag=step_dir.name)
-        if any(step_dir.glob("mp_rank_*_model_states.pt")):  # stages 1-2 (ZeRO-3: per-rank placeholders)
-            for k, v in _module_state(step_dir).items():
-                if k not in state and isinstance(v, torch.Tensor) and v.numel():
-                    state[k] = v
-        source = "zero_fp32"
-    else:
-        state, source = _module_state(step_dir), "module"
-    state = {k: v for k, v in state.items() if isinstance(v, torch.Tensor)}
-    empty = [k for k, v in state.items() if v.numel() == 0]
-    if empty:
-        raise CheckpointError(f"{step_dir}: {len(empty)} tensors are empty placeholders (a ZeRO-3 "
-                              f"module file without optimizer partitions?), e.g. {empty[0]}")
-    return state, source
-
-
-def _module_state(step_dir: Path) -> dict:
-    """The module state dict DeepSpeed saved with the step (TP = PP = 1)."""
-    files = sorted(step_dir.glob("mp_rank_*_model_states.pt"))
-    if not files:
-        raise CheckpointError(f"{step_dir}: no DeepSpeed model states file")
-    if len(files) > 1:
-        raise CheckpointError(f"{step_dir}: {len(files)} model-parallel ranks; only TP=PP=1 is supported")
-    from lenext_dist.train.safe_load import load as safe_load
-
-    return safe_load(files[0])["module"]
-
-
-_READ_FAILED = re.compile(r"PytorchStreamReader|zip archive|invalid load key|Ran out of input|"
-                          r"unexpected EOF|truncated", re.IGNORECASE)
-
-
-@contextlib.contextmanager
-def _unreadable(step_dir: Path):
-    """DeepSpeed's own reads of a truncated or foreign file: a CheckpointError naming the folder."""
-    try:
-        yield
-    except (RuntimeError, EOFError, pickle.UnpicklingError) as e:
-        if isinstance(e, CheckpointError) or not (isinstance(e, EOFError) or _READ_FAILED.search(str(e))):
-            raise
-        raise CheckpointError(f"{step_dir}: a checkpoint file cannot be read ({type(e).__name__}: "
-                              f"{str(e).splitlines()[0][:160] if str(e) else ''}); it may be truncated "
-                              "(an interrupted copy?) or not a DeepSpeed file: copy it again or choose "
-                              "another step") from None
-
-
-def read_weights(checkpoint: str | os.PathLike) -> dict[str, torch.Tensor]:
-    """The model's state dict in fp32 from a checkpoint folder or step folder (any ZeRO stage)."""
-    state, _ = read_state(resolve(checkpoint))
-    return {k: v.float() if v.is_floating_point() else v for k, v in state.items()
-            if not k.endswith("._extra_state")}
 
 
 def load_weights(model: torch.nn.Module, path: str, keep: Callable[[str], bool]) -> str:
@@ -352,7 +222,7 @@ def load_weights(model: torch.nn.Module, path: str, keep: Callable[[str], bool])
         if k in ours and tuple(v.shape) != tuple(ours[k].shape):
             raise CheckpointError(f"{step} does not fit this model: {k} is {list(v.shape)} there, "
                                   f"{list(ours[k].shape)} here (same model.* shape needed: compare "
-                                  f"the model section of {step / 'config.yaml'} with this run's)")
+                                  f"the model section of {step / CONFIG} with this run's)")
     result = model.load_state_dict(state, strict=False)
     missing = [k for k in result.missing_keys if not keep(k) and not k.endswith("._extra_state")]
     if missing or result.unexpected_keys:

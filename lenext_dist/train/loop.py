@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from lenext_dist.checkpoint.layout import latest_tag, latest_tag_name
 from lenext_dist.config import RunConfig, deepspeed_config, save_config, to_dict
 from lenext_dist.data.gpt_data import build_datasets, train_batches, valid_batches
 from lenext_dist.errors import UserError
@@ -179,7 +180,7 @@ def _train(cfg: RunConfig, stop: StopSignal, owns_group: bool, rank: int, world:
     device = get_accelerator().current_device_name()
     init_megatron(cfg.train.seed)
     model = build_model(cfg)
-    tag = checkpoint.latest_tag(cfg.checkpoint.dir) if cfg.checkpoint.resume else None
+    tag = latest_tag(cfg.checkpoint.dir) if cfg.checkpoint.resume else None
     reshard = False
     if tag:
         for note in checkpoint.check_resume(cfg, os.path.join(cfg.checkpoint.dir, tag)):
@@ -304,7 +305,7 @@ def _train(cfg: RunConfig, stop: StopSignal, owns_group: bool, rank: int, world:
     if diverged is not None:
         if owns_group:
             shutdown_distributed()
-        good = checkpoint.latest_tag_name(Path(cfg.checkpoint.dir)) if os.path.isdir(cfg.checkpoint.dir) else None
+        good = latest_tag_name(Path(cfg.checkpoint.dir)) if os.path.isdir(cfg.checkpoint.dir) else None
         raise Diverged(f"training diverged: non-finite loss, grad norm or weights at step {diverged} "
                        f"(train.nonfinite_patience={cfg.train.nonfinite_patience}); nothing saved after "
                        f"it, the last good checkpoint is {os.path.join(cfg.checkpoint.dir, good) if good else 'none'}. "

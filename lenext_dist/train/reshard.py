@@ -80,7 +80,7 @@ def load_resharded(engine, step_dir: Path) -> dict:
     from deepspeed.checkpoint.constants import (BASE_OPTIMIZER_STATE, GROUP_PADDINGS,
                                                 OPTIMIZER_STATE_DICT, SINGLE_PARTITION_OF_FP32_GROUPS)
 
-    from lenext_dist.train.safe_load import weights_only_loads
+    from lenext_dist.checkpoint.safe_load import weights_only_loads
 
     step_dir = Path(step_dir)
     with weights_only_loads(step_dir):

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from helpers import free_port, losses, pretrain_cmd, run, write_config
-from lenext_dist.train.checkpoint import read_weights
+from lenext_dist.checkpoint.weights import read_weights
 
 pytestmark = pytest.mark.distributed
 

@@ -85,11 +85,11 @@ def megatron_model(ckpt, scale_c=None):
     cfg = load_config(ckpt / tag / "config.yaml", overrides)
     module_file = ckpt / tag / "mp_rank_00_model_states.pt"
     if module_file.exists():
-        from lenext_dist.train.safe_load import load as safe_load
+        from lenext_dist.checkpoint.safe_load import load as safe_load
 
         state = safe_load(module_file)["module"]
     else:
-        from lenext_dist.train.safe_load import weights_only_loads
+        from lenext_dist.checkpoint.safe_load import weights_only_loads
 
         with weights_only_loads(ckpt / tag):
             state = get_fp32_state_dict_from_zero_checkpoint(str(ckpt), tag)

@@ -214,7 +214,7 @@ def test_a_diverging_run_stops_keeps_the_last_good_checkpoint_and_is_not_exporte
     assert not (tmp_path / "inf" / "checkpoints" / "latest").exists()
 
     # export refuses a checkpoint whose weights are not finite (made so here by hand)
-    from lenext_dist.train.safe_load import load as safe_load
+    from lenext_dist.checkpoint.safe_load import load as safe_load
 
     step = ckpt / "step_0000001"
     for f in step.glob("*optim_states.pt"):

@@ -5,7 +5,9 @@ import torch.distributed as dist
 
 from lenext_dist.config import load_config, save_config
 from lenext_dist.train import checkpoint
-from lenext_dist.train.checkpoint import COMPLETE, CheckpointError, _prune, tag_for
+from lenext_dist.checkpoint.layout import COMPLETE, LATEST, latest_tag, resolve, tag_for
+from lenext_dist.errors import CheckpointError
+from lenext_dist.train.checkpoint import _prune
 
 
 def complete_steps(root, steps):
@@ -49,12 +51,12 @@ class SavingEngine:
         (checkpoint.Path(root) / tag / "mp_rank_00_model_states.pt").write_bytes(b"whole")
 
 
-@pytest.mark.parametrize("killed_at", [COMPLETE, checkpoint.LATEST])
+@pytest.mark.parametrize("killed_at", [COMPLETE, LATEST])
 def test_a_kill_during_the_marker_writes_never_leaves_latest_on_an_incomplete_step(
         tmp_path, one_rank, monkeypatch, killed_at):
     cfg = load_config(None, [f"checkpoint.dir={tmp_path}"])
     checkpoint.save(SavingEngine(), cfg, 100, 400)
-    assert checkpoint.latest_tag(tmp_path) == tag_for(100)
+    assert latest_tag(tmp_path) == tag_for(100)
     real_write, written = checkpoint._atomic_write, []
 
     def write(path, text):
@@ -66,14 +68,14 @@ def test_a_kill_during_the_marker_writes_never_leaves_latest_on_an_incomplete_st
     monkeypatch.setattr(checkpoint, "_atomic_write", write)
     with pytest.raises(KeyboardInterrupt):
         checkpoint.save(SavingEngine(), cfg, 200, 800)
-    assert checkpoint.latest_tag(tmp_path) == tag_for(100)  # never the step without COMPLETE
-    if killed_at == checkpoint.LATEST:  # killed after COMPLETE: step 200 is whole, by name
+    assert latest_tag(tmp_path) == tag_for(100)  # never the step without COMPLETE
+    if killed_at == LATEST:  # killed after COMPLETE: step 200 is whole, by name
         assert written == [COMPLETE]
-        assert checkpoint.resolve(tmp_path / tag_for(200)) == tmp_path / tag_for(200)
+        assert resolve(tmp_path / tag_for(200)) == tmp_path / tag_for(200)
     else:
         assert written == []
         with pytest.raises(CheckpointError, match="no COMPLETE marker"):
-            checkpoint.resolve(tmp_path / tag_for(200))
+            resolve(tmp_path / tag_for(200))
 
 
 def test_a_crash_while_overwriting_an_earlier_runs_step_leaves_it_incomplete(tmp_path, one_rank):
@@ -82,7 +84,7 @@ def test_a_crash_while_overwriting_an_earlier_runs_step_leaves_it_incomplete(tmp
     with pytest.raises(KeyboardInterrupt):
         checkpoint.save(CrashingEngine(), cfg, 100, 400)
     with pytest.raises(CheckpointError, match="no COMPLETE marker"):
-        checkpoint.resolve(tmp_path / tag_for(100))
+        resolve(tmp_path / tag_for(100))
 
 
 def test_a_crash_while_overwriting_the_step_latest_names_moves_latest_back(tmp_path, one_rank):
@@ -92,13 +94,13 @@ def test_a_crash_while_overwriting_the_step_latest_names_moves_latest_back(tmp_p
     (tmp_path / "latest").write_text(tag_for(100) + "\n")
     with pytest.raises(KeyboardInterrupt):
         checkpoint.save(CrashingEngine(), cfg, 100, 400)
-    assert checkpoint.latest_tag(tmp_path) == tag_for(50)
+    assert latest_tag(tmp_path) == tag_for(50)
     (tmp_path / tag_for(50) / COMPLETE).unlink()  # no other complete step: no `latest` at all
     (tmp_path / "latest").write_text(tag_for(100) + "\n")
     (tmp_path / tag_for(100) / COMPLETE).write_text("100\n")
     with pytest.raises(KeyboardInterrupt):
         checkpoint.save(CrashingEngine(), cfg, 100, 400)
-    assert checkpoint.latest_tag(tmp_path) is None
+    assert latest_tag(tmp_path) is None
 
 
 def test_resume_refuses_another_model_and_reports_another_data_order(tmp_path):

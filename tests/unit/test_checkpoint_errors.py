@@ -8,7 +8,8 @@ import pytest
 
 from lenext_dist.config import load_config
 from lenext_dist.train import checkpoint, optim
-from lenext_dist.train.checkpoint import COMPLETE, CheckpointError, tag_for
+from lenext_dist.checkpoint.layout import COMPLETE, latest_tag, tag_for
+from lenext_dist.errors import CheckpointError
 
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 TINY = ["model.num_layers=1", "model.hidden_size=32", "model.num_attention_heads=2",
@@ -67,7 +68,7 @@ def test_full_disk_during_save_says_how_much_space_and_keeps_the_last_checkpoint
     assert msg.startswith(f"no space left on {disk}: a checkpoint needs about ")
     assert " free (the unfinished step_0000002 holds " in msg and "\n" not in msg and "iostream" not in msg
     assert f"{tag_for(2)} was not saved and `latest` still names {tag_for(1)} (intact)" in msg
-    assert checkpoint.latest_tag(disk) == tag_for(1)
+    assert latest_tag(disk) == tag_for(1)
     assert not (disk / tag_for(2) / COMPLETE).exists()
     assert {p.name: p.read_bytes() for p in (disk / tag_for(1)).iterdir() if p.is_file()} == first
 

@@ -10,7 +10,7 @@ from lenext_dist.config import (AttentionConfig, HeadScaleConfig, ModelConfig, P
                                 RunConfig, TrainConfig, save_config)
 from lenext_dist.convert.export import export
 from lenext_dist.model import build_model, destroy_megatron, init_megatron, init_single_process_group
-from lenext_dist.train.checkpoint import COMPLETE, tag_for
+from lenext_dist.checkpoint.layout import COMPLETE, tag_for
 
 LAYERS, HEADS = 3, 4
 

@@ -10,7 +10,7 @@ from lenext_dist.config import load_config, save_config
 from lenext_dist.convert.__main__ import main as convert_main
 from lenext_dist.convert.keymap import expected_shapes
 from lenext_dist.model import build_model, destroy_megatron, init_megatron, init_single_process_group
-from lenext_dist.train.checkpoint import COMPLETE, tag_for
+from lenext_dist.checkpoint.layout import COMPLETE, tag_for
 
 BASE = ["model.num_layers=2", "model.hidden_size=32", "model.num_attention_heads=4",
         "model.num_query_groups=2", "model.ffn_hidden_size=64", "model.vocab_size=128",

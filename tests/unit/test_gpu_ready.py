@@ -268,6 +268,7 @@ def test_bf16_resume_restores_the_exact_fp32_values(stage, megatron_1rank, monke
     from deepspeed.utils import safe_get_full_fp32_param
 
     from lenext_dist.attention.precision import fp32_value
+    from lenext_dist.checkpoint.layout import tag_for
     from lenext_dist.model import build_model
     from lenext_dist.train import checkpoint, fp32_params, optim
 
@@ -277,7 +278,7 @@ def test_bf16_resume_restores_the_exact_fp32_values(stage, megatron_1rank, monke
     saved = {n: safe_get_full_fp32_param(p).clone() for n, p in engine.module.named_parameters()
              if getattr(p, "_lenext_fp32", None) is not None}
     fresh = optim.build_engine(build_model(cfg, device="cpu"), cfg, 1)
-    checkpoint.load(fresh, str(tmp_path), checkpoint.tag_for(2))
+    checkpoint.load(fresh, str(tmp_path), tag_for(2))
     fp32_params.refresh(fresh)
     params = dict(fresh.module.named_parameters())
     for n, v in saved.items():

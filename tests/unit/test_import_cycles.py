@@ -1,12 +1,13 @@
-"""Dependencies run one way (issue 16): no module of lenext_dist imports a module that imports it
-back, directly or through others. Imports inside functions count too (a lazy import that only
-hides a cycle is still a cycle). Read from the source with `ast`: nothing is imported."""
+"""Dependencies run one way (issues 16, 35): no module of lenext_dist imports a module that imports
+it back, directly or through others; no package (train, eval, ...) imports one that imports it
+back; and packages import only the ones before them in the pipeline. Imports inside functions
+count too (a lazy import that only hides a cycle is still a cycle). Read from the source with
+`ast`: nothing is imported."""
 import ast
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 PKG = REPO / "lenext_dist"
-
 
 
 def _modules(root: Path) -> dict[str, Path]:
@@ -101,15 +102,61 @@ def test_no_module_imports_one_that_imports_it_back():
     assert not found, f"import cycles: {[' <-> '.join(sorted(c)) for c in found]}"
 
 
-def test_dependencies_run_one_way_model_train_eval():
-    """model <- train <- eval <- extend (issue 16): the lower layers never import the upper."""
-    g = import_graph()
-    upper = {"lenext_dist.model": ("lenext_dist.train", "lenext_dist.eval", "lenext_dist.extend"),
-             "lenext_dist.train": ("lenext_dist.eval", "lenext_dist.extend"),
-             "lenext_dist.eval": ("lenext_dist.extend",)}
-    bad = sorted((m, t) for m, targets in g.items() for low, ups in upper.items()
-                 if m == low or m.startswith(low + ".") for t in targets if t.startswith(ups))
-    assert bad == [], bad
+def package_edges(g: dict[str, set[str]]) -> dict[tuple[str, str], list[str]]:
+    """(package, package) -> the module imports behind it, a package being the first name under
+    lenext_dist (lenext_dist.train.loop -> train, lenext_dist.errors -> errors)."""
+    def top(m: str) -> str:
+        return m.split(".")[1] if "." in m else m
+
+    edges: dict[tuple[str, str], list[str]] = {}
+    for m, targets in g.items():
+        for t in sorted(targets):
+            if top(m) != top(t):
+                edges.setdefault((top(m), top(t)), []).append(f"{m} -> {t}")
+    return edges
+
+
+def package_cycles(root: Path = PKG) -> list[str]:
+    """One line per package-level cycle, naming the module imports of each of its edges."""
+    edges = package_edges(import_graph(root))
+    pg: dict[str, set[str]] = {}
+    for a, b in edges:
+        pg.setdefault(a, set()).add(b)
+        pg.setdefault(b, set())
+    return [" | ".join(f"{a} -> {b}: {', '.join(edges[a, b])}" for a, b in sorted(edges)
+                       if a in c and b in c) for c in cycles(pg)]
+
+
+def test_the_package_check_finds_a_planted_cycle(tmp_path):
+    """Two packages importing each other through different modules: no module-level cycle."""
+    for path, text in {"__init__.py": "", "x/__init__.py": "", "y/__init__.py": "",
+                       "x/a.py": "from pkg.y import b\n", "x/c.py": "",
+                       "y/b.py": "", "y/d.py": "def f():\n    from pkg.x import c\n"}.items():
+        (tmp_path / "pkg" / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "pkg" / path).write_text(text)
+    assert cycles(import_graph(tmp_path / "pkg")) == []
+    assert package_cycles(tmp_path / "pkg") == ["x -> y: pkg.x.a -> pkg.y.b | y -> x: pkg.y.d -> pkg.x.c"]
+
+
+def test_no_package_imports_one_that_imports_it_back():
+    """Package-level (issue 35): prep importing eval while eval imports prep is no module cycle,
+    yet the two packages can no longer be read, tested or shipped one without the other."""
+    found = package_cycles()
+    assert not found, "package import cycles:\n" + "\n".join(found)
+
+
+# The pipeline a run goes through; a package may import only the ones before it. model and
+# checkpoint are what training builds and writes, read again by convert (and, through it, eval).
+PIPELINE = ("prep", "data", "model", "checkpoint", "train", "convert", "eval", "extend")
+
+
+def test_dependencies_run_one_way_along_the_pipeline():
+    """prep -> data -> train -> convert -> eval -> extend (issues 16, 35): no package imports a
+    later one (the report is eval's; extend runs the whole pipeline again)."""
+    rank = {p: i for i, p in enumerate(PIPELINE)}
+    bad = [f"{a} -> {b}: {', '.join(mods)}" for (a, b), mods in sorted(package_edges(import_graph()).items())
+           if a in rank and b in rank and rank[b] > rank[a]]
+    assert bad == [], "imports against the pipeline:\n" + "\n".join(bad)
 
 
 def test_the_library_never_imports_an_experiment():

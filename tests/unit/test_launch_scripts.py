@@ -126,7 +126,7 @@ def test_task_subcommand_execs_with_rank_env():
 
 # -- run state (the requeue contract) -----------------------------------------------------------
 def _ckpt(root: Path, step: int, complete: bool = True, latest: bool = True) -> None:
-    from lenext_dist.train.checkpoint import COMPLETE, LATEST, tag_for
+    from lenext_dist.checkpoint.layout import COMPLETE, LATEST, tag_for
 
     d = root / tag_for(step)
     d.mkdir(parents=True, exist_ok=True)

@@ -7,7 +7,8 @@ import sys
 import pytest
 
 from lenext_dist.config import load_config
-from lenext_dist.train.checkpoint import COMPLETE, CheckpointError, tag_for
+from lenext_dist.checkpoint.layout import COMPLETE, tag_for
+from lenext_dist.errors import CheckpointError
 from lenext_dist.train.run_dir import claim
 
 

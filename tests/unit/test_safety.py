@@ -159,7 +159,7 @@ class Evil:
 
 def test_a_malicious_head_scales_pt_is_refused_and_runs_nothing(tmp_path):
     from lenext_dist.convert.export import head_scales_from
-    from lenext_dist.train.checkpoint import CheckpointError
+    from lenext_dist.errors import CheckpointError
 
     marker = tmp_path / "PWNED"
     f = tmp_path / "scales.pt"
@@ -283,7 +283,7 @@ def test_every_torch_load_inside_weights_only_loads_is_weights_only(tmp_path):
     """DeepSpeed's own torch.load(..., weights_only=False) calls are forced weights_only too, while
     the allow-list still loads what our checkpoints hold (numpy RNG state, DeepSpeed's enums)."""
     from lenext_dist.errors import CheckpointError
-    from lenext_dist.train import safe_load
+    from lenext_dist.checkpoint import safe_load
 
     marker = tmp_path / "PWNED"
     f = tmp_path / "optim_states.pt"

@@ -14,7 +14,8 @@ from helpers import losses, write_config
 from lenext_dist.config import load_config
 from lenext_dist.model import build_model, destroy_megatron, init_megatron, init_single_process_group
 from lenext_dist.train import checkpoint, optim
-from lenext_dist.train.checkpoint import COMPLETE, LATEST, tag_for
+from lenext_dist.checkpoint.layout import COMPLETE, LATEST, latest_tag, resolve, tag_for
+from lenext_dist.checkpoint.weights import read_weights
 
 
 @pytest.fixture(scope="module")
@@ -132,8 +133,8 @@ def test_resume_two_plus_two_equals_four_straight(straight, shards, tmp_path):
     assert b == {s: pytest.approx(a[s], rel=1e-6, abs=0) for s in (3, 4)}
     assert losses(tmp_path / "resumed", "grad_norm") == {
         s: pytest.approx(v, rel=1e-5) for s, v in losses(run, "grad_norm").items() if s > 2}
-    wa = checkpoint.read_weights(run / "checkpoints" / tag_for(STEPS))
-    wb = checkpoint.read_weights(ckpt / tag_for(STEPS))
+    wa = read_weights(run / "checkpoints" / tag_for(STEPS))
+    wb = read_weights(ckpt / tag_for(STEPS))
     assert wa.keys() == wb.keys()
     for k in wa:
         torch.testing.assert_close(wb[k], wa[k], rtol=1e-5, atol=1e-7, msg=k)
@@ -153,7 +154,7 @@ def test_loop_clamps_the_learned_scales(straight):
     m = torch.tensor(json.loads((run / "head_scales.json").read_text())["head_scales"])  # [layers, heads]
     assert m.min().item() == 1.0  # some head was pushed down and held at exactly 1
     assert m.max().item() > 1.0  # and some moved up: the scales did train
-    w = checkpoint.read_weights(run / "checkpoints" / tag_for(STEPS))  # the fp32 master, saved
+    w = read_weights(run / "checkpoints" / tag_for(STEPS))  # the fp32 master, saved
     saved = torch.stack([v for k, v in sorted(w.items()) if k.endswith("head_scale")])
     assert saved.min().item() == 1.0
 
@@ -237,7 +238,7 @@ def test_checkpoint_markers_in_a_real_save(engine, monkeypatch):
     eng, cfg = engine
     root = checkpoint.Path(cfg.checkpoint.dir)
     checkpoint.save(eng, cfg, 2, 4)
-    assert checkpoint.latest_tag(root) == tag_for(2)
+    assert latest_tag(root) == tag_for(2)
     real_write, order = checkpoint._atomic_write, []
 
     def killed_at_latest(path, text):
@@ -253,8 +254,8 @@ def test_checkpoint_markers_in_a_real_save(engine, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         checkpoint.save(eng, cfg, 4, 8)
     assert order == [COMPLETE, LATEST]
-    assert checkpoint.latest_tag(root) == tag_for(2)
-    assert checkpoint.resolve(root / tag_for(4)) == root / tag_for(4)  # complete, resumable by name
+    assert latest_tag(root) == tag_for(2)
+    assert resolve(root / tag_for(4)) == root / tag_for(4)  # complete, resumable by name
 
 
 def test_load_restores_the_saved_rng_state(engine):

@@ -1,0 +1,80 @@
+"""Names of a checkpoint folder and how a complete step is found in it.
+
+Layout of checkpoint.dir (written by lenext_dist/train/checkpoint.py):
+    step_0000100/    DeepSpeed's files (model, ZeRO optimizer partitions) + config.yaml + COMPLETE
+    latest           the tag of the newest complete checkpoint (written last, by os.replace)
+
+A step folder counts only with its COMPLETE marker, and `latest` is moved only after it, so a
+reader never sees a partial save. No torch here: cluster job scripts read this on login nodes.
+"""
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Optional
+
+from lenext_dist.config import RunConfig, load_config
+from lenext_dist.errors import CheckpointError
+
+LATEST = "latest"
+COMPLETE = "COMPLETE"
+CONFIG = "config.yaml"  # the resolved RunConfig the step was written with
+
+
+_TAG = re.compile(r"step_(\d+)")
+
+
+def tag_for(step: int) -> str:
+    return f"step_{step:07d}"
+
+
+def step_of(tag: str) -> Optional[int]:
+    """The step a tag names (tag_for's inverse); None for a name that is not a step tag."""
+    m = _TAG.fullmatch(tag)
+    return int(m.group(1)) if m else None
+
+
+def latest_tag_name(root: Path) -> Optional[str]:
+    """The tag `latest` names, complete or not (None without a `latest` file)."""
+    f = root / LATEST
+    return f.read_text().strip() if f.is_file() else None
+
+
+def latest_tag(root: str | os.PathLike) -> Optional[str]:
+    """Tag named by `latest` if that checkpoint is complete, else None."""
+    f = Path(root) / LATEST
+    tag = latest_tag_name(Path(root))
+    if tag is None:
+        return None
+    if not (Path(root) / tag / COMPLETE).is_file():
+        raise CheckpointError(f"{f} names {tag}, which is not a complete checkpoint; "
+                              f"point it at a complete step_* folder or remove it")
+    return tag
+
+
+def resolve(checkpoint: str | os.PathLike, tag: Optional[str] = None) -> Path:
+    """A checkpoint folder (+ tag, or its `latest`) or a step_* folder -> the complete step folder."""
+    p = Path(checkpoint)
+    if tag is not None:
+        step = p / tag
+    elif (p / COMPLETE).is_file() or any(p.glob("*model_states.pt")):
+        step = p
+    elif (p / LATEST).is_file():
+        step = p / latest_tag(p)
+    else:
+        raise CheckpointError(f"{p}: neither a checkpoint folder with a `latest` file nor a step_* "
+                              "folder (name a step_NNNNNNN folder)")
+    if not step.is_dir():
+        raise CheckpointError(f"{step}: no such checkpoint")
+    if not (step / COMPLETE).is_file():
+        raise CheckpointError(f"{step}: no COMPLETE marker (a partial save?); choose another step")
+    return step
+
+
+def run_config(step_dir: str | os.PathLike) -> RunConfig:
+    """The resolved config a checkpoint was written with (its config.yaml)."""
+    f = Path(step_dir) / CONFIG
+    if not f.is_file():
+        raise CheckpointError(f"{step_dir}: no config.yaml (not written by lenext_dist.train?)")
+    return load_config(f)
