@@ -2,8 +2,9 @@
 (steps, progress, results, where outputs went).
 
 Each filter names the exact message (a regex anchored at its start, as `warnings` matches) and its
-category; nothing else is hidden. Installed by `errors.entry_point` for every command (launch/pretrain.py
-on each rank, `lenext ...`, `python -m lenext_dist.convert`); `--debug` / LENEXT_DEBUG=1 keeps them all.
+category; nothing else is hidden. Installed by `errors.entry_point` for every command (`python -m
+lenext_dist.train` on each rank, `lenext ...`, `python -m lenext_dist.convert`); `--debug` /
+LENEXT_DEBUG=1 keeps them all.
 Without them a 2-rank pretrain prints 30 such lines (each megatron module warns once per rank and
 process).
 """

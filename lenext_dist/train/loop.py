@@ -1,6 +1,8 @@
 """The training loop: DeepSpeed engine around the megatron GPT, pretrain and HeadScale modes.
 
-Run by launch/pretrain.py on every rank (deepspeed / torchrun / mpirun / srun set the rank env).
+Run on every rank by `python -m lenext_dist.train` (train/cli.py; `lenext train` starts the ranks,
+deepspeed / torchrun / mpirun / srun set the rank env). `train` reads as its steps: set-up (groups,
+data, model, engine), resume, the step loop (with its evaluations and checkpoints), finish.
 """
 from __future__ import annotations
 
@@ -10,12 +12,14 @@ import os
 import platform
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Optional
 
 import torch
 import torch.distributed as dist
 
-from lenext_dist.checkpoint.layout import latest_tag, latest_tag_name
+from lenext_dist.checkpoint.layout import CONFIG, latest_tag, latest_tag_name
 from lenext_dist.config import RunConfig, deepspeed_config, save_config, to_dict
 from lenext_dist.data.gpt_data import build_datasets, train_batches, valid_batches
 from lenext_dist.errors import UserError
@@ -48,7 +52,7 @@ _MPI_ENV = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MV2_COMM_WORLD_SIZ
 
 
 def one_process_env(environ=os.environ) -> bool:
-    """`python launch/pretrain.py` with no launcher: set the env:// variables of a one-rank group.
+    """`python -m lenext_dist.train` with no launcher: set the env:// variables of a one-rank group.
 
     DeepSpeed's auto MPI discovery runs whenever RANK/WORLD_SIZE/... are missing and imports
     mpi4py (a dev extra here), so a plain package install failed with ModuleNotFoundError. Only a
@@ -167,6 +171,43 @@ def train(cfg: RunConfig) -> dict:
 
 
 def _train(cfg: RunConfig, stop: StopSignal, owns_group: bool, rank: int, world: int) -> dict:
+    run = _set_up(cfg, rank, world)
+    step, consumed = _resume(run)
+    if rank == 0:
+        save_config(cfg, os.path.join(cfg.run_dir, CONFIG))
+        with open(os.path.join(cfg.run_dir, "deepspeed.json"), "w") as f:
+            json.dump(run.ds_config, f, indent=2)
+    step, stopped, diverged = _step_loop(run, stop, step, consumed)
+    return _finish(run, step, stopped, diverged, owns_group)
+
+
+@dataclass
+class _Run:
+    """What set-up builds for the step loop, on one rank."""
+    cfg: RunConfig
+    rank: int
+    world: int
+    dp_rank: int  # data-parallel rank and size: every rank of a Ulysses group reads the same samples
+    dp: int
+    device: str
+    engine: Any
+    ds_config: dict
+    train_ds: Any
+    valid_ds: Any  # None without data.valid_blend
+    fpt: float  # FLOPs per token and the device's peak TFLOP/s: the MFU the metrics report
+    peak: float
+    tag: Optional[str]  # the checkpoint to resume from
+    reshard: bool  # its ZeRO partitions are of another data-parallel size
+
+    @property
+    def trainable_scales(self) -> bool:
+        hs = self.cfg.attention.head_scale
+        return hs.enabled and hs.trainable
+
+
+def _set_up(cfg: RunConfig, rank: int, world: int) -> _Run:
+    """Parallel groups, data, model and DeepSpeed engine; what is wrong with the batch sizes, the
+    shards or the checkpoint to resume fails here, before anything is trained."""
     from deepspeed.accelerator import get_accelerator
 
     from lenext_dist.model import build_model, flops_per_token, init_megatron
@@ -180,14 +221,8 @@ def _train(cfg: RunConfig, stop: StopSignal, owns_group: bool, rank: int, world:
     device = get_accelerator().current_device_name()
     init_megatron(cfg.train.seed)
     model = build_model(cfg)
-    tag = latest_tag(cfg.checkpoint.dir) if cfg.checkpoint.resume else None
-    reshard = False
-    if tag:
-        for note in checkpoint.check_resume(cfg, os.path.join(cfg.checkpoint.dir, tag)):
-            _print0(f"[lenext] warning: resuming with a changed data order: {note}")
-        # another data-parallel size: ZeRO-1/2 partitions are cut again, ZeRO-3 refused here
-        reshard = check_dp_size(Path(cfg.checkpoint.dir) / tag, cfg.parallel.zero_stage, world)
-    if tag is None and cfg.checkpoint.init_from:
+    tag, reshard = _checkpoint_to_resume(cfg, world)
+    if tag is None and cfg.checkpoint.init_from:  # before DeepSpeed wraps the model
         src = checkpoint.load_weights(model, cfg.checkpoint.init_from, keep=optim.is_head_scale)
         _print0(f"[lenext] initialized weights from {src}; head scales start at {cfg.head_scale_init}")
     optim.freeze_for_mode(model, cfg)
@@ -201,57 +236,57 @@ def _train(cfg: RunConfig, stop: StopSignal, owns_group: bool, rank: int, world:
     fpt = flops_per_token(cfg)
     _header(cfg, model, world, dp, accum, fpt, peak)
     _print0(f"[lenext] peak from {peak_src}")
+    return _Run(cfg, rank, world, dp_rank, dp, device, engine, ds_config, train_ds, valid_ds, fpt, peak,
+                tag, reshard)
 
-    step, consumed = 0, 0
-    if tag:
-        client = checkpoint.load(engine, cfg.checkpoint.dir, tag, reshard=reshard)
-        step, consumed = client["step"], client["consumed_samples"]
-        fp32_params.refresh(engine)  # the loaded fp32 masters into the forward's fp32 values
-        _print0(f"[lenext] resumed from {cfg.checkpoint.dir}/{tag}: step {step}, {consumed:,} samples"
-                + (f" (ZeRO partitions of {saved_dp_size(Path(cfg.checkpoint.dir) / tag)} ranks "
-                   f"resharded to {world})" if reshard else ""))
-    if rank == 0:
-        save_config(cfg, os.path.join(cfg.run_dir, "config.yaml"))
-        with open(os.path.join(cfg.run_dir, "deepspeed.json"), "w") as f:
-            json.dump(ds_config, f, indent=2)
 
+def _checkpoint_to_resume(cfg: RunConfig, world: int) -> tuple[Optional[str], bool]:
+    """(the tag to resume from or None, whether its ZeRO partitions must be cut again), checked
+    against this config before the model is built on it."""
+    tag = latest_tag(cfg.checkpoint.dir) if cfg.checkpoint.resume else None
+    if not tag:
+        return tag, False
+    for note in checkpoint.check_resume(cfg, os.path.join(cfg.checkpoint.dir, tag)):
+        _print0(f"[lenext] warning: resuming with a changed data order: {note}")
+    # another data-parallel size: ZeRO-1/2 partitions are cut again, ZeRO-3 refused here
+    return tag, check_dp_size(Path(cfg.checkpoint.dir) / tag, cfg.parallel.zero_stage, world)
+
+
+def _resume(run: _Run) -> tuple[int, int]:
+    """(step, consumed samples): the checkpoint's, loaded into the engine, else (0, 0)."""
+    cfg = run.cfg
+    if not run.tag:
+        return 0, 0
+    client = checkpoint.load(run.engine, cfg.checkpoint.dir, run.tag, reshard=run.reshard)
+    step, consumed = client["step"], client["consumed_samples"]
+    fp32_params.refresh(run.engine)  # the loaded fp32 masters into the forward's fp32 values
+    _print0(f"[lenext] resumed from {cfg.checkpoint.dir}/{run.tag}: step {step}, {consumed:,} samples"
+            + (f" (ZeRO partitions of {saved_dp_size(Path(cfg.checkpoint.dir) / run.tag)} ranks "
+               f"resharded to {run.world})" if run.reshard else ""))
+    return step, consumed
+
+
+def _step_loop(run: _Run, stop: StopSignal, step: int, consumed: int) -> tuple[int, bool, Optional[int]]:
+    """Steps until train.steps, a stop signal (a checkpoint, then out) or divergence; returns
+    (step, stopped by a signal, the step it diverged at or None)."""
+    cfg, engine, device = run.cfg, run.engine, run.device
     metrics = Metrics(cfg.run_dir, cfg.train.steps, cfg.train.global_batch_size * cfg.model.seq_length,
-                      fpt, peak, world, cfg.logging.tensorboard, enabled=rank == 0, start_step=step)
-    hs_cfg = cfg.attention.head_scale
-    trainable_scales = hs_cfg.enabled and hs_cfg.trainable
-    bar = _progress(cfg, step, rank)
-    stopped = False
-    # one scalar all-reduce per step: a NaN on any rank stops every rank at the same step
-    # (train.nonfinite_patience); the micro-batch losses stay on the device until then
-    zero = torch.zeros((), dtype=torch.float64, device=device)
-    loss_sum, n_loss = 0.0, 0
-    bad_steps, diverged = 0, None  # consecutive non-finite steps; the step training stopped at
-
-    # DeepSpeed clips fp32 ZeRO-0 gradients but keeps no norm: measure it before the step then
-    own_gnorm = cfg.parallel.zero_stage == 0 and cfg.train.precision == "fp32"
-    exact_params = fp32_params.has_trainable(engine)
-    batches = train_batches(train_ds, cfg, dp_rank, dp, step)
-    grad_factor = ulysses.backward_factor(cfg.parallel.zero_stage)  # 1 but for ZeRO-3 under Ulysses
+                      run.fpt, run.peak, run.world, cfg.logging.tensorboard, enabled=run.rank == 0,
+                      start_step=step)
+    bar = _progress(cfg, step, run.rank)
+    stopped, diverged = False, None
+    loss_sum, n_loss = 0.0, 0  # the mean loss over the steps since the last log line
+    bad_steps = 0  # consecutive non-finite steps
+    micro_step = _micro_steps(run)
+    batches = train_batches(run.train_ds, cfg, run.dp_rank, run.dp, step)
     while step < cfg.train.steps:
         t0 = time.perf_counter()
         micro_batches = next(batches)
         data_s = time.perf_counter() - t0
         lr = optim.cosine_lr(step, cfg.optim, cfg.train.steps)
         optim.set_lr(engine.optimizer, lr)
-        step_loss = zero
         log_now = (step + 1) % cfg.logging.interval == 0 or step + 1 == cfg.train.steps
-        gnorm = None
-        for i, mb in enumerate(micro_batches):
-            loss = _micro_loss(engine, mb, device)
-            engine.backward(loss * grad_factor)  # averages the gradients over ranks on the last micro-batch
-            if log_now and own_gnorm and i == len(micro_batches) - 1:
-                gnorm = optim.grad_norm(engine.module)
-            engine.step()  # DeepSpeed steps the optimizer on the accumulation boundary only
-            step_loss = step_loss + loss.detach().double() / len(micro_batches)
-        if trainable_scales and hs_cfg.min_value is not None:
-            optim.clamp_head_scales(engine.module, hs_cfg.min_value)
-        if exact_params:  # m_h / KERPLE under bf16: the stepped fp32 masters into the forward
-            fp32_params.refresh(engine)
+        step_loss, gnorm = micro_step(micro_batches, log_now)
         step += 1
         consumed += cfg.train.global_batch_size
         metrics.add_step(time.perf_counter() - t0, data_s)
@@ -262,46 +297,100 @@ def _train(cfg: RunConfig, stop: StopSignal, owns_group: bool, rank: int, world:
         # fp16: an inf grad norm is the loss scaler's overflow, a skipped step, not divergence
         step_gnorm = (gnorm if gnorm is not None else engine.get_global_grad_norm()
                       if cfg.train.precision != "fp16" else None)
-        if _finite(mean_loss) and (step_gnorm is None or _finite(float(step_gnorm))):
-            bad_steps = 0
-        else:
-            bad_steps += 1
-            _print0(f"[lenext] step {step}: non-finite loss {mean_loss} / grad norm {step_gnorm} "
-                    f"({bad_steps} in a row, train.nonfinite_patience={cfg.train.nonfinite_patience})")
-            if bad_steps > cfg.train.nonfinite_patience:
-                metrics.log(step, {"loss": mean_loss, "lr": lr, "grad_norm": float(
-                    "nan" if step_gnorm is None else step_gnorm)})
-                diverged = step
-                break
+        bad_steps = _count_nonfinite(cfg, step, mean_loss, step_gnorm, bad_steps)
+        if bad_steps > cfg.train.nonfinite_patience:
+            metrics.log(step, {"loss": mean_loss, "lr": lr, "grad_norm": float(
+                "nan" if step_gnorm is None else step_gnorm)})
+            diverged = step
+            break
         if bar:
             bar.update(1)
         if log_now:
-            gnorm = engine.get_global_grad_norm() if gnorm is None else gnorm
-            scales = optim.head_scale_stats(optim.head_scale_matrix(engine)) if trainable_scales else None
-            metrics.log(step, {"loss": loss_sum / n_loss, "lr": lr,
-                               "grad_norm": float(gnorm) if gnorm is not None else float("nan")}, scales)
+            _log(run, metrics, step, loss_sum / n_loss, lr, gnorm)
             loss_sum, n_loss = 0.0, 0
-        if valid_ds is not None and cfg.train.eval_interval and step % cfg.train.eval_interval == 0:
-            metrics.log_eval(step, evaluate(engine, valid_ds, cfg, dp_rank, dp,
+        if run.valid_ds is not None and cfg.train.eval_interval and step % cfg.train.eval_interval == 0:
+            metrics.log_eval(step, evaluate(engine, run.valid_ds, cfg, run.dp_rank, run.dp,
                                             step // cfg.train.eval_interval - 1, device))
         signalled = stop.agreed(device)
-        interval = cfg.checkpoint.interval
-        if signalled or step == cfg.train.steps or (interval and step % interval == 0):
-            if not _weights_finite(engine, device):  # a finite loss, then an update with lr=inf
-                _print0(f"[lenext] step {step}: the weights hold NaN/inf after the update; not saved")
-                diverged = step
-                break
-            if signalled:
-                _print0(f"[lenext] {stop.name} received: saving a checkpoint at step {step} and exiting")
-            checkpoint.save(engine, cfg, step, consumed)
+        if not _save_if_due(run, stop, signalled, step, consumed):
+            diverged = step
+            break
         if signalled:
             stopped = True
             break
     if bar:
         bar.close()
     metrics.close()
-    if trainable_scales:
-        _write_head_scales(optim.head_scale_matrix(engine), cfg.run_dir, rank)
+    return step, stopped, diverged
+
+
+def _micro_steps(run: _Run):
+    """step(micro_batches, log_now) -> (the step's mean loss, a device tensor; the gradient norm
+    measured before the optimizer step, or None): one optimizer step over the micro-batches."""
+    cfg, engine, device = run.cfg, run.engine, run.device
+    hs_cfg = cfg.attention.head_scale
+    # one scalar all-reduce per step: a NaN on any rank stops every rank at the same step
+    # (train.nonfinite_patience); the micro-batch losses stay on the device until then
+    zero = torch.zeros((), dtype=torch.float64, device=device)
+    # DeepSpeed clips fp32 ZeRO-0 gradients but keeps no norm: measure it before the step then
+    own_gnorm = cfg.parallel.zero_stage == 0 and cfg.train.precision == "fp32"
+    exact_params = fp32_params.has_trainable(engine)
+    grad_factor = ulysses.backward_factor(cfg.parallel.zero_stage)  # 1 but for ZeRO-3 under Ulysses
+
+    def step(micro_batches: list, log_now: bool) -> tuple[torch.Tensor, Any]:
+        step_loss, gnorm = zero, None
+        for i, mb in enumerate(micro_batches):
+            loss = _micro_loss(engine, mb, device)
+            engine.backward(loss * grad_factor)  # averages the gradients over ranks on the last micro-batch
+            if log_now and own_gnorm and i == len(micro_batches) - 1:
+                gnorm = optim.grad_norm(engine.module)
+            engine.step()  # DeepSpeed steps the optimizer on the accumulation boundary only
+            step_loss = step_loss + loss.detach().double() / len(micro_batches)
+        if run.trainable_scales and hs_cfg.min_value is not None:
+            optim.clamp_head_scales(engine.module, hs_cfg.min_value)
+        if exact_params:  # m_h / KERPLE under bf16: the stepped fp32 masters into the forward
+            fp32_params.refresh(engine)
+        return step_loss, gnorm
+
+    return step
+
+
+def _count_nonfinite(cfg: RunConfig, step: int, loss: float, gnorm, bad_steps: int) -> int:
+    """Consecutive non-finite steps, this one included (0 after a finite one)."""
+    if _finite(loss) and (gnorm is None or _finite(float(gnorm))):
+        return 0
+    _print0(f"[lenext] step {step}: non-finite loss {loss} / grad norm {gnorm} "
+            f"({bad_steps + 1} in a row, train.nonfinite_patience={cfg.train.nonfinite_patience})")
+    return bad_steps + 1
+
+
+def _log(run: _Run, metrics: Metrics, step: int, loss: float, lr: float, gnorm) -> None:
+    gnorm = run.engine.get_global_grad_norm() if gnorm is None else gnorm
+    scales = optim.head_scale_stats(optim.head_scale_matrix(run.engine)) if run.trainable_scales else None
+    metrics.log(step, {"loss": loss, "lr": lr,
+                       "grad_norm": float(gnorm) if gnorm is not None else float("nan")}, scales)
+
+
+def _save_if_due(run: _Run, stop: StopSignal, signalled: bool, step: int, consumed: int) -> bool:
+    """A checkpoint on a signal, at the last step and every checkpoint.interval steps; False
+    (nothing saved) when the weights hold NaN/inf."""
+    interval = run.cfg.checkpoint.interval
+    if not (signalled or step == run.cfg.train.steps or (interval and step % interval == 0)):
+        return True
+    if not _weights_finite(run.engine, run.device):  # a finite loss, then an update with lr=inf
+        _print0(f"[lenext] step {step}: the weights hold NaN/inf after the update; not saved")
+        return False
+    if signalled:
+        _print0(f"[lenext] {stop.name} received: saving a checkpoint at step {step} and exiting")
+    checkpoint.save(run.engine, run.cfg, step, consumed)
+    return True
+
+
+def _finish(run: _Run, step: int, stopped: bool, diverged: Optional[int], owns_group: bool) -> dict:
+    """The searched head scales, then Diverged or the summary; the group ends if it is ours."""
+    cfg = run.cfg
+    if run.trainable_scales:
+        _write_head_scales(optim.head_scale_matrix(run.engine), cfg.run_dir, run.rank)
     if diverged is not None:
         if owns_group:
             shutdown_distributed()

@@ -9,7 +9,7 @@ and SIGTERM but not SIGUSR1, whose default action ends them: SIGUSR1 sent to the
 group (`kill -USR1 -PGID`, Slurm's `--signal=USR1` to every process of a step) kills the launcher
 at once (exit 138) while its ranks, orphaned, still save and exit 0. Signal the ranks (their
 pids), or start the launcher with SIGUSR1 ignored, which it passes on to the ranks (each installs
-the handler below): `(trap '' USR1; exec deepspeed ... launch/pretrain.py ...)`. `lenext train
+the handler below): `(trap '' USR1; exec deepspeed ... --module lenext_dist.train ...)`. `lenext train
 --nproc N` (lenext_dist/train/launch.py) and the job scripts do this (`python -m
 lenext_dist.cluster node`; launch/slurm/pretrain.sbatch signals only srun).
 torchrun dies of it too, and starts its ranks in sessions of their own, which a signal to its
