@@ -152,10 +152,8 @@ def _prune(root: Path, keep: int, newest: str) -> None:
 _MODEL_KEYS = ("model", "attention", "train.mode")
 _DATA_KEYS = ("data.blend", "data.seed", "train.global_batch_size", "train.steps", "model.seq_length",
               "data.bos", "data.document_mask", "data.task_loss")  # the last three: what the samples / loss mask are
-_FREE_KEYS = ("model.name", "model.init_method_std", "model.train_length", "attention.impl",
-              "attention.chunk_size")
-"""Same network either way: a label, the initialization, the kernel choice (train_length only
-through model.base_length, compared instead)."""
+_FREE_KEYS = ("model.name", "model.init_method_std", "attention.impl", "attention.chunk_size")
+"""Same network either way: a label, the initialization, the kernel choice."""
 
 
 def _flat(d: dict, prefix: str = "") -> dict:
@@ -172,9 +170,10 @@ def check_resume(cfg: RunConfig, step_dir: str | os.PathLike) -> list[str]:
 
     old = run_config(step_dir)
     now, then = _flat(to_dict(cfg)), _flat(to_dict(old))
-    # the pretrained L (train_length, or seq_length when unset) sets XPOS blocks, YaRN's original
-    # length and the log scale's L: a model key even when it only moved with seq_length
-    now["model.base_length"], then["model.base_length"] = cfg.model.base_length, old.model.base_length
+    # L, the pretrained context (model.train_length, or seq_length when that is null), sets XPOS
+    # blocks, YaRN's original length and the log scale's L: compared resolved, so a null
+    # train_length that only moved with seq_length is a changed model too
+    now["model.train_length"], then["model.train_length"] = cfg.model.base_length, old.model.base_length
     changed = sorted(k for k in now.keys() | then.keys() if now.get(k) != then.get(k))
 
     def under(k, roots):
@@ -185,7 +184,7 @@ def check_resume(cfg: RunConfig, step_dir: str | os.PathLike) -> list[str]:
         diff = "; ".join(f"{k}: {then.get(k)!r} -> {now.get(k)!r}" for k in bad[:6])
         raise CheckpointError(
             f"{step_dir} was trained with another model or attention ({diff}); restore these "
-            f"keys (model.base_length: set model.train_length to the old value) to resume it, "
+            f"keys (model.train_length: null means model.seq_length; set it to the old L) to resume it, "
             f"or start a new run (another run_dir, or checkpoint.start_over=true to move this one "
             f"aside; checkpoint.init_from={step_dir} starts it from these weights)")
     return [f"{k}: {then.get(k)!r} -> {now.get(k)!r}" for k in changed if under(k, _DATA_KEYS)]

@@ -112,7 +112,7 @@ def test_resume_refuses_another_model_and_reports_another_data_order(tmp_path):
                  "attention.head_scale.trainable=true"]
     for key, overrides in (("attention.position", ["attention.position=rope"]),
                            ("model.num_layers", ["model.num_layers=3"]),
-                           ("model.base_length", ["model.seq_length=256"]),
+                           ("model.train_length", ["model.seq_length=256"]),
                            ("train.mode", headscale),
                            ("attention.head_scale.enabled", headscale[2:3])):
         with pytest.raises(CheckpointError, match=key.replace(".", r"\.")):
