@@ -1,4 +1,5 @@
-"""`lenext extend` flags -> `ExtendOptions` -> the workflow (lenext_dist/extend/workflow.py)."""
+"""`lenext extend` flags -> `ExtendOptions` -> the workflow (lenext_dist/extend/workflow.py); the
+flags are written from ExtendOptions' fields."""
 from __future__ import annotations
 
 import argparse
@@ -6,17 +7,9 @@ import sys
 from typing import Optional
 
 from lenext_dist.errors import entry_point
-from lenext_dist.eval.options import depths, float_, ints, nonneg_int, pos_float, pos_int
+from lenext_dist.flags import add_flags, from_args
 
 from .workflow import ExtendOptions
-
-
-def _min_value(s: str) -> Optional[float]:
-    return None if s.lower() == "none" else float_(s)
-
-
-def _init(s: str):
-    return "fit" if s == "fit" else pos_float(s)
 
 
 DESCRIPTION = """Extend a pretrained run to longer contexts, end to end, for each target length T.
@@ -42,45 +35,12 @@ def build_parser(p: Optional[argparse.ArgumentParser] = None) -> argparse.Argume
     p = p or argparse.ArgumentParser(prog="lenext extend")
     p.description, p.epilog = DESCRIPTION, EPILOG
     p.formatter_class = argparse.RawDescriptionHelpFormatter
-    p.add_argument("--base", required=True, help="pretraining run folder (config.yaml, checkpoints/)")
-    p.add_argument("--targets", type=ints, required=True, help="target lengths, e.g. 256,512")
-    p.add_argument("--out", default=None, help="output folder (default <base>/extend)")
-    g = p.add_argument_group("HeadScale search (paper defaults)")
-    g.add_argument("--steps", type=pos_int, default=200)
-    g.add_argument("--lr", type=pos_float, default=0.1)
-    g.add_argument("--warmup", type=nonneg_int, default=20)
-    g.add_argument("--global-batch", type=pos_int, default=8)
-    g.add_argument("--micro-batch", type=pos_int, default=None, help="default: global / nproc")
-    g.add_argument("--overshoot", type=pos_float, default=1.125, help="L' = ceil(T x overshoot)")
-    g.add_argument("--min-value", type=_min_value, default="1.0",
-                   help="m_h lower bound, or 'none' (ablation)")
-    g.add_argument("--init", type=_init, default="fit",
-                   help="'fit' (the sweep's c(T)), or a number (ablation: 1)")
-    g.add_argument("--zero-stage", type=nonneg_int, default=2)
-    g.add_argument("--nproc", type=pos_int, default=2, help="ranks of the search (deepspeed --num_gpus)")
-    g.add_argument("--port", type=pos_int, default=29531)
-    g.add_argument("--activation-checkpointing", action="store_true")
-    g = p.add_argument_group("evaluation")
-    g.add_argument("--data", nargs="+", default=["data/sample/heldout/books.jsonl.zst"])
-    g.add_argument("--eval-factors", type=ints, default=[1, 2, 4, 8], help="lengths = L x these")
-    g.add_argument("--stride", type=pos_int, default=None, help="PPL stride (default L/2)")
-    g.add_argument("--budget-tokens", type=pos_int, default=20000, help="scored tokens per PPL cell")
-    g.add_argument("--c-min", type=pos_float, default=0.8)
-    g.add_argument("--c-max", type=pos_float, default=2.0)
-    g.add_argument("--c-step", type=pos_float, default=0.01)
-    g.add_argument("--passkey-keys", type=nonneg_int, default=5, help="0 skips passkey")
-    g.add_argument("--passkey-lengths", type=ints, default=None,
-                   help="default: the evaluation lengths >= 128 (a prompt needs ~80 tokens plus filler)")
-    g.add_argument("--passkey-depths", type=depths, default="5")
-    g.add_argument("--entropy-samples", type=nonneg_int, default=4, help="0 skips entropy")
-    g.add_argument("--threads", type=pos_int, default=None)
+    add_flags(p, ExtendOptions)  # every flag is a field of ExtendOptions
     return p
 
 
 def run(args: argparse.Namespace) -> str:
-    from dataclasses import fields
-
-    return ExtendOptions(**{f.name: getattr(args, f.name) for f in fields(ExtendOptions)}).run()
+    return from_args(ExtendOptions, args).run()
 
 
 @entry_point

@@ -8,43 +8,65 @@ them in worker processes.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Union
 
+from lenext_dist.errors import UserError
 from lenext_dist.eval.jobs import EntropyJob, EvalJob, PasskeyJob, PplJob, ScaleSweepJob
+from lenext_dist.eval.options import depths, float_, ints, nonneg_int, pos_float, pos_int
+from lenext_dist.flags import check_fields, option
+
+
+SEARCH, EVAL = "HeadScale search (paper defaults)", "evaluation"  # the --help groups
+
+
+def _min_value(s) -> Optional[float]:
+    return None if isinstance(s, str) and s.lower() == "none" else float_(s)
+
+
+def _init(s) -> Union[str, float]:
+    return "fit" if s == "fit" else pos_float(s)
 
 
 @dataclass(kw_only=True)
 class ExtendOptions:
-    """What `lenext extend` does (its flags, same names; defaults are the paper's)."""
-    base: str
-    targets: list[int]
-    out: Optional[str] = None
-    steps: int = 200
-    lr: float = 0.1
-    warmup: int = 20
-    global_batch: int = 8
-    micro_batch: Optional[int] = None
-    overshoot: float = 1.125
-    min_value: Optional[float] = 1.0
-    init: Union[str, float] = "fit"
-    zero_stage: int = 2
-    nproc: int = 2
-    port: int = 29531
-    activation_checkpointing: bool = False
-    data: list[str] = field(default_factory=lambda: ["data/sample/heldout/books.jsonl.zst"])
-    eval_factors: list[int] = field(default_factory=lambda: [1, 2, 4, 8])
-    stride: Optional[int] = None
-    budget_tokens: int = 20000
-    c_min: float = 0.8
-    c_max: float = 2.0
-    c_step: float = 0.01
-    passkey_keys: int = 5
-    passkey_lengths: Optional[list[int]] = None
-    passkey_depths: str = "5"
-    entropy_samples: int = 4
-    threads: Optional[int] = None
+    """What `lenext extend` does: each field is one of its flags (lenext_dist/flags.py writes the
+    parser from them); defaults are the paper's."""
+    base: str = option(check=str, required=True, help="pretraining run folder (config.yaml, checkpoints/)")
+    targets: list[int] = option(check=ints, required=True, help="target lengths, e.g. 256,512")
+    out: Optional[str] = option(None, help="output folder (default <base>/extend)")
+    steps: int = option(200, pos_int, group=SEARCH)
+    lr: float = option(0.1, pos_float, group=SEARCH)
+    warmup: int = option(20, nonneg_int, group=SEARCH)
+    global_batch: int = option(8, pos_int, group=SEARCH)
+    micro_batch: Optional[int] = option(None, pos_int, "default: global / nproc", group=SEARCH)
+    overshoot: float = option(1.125, pos_float, "L' = ceil(T x overshoot)", group=SEARCH)
+    min_value: Optional[float] = option(1.0, _min_value, "m_h lower bound, or 'none' (ablation)", group=SEARCH)
+    init: Union[str, float] = option("fit", _init, "'fit' (the sweep's c(T)), or a number (ablation: 1)",
+                                     group=SEARCH)
+    zero_stage: int = option(2, nonneg_int, group=SEARCH)
+    nproc: int = option(2, pos_int, "ranks of the search (deepspeed --num_gpus)", group=SEARCH)
+    port: int = option(29531, pos_int, group=SEARCH)
+    activation_checkpointing: bool = option(False, group=SEARCH, action="store_true")
+    data: list[str] = option(default_factory=lambda: ["data/sample/heldout/books.jsonl.zst"], group=EVAL,
+                             nargs="+")
+    eval_factors: list[int] = option(default_factory=lambda: [1, 2, 4, 8], check=ints,
+                                     help="lengths = L x these", group=EVAL)
+    stride: Optional[int] = option(None, pos_int, "PPL stride (default L/2)", group=EVAL)
+    budget_tokens: int = option(20000, pos_int, "scored tokens per PPL cell", group=EVAL)
+    c_min: float = option(0.8, pos_float, group=EVAL)
+    c_max: float = option(2.0, pos_float, group=EVAL)
+    c_step: float = option(0.01, pos_float, group=EVAL)
+    passkey_keys: int = option(5, nonneg_int, "0 skips passkey", group=EVAL)
+    passkey_lengths: Optional[list[int]] = option(
+        None, ints, "default: the evaluation lengths >= 128 (a prompt needs ~80 tokens plus filler)", group=EVAL)
+    passkey_depths: str = option("5", depths, group=EVAL)
+    entropy_samples: int = option(4, nonneg_int, "0 skips entropy", group=EVAL)
+    threads: Optional[int] = option(None, pos_int, group=EVAL)
+
+    def __post_init__(self) -> None:
+        check_fields(self, lambda message: UserError(f"lenext extend: {message}"))
 
     # ------------------------------------------------------------------ paths and jobs
     @property

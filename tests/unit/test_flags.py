@@ -1,0 +1,56 @@
+"""One declaration per option (lenext_dist/flags.py, issue 35): the parser is written from the
+dataclass fields, so a flag and its field share name, default, check and message."""
+import argparse
+from dataclasses import dataclass, fields
+from typing import Optional
+
+import pytest
+
+from lenext_dist.errors import UserError
+from lenext_dist.eval.options import pos_int
+from lenext_dist.flags import add_flags, check_fields, from_args, option
+
+
+@dataclass(kw_only=True)
+class Toy:
+    name: str = option(check=str, required=True, help="a name")
+    size: int = option(3, pos_int, "how many", group="sizes")
+    mode: str = option("a", choices=("a", "b"), group="sizes")
+    files: list[str] = option(default_factory=lambda: ["x"], nargs="+")
+    fast: bool = option(False, action="store_true")
+    seen: Optional[int] = None  # no flag: not on the command line
+
+    def __post_init__(self):
+        check_fields(self, lambda m: UserError(f"toy: {m}"))
+
+
+def _parse(argv):
+    p = argparse.ArgumentParser(prog="toy", exit_on_error=False)
+    add_flags(p, Toy)
+    return p, p.parse_args(argv)
+
+
+def test_the_parser_is_written_from_the_fields():
+    p, args = _parse(["--name", "n", "--mode", "b", "--files", "y", "z", "--fast"])
+    assert from_args(Toy, args) == Toy(name="n", size=3, mode="b", files=["y", "z"], fast=True)
+    assert [g.title for g in p._action_groups][-1] == "sizes"
+    assert "how many" in p.format_help() and "--seen" not in p.format_help()
+    with pytest.raises(argparse.ArgumentError, match="argument --size: must be > 0, got 0"):
+        _parse(["--name", "n", "--size", "0"])
+
+
+def test_a_value_given_in_code_gets_the_flags_check_and_message():
+    assert Toy(name="n", size="4").size == 4
+    with pytest.raises(UserError, match=r"^toy: argument --size: must be > 0, got 0$"):
+        Toy(name="n", size=0)
+
+
+def test_every_extend_option_is_a_flag_with_its_field_default():
+    from lenext_dist.extend.cli import build_parser
+    from lenext_dist.extend.workflow import ExtendOptions
+
+    args = build_parser().parse_args(["--base", "runs/x", "--targets", "256,512"])
+    assert set(vars(args)) == {f.name for f in fields(ExtendOptions)}
+    assert from_args(ExtendOptions, args) == ExtendOptions(base="runs/x", targets=[256, 512])
+    with pytest.raises(UserError, match=r"^lenext extend: argument --min-value: expected a number, got 'x'$"):
+        ExtendOptions(base="runs/x", targets=[256], min_value="x")
