@@ -11,7 +11,7 @@ PYTEST_ARGS ?=
 # Where DeepSpeed JIT-builds its ops (cpu_adam for ZeRO-Offload): per checkout, never shared.
 export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.cache/torch_extensions
 
-.PHONY: setup system-deps demo demo-text kv-shards shards task-shards lint test test-fast mutation dry-run bench study study-quick gpu-check clean
+.PHONY: setup system-deps demo demo-text kv-shards shards task-shards lint test test-fast mutation dry-run bench study study-quick study-layouts gpu-check clean
 
 setup: $(VENV)/.installed
 
@@ -135,6 +135,11 @@ study: setup
 
 study-quick: setup
 	$(BIN)/python -m experiments.nope_length --quick
+
+# NoPE inside hybrid layouts (experiments/nope_layouts): NoPE, RoPE, 3:1 interleave, local RoPE +
+# global NoPE, two seeds, scored with each temperature schedule on the NoPE layers (~60 min).
+study-layouts: setup
+	$(BIN)/python -m experiments.nope_layouts
 
 bench: setup
 	$(BIN)/pip install -q --no-deps mistral-common  # the 32K Mistral v1 model of bench_data_prep

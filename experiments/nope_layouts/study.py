@@ -25,11 +25,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 from dataclasses import asdict, replace
 from pathlib import Path
 
-from experiments.nope_length.study import REPO, TEST_SEED, Model, Plan, Study, publish
+from experiments.nope_length.study import REPO, TEST_SEED, Model, Plan, Study
+
+from .analysis import render, summarize
 
 HERE = Path(__file__).resolve().parent
 
@@ -66,9 +69,27 @@ def quick_plan() -> Plan:
                 multiples=(1, 2), docs=8, valid_docs=8, kv_passes=1)
 
 
+def publish(out: Path, dest: Path) -> None:
+    """summary.json (every number) and LAYOUTS.md (generated from it) -> `dest`."""
+    names = ("summary.json", "LAYOUTS.md")
+    missing = [n for n in names if not (out / n).is_file()]
+    if missing:
+        raise SystemExit(f"error: {out} has no {', '.join(missing)}: run the study first")
+    dest.mkdir(parents=True, exist_ok=True)
+    for n in names:
+        shutil.copy(out / n, dest / n)
+    print(f"[layouts] published {out} -> {dest}")
+
+
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m experiments.nope_layouts",
-                                 description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(
+        prog="python -m experiments.nope_layouts", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Train NoPE, RoPE and two hybrid layouts in the kv regime; score them past L.\n\n"
+                    "4 layers, two seeds each: pure NoPE, pure RoPE, RoPE x3 + NoPE, local RoPE +\n"
+                    "global NoPE; each scored at 1-8x L with no schedule, uniform c, the log fit and\n"
+                    "Llama 4's temperature on the NoPE layers (LAYOUTS.md + summary.json).",
+        epilog="examples:\n  python -m experiments.nope_layouts --quick\n"
+               "  python -m experiments.nope_layouts && python -m experiments.nope_layouts --publish")
     ap.add_argument("--quick", action="store_true", help="a smoke run: 2 models, a few steps")
     ap.add_argument("--out", help="work folder (default results/nope_layouts[-quick])")
     ap.add_argument("--train-only", action="store_true", help="train every model, score nothing")
@@ -86,7 +107,32 @@ def main(argv=None) -> int:
         study.train(m)
     if a.train_only:
         return 0
-    raise SystemExit("error: scoring is not written yet")
+    results = []
+    for m in plan.models:
+        rule = study.choose(m, out / "runs" / m.name / "checkpoints")
+        results.append(measure(study, m, rule))
+    summary = summarize(asdict(plan), results)
+    (out / "results.json").write_text(json.dumps(results, indent=1))
+    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    (out / "LAYOUTS.md").write_text(render(summary))
+    print(f"[layouts] wrote {out / 'LAYOUTS.md'}")
+    return 0
+
+
+def measure(study: Study, m: Model, rule: dict) -> dict:
+    """Every schedule of SCHEDULES at 1..8 L on the chosen checkpoint (none reached: the final
+    one, marked); pure RoPE has no NoPE layer and is scored with `none` only."""
+    p, layout = study.plan, m.name.rsplit("-s", 1)[0]
+    tag = rule["chosen"] or rule["final"]
+    hf = study.export(study.out / "runs" / m.name / "checkpoints", tag, m.name)
+    rows = []
+    for label, spec in SCHEDULES.items():
+        if spec is not None and layout == "rope":  # no NoPE layer to scale
+            continue
+        res = study.evaluate(hf, study.out / "eval" / m.name / tag, [k * p.L for k in p.multiples],
+                             seed=TEST_SEED, docs=p.docs, **({"temperature": spec} if spec else {}))
+        rows.append({"schedule": label, "spec": spec, "cells": res["cells"]})
+    return {"model": asdict(m), "layout": layout, "rule": rule, "tag": tag, "rows": rows}
 
 
 if __name__ == "__main__":

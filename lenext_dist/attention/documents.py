@@ -91,7 +91,7 @@ class Documents:
     def mask_mod(self, mask: MaskSpec):
         """FlexAttention mask_mod(b, h, q_idx, kv_idx) of `visible`."""
         ids, pos = self.ids, self.positions
-        window, block = mask.window, mask.block
+        window, block, chunked = mask.window, mask.block, mask.chunked
 
         def mod(b, h, q_idx, kv_idx):
             vis = (ids[b, q_idx] == ids[b, kv_idx]) & (kv_idx <= q_idx)
@@ -99,6 +99,8 @@ class Documents:
                 vis = vis & (q_idx - kv_idx < window)
             if block is not None:
                 vis = vis & (pos[b, kv_idx] // block >= pos[b, q_idx] // block - 1)
+            if chunked is not None:
+                vis = vis & (pos[b, kv_idx] // chunked == pos[b, q_idx] // chunked)
             return vis
 
         return mod
@@ -132,8 +134,8 @@ class Documents:
             gap = (qi[:, None] - qi[None, :]) * block_size
             any_vis = any_vis & (gap - block_size + 1 < mask.window)[None]
             full = full & (gap + block_size - 1 < mask.window)[None]
-        if mask.block is not None:
-            full = torch.zeros_like(full)  # blocks in document positions: mask_mod decides
+        if mask.block is not None or mask.chunked is not None:
+            full = torch.zeros_like(full)  # blocks/chunks in document positions: mask_mod decides
         full = full & any_vis
         partial = any_vis & ~full
 

@@ -13,15 +13,20 @@ the model code only ever sees a list of variants.
     local_global layers k, 2k, ... global NoPE (full causal attention), the others `base` under
                 the sliding window attention.window (needed): Cohere Command R7B / Command A's
                 three local RoPE layers per global NoPE layer with k = 4 and base `rope`
+    irope       Llama 4's iRoPE: layers k, 2k, ... global NoPE, the others `base` under chunked
+                attention attention.chunked (needed: each query sees its own chunk of C tokens;
+                transformers Llama4TextConfig `attention_chunk_size`, `no_rope_layer_interval` 4);
+                with attention.temperature `llama4` on the NoPE layers as Llama 4 ships it
     explicit    `layers`: one registry name per layer, e.g. [rope, rope, rope, nope]
 
-A layout function returns (name, local) per layer; attention.window applies to the local layers
-(every layer, except the global ones of local_global). Everything else of `attention` applies to
-every layer (log-length scale, rope settings: RoPE layers rotate with attention.rope and its
-PI/NTK/YaRN scaling, NoPE layers ignore it).
+A layout function returns (name, local) per layer; attention.window and attention.chunked apply to
+the local layers (every layer, except the global ones of local_global and irope). Everything else
+of `attention` applies to every layer (rope settings: RoPE layers rotate with attention.rope and
+its PI/NTK/YaRN scaling, NoPE layers ignore it), except attention.temperature, whose `layers`
+picks the layers it scales (temperature.py; by default the NoPE ones).
 
 `layer_variants(attn_cfg, num_layers=, head_dim=, train_length=, num_heads=)` builds the list:
-one variant object per distinct (name, window), shared by the layers that run it (a RoPE cos/sin
+one variant object per distinct (name, window, chunked), shared by the layers that run it (a RoPE cos/sin
 table is then computed once per forward); a layer holding a variant with learned parameters takes its own
 copy through `PositionVariant.for_layer()` (megatron's core attention and the HF model both do).
 
@@ -69,6 +74,13 @@ def _local_global(n: int, base: str, every: int, layers: list) -> list[Layer]:
     return [("nope", False) if kth else (base, True) for kth in _every(n, every)]
 
 
+def _irope(n: int, base: str, every: int, layers: list) -> list[Layer]:
+    if base != "rope":
+        raise ValueError(f"attention.layout 'irope' interleaves NoPE with chunked RoPE: it needs "
+                         f"attention.position 'rope', got {base!r}")
+    return _local_global(n, base, every, layers)
+
+
 def _explicit(n: int, base: str, every: int, layers: list) -> list[Layer]:
     if len(layers) != n:
         raise ValueError(f"attention.layout.layers has {len(layers)} entries for {n} layers "
@@ -81,10 +93,11 @@ LAYOUTS: dict[str, Callable[[int, str, int, list], list[Layer]]] = {
     "nope_every": _nope_every,
     "smollm3": _smollm3,
     "local_global": _local_global,
+    "irope": _irope,
     "explicit": _explicit,
 }
-NEEDS_WINDOW = ("local_global",)
-"""Layouts whose point is a local window: refused without attention.window."""
+NEEDS = {"local_global": "window", "irope": "chunked"}
+"""Layouts whose point is local attention -> the attention key they are refused without."""
 DEFAULT_EVERY = 4
 """`every` when the layout section does not give it (SmolLM3's interval)."""
 
@@ -93,10 +106,14 @@ def layout_kind(attn_cfg) -> str:
     return cfg_get(attn_cfg, "layout", "kind", default="uniform")
 
 
-def layer_specs(attn_cfg, num_layers: int) -> list[tuple[str, Optional[int]]]:
-    """(registry name, window) of each of `num_layers` layers: the window is attention.window on
-    the layout's local layers, None on its global ones (ValueError naming the key when the layout
-    is unknown, malformed, or names a variant that is not registered)."""
+Spec = tuple[str, Optional[int], Optional[int]]
+"""(registry name, window, chunked) of one layer."""
+
+
+def layer_specs(attn_cfg, num_layers: int) -> list[Spec]:
+    """(registry name, window, chunked) of each of `num_layers` layers: attention.window and
+    attention.chunked on the layout's local layers, None on its global ones (ValueError naming the
+    key when the layout is unknown, malformed, or names a variant that is not registered)."""
     kind = layout_kind(attn_cfg)
     if kind not in LAYOUTS:
         raise ValueError(f"unknown attention.layout.kind {kind!r}; registered: {sorted(LAYOUTS)}")
@@ -104,13 +121,13 @@ def layer_specs(attn_cfg, num_layers: int) -> list[tuple[str, Optional[int]]]:
     layers = list(cfg_get(attn_cfg, "layout", "layers", default=[]))
     if layers and kind != "explicit":
         raise ValueError(f"attention.layout.layers is read by kind 'explicit' only, not {kind!r}")
-    window = cfg_get(attn_cfg, "window")
-    if kind in NEEDS_WINDOW and window is None:
-        raise ValueError(f"attention.layout {kind!r} needs attention.window (the window of its "
-                         "local layers)")
-    specs = [(x, window if local else None)
+    window, chunked = cfg_get(attn_cfg, "window"), cfg_get(attn_cfg, "chunked")
+    if kind in NEEDS and cfg_get(attn_cfg, NEEDS[kind]) is None:
+        raise ValueError(f"attention.layout {kind!r} needs attention.{NEEDS[kind]} (the "
+                         "attention span of its local layers)")
+    specs = [(x, window, chunked) if local else (x, None, None)
              for x, local in LAYOUTS[kind](num_layers, attn_cfg.position, every, layers)]
-    unknown = sorted({x for x, _ in specs if x not in POSITIONS})
+    unknown = sorted({x for x, *_ in specs if x not in POSITIONS})
     if unknown:
         raise ValueError(f"attention.layout names unknown variants {unknown}; registered: "
                          f"{sorted(POSITIONS)}")
@@ -119,19 +136,26 @@ def layer_specs(attn_cfg, num_layers: int) -> list[tuple[str, Optional[int]]]:
 
 def layer_names(attn_cfg, num_layers: int) -> list[str]:
     """The registry name of each of `num_layers` layers (see `layer_specs`)."""
-    return [x for x, _ in layer_specs(attn_cfg, num_layers)]
+    return [x for x, *_ in layer_specs(attn_cfg, num_layers)]
 
 
 def layer_windows(attn_cfg, num_layers: int) -> list[Optional[int]]:
     """The sliding window of each layer (None: full causal attention; see `layer_specs`)."""
-    return [w for _, w in layer_specs(attn_cfg, num_layers)]
+    return [w for _, w, _ in layer_specs(attn_cfg, num_layers)]
 
 
-def labels(specs: list[tuple[str, Optional[int]]]) -> list[str]:
-    """One label per layer: its name, '+ window W' added where the layers' windows differ."""
-    if len({w for _, w in specs}) <= 1:
-        return [x for x, _ in specs]
-    return [x if w is None else f"{x} + window {w}" for x, w in specs]
+def layer_chunks(attn_cfg, num_layers: int) -> list[Optional[int]]:
+    """The attention chunk of each layer (None: not chunked; see `layer_specs`)."""
+    return [c for *_, c in layer_specs(attn_cfg, num_layers)]
+
+
+def labels(specs: list[Spec]) -> list[str]:
+    """One label per layer: its name, '+ window W' / '+ chunked C' added where the layers
+    differ in them."""
+    if len({(w, c) for _, w, c in specs}) <= 1:
+        return [x for x, *_ in specs]
+    return [x + (f" + window {w}" if w is not None else "") + (f" + chunked {c}" if c is not None
+            else "") for x, w, c in specs]
 
 
 def is_uniform(names: list[str]) -> bool:
@@ -150,10 +174,10 @@ def describe(names: list[str]) -> str:
     return ", ".join(out)
 
 
-def refusal(specs: list[tuple[str, Optional[int]]], scaling: str = "none") -> Optional[str]:
+def refusal(specs: list[Spec], scaling: str = "none") -> Optional[str]:
     """Why these layers (`layer_specs`) cannot run with attention.rope.scaling `scaling`, or
     None."""
-    names = [x for x, _ in specs]
+    names = [x for x, *_ in specs]
     if scaling != "none" and not any(POSITIONS[x].rope_scalings for x in names):
         return (f"attention.rope.scaling {scaling!r} scales a RoPE rotation; no layer "
                 f"({describe(names)}) has one (use rope.scaling 'none')")
@@ -173,12 +197,13 @@ def summary(attn_cfg, num_layers: int) -> str:
 
 
 class _LayerView:
-    """`attn_cfg` as one layer's variant sees it: `position` and `window` replaced by the layer's,
+    """`attn_cfg` as one layer's variant sees it: `position`, `window`, `chunked` the layer's,
     and `rope.scaling` 'none' for a variant without a rotation (a NoPE layer of a RoPE+YaRN model
     has nothing to scale; `build_position` refuses a scaling it would ignore)."""
 
-    def __init__(self, cfg, position: str, rope, window: Optional[int]):
-        self._cfg, self.position, self.rope, self.window = cfg, position, rope, window
+    def __init__(self, cfg, position: str, rope, window: Optional[int], chunked: Optional[int]):
+        self._cfg, self.position, self.rope = cfg, position, rope
+        self.window, self.chunked = window, chunked
 
     def __getattr__(self, name):
         if name == "_cfg":  # not set yet (copy/pickle): no recursion
@@ -191,7 +216,8 @@ def layer_variants(attn_cfg, *, num_layers: int, head_dim: int, train_length: in
     """One variant per layer, as `build_position` builds it for the layer's registry name: one
     object per distinct name, shared by its layers (each layer calls `for_layer()` on it)."""
     specs = layer_specs(attn_cfg, num_layers)
-    if set(specs) == {(attn_cfg.position, cfg_get(attn_cfg, "window"))}:  # the pre-layout build
+    if set(specs) == {(attn_cfg.position, cfg_get(attn_cfg, "window"),
+                       cfg_get(attn_cfg, "chunked"))}:  # the pre-layout build
         v = build_position(attn_cfg, head_dim=head_dim, train_length=train_length,
                            num_heads=num_heads)
         return [v] * num_layers
@@ -202,8 +228,8 @@ def layer_variants(attn_cfg, *, num_layers: int, head_dim: int, train_length: in
     plain = SimpleNamespace(base=cfg_get(rope, "base", default=10000.0), scaling="none",
                             factor=1.0)
     built: dict[tuple, PositionVariant] = {}
-    for x, w in dict.fromkeys(specs):
-        view = _LayerView(attn_cfg, x, rope if POSITIONS[x].rope_scalings else plain, w)
-        built[x, w] = build_position(view, head_dim=head_dim, train_length=train_length,
-                                     num_heads=num_heads)
+    for x, w, c in dict.fromkeys(specs):
+        view = _LayerView(attn_cfg, x, rope if POSITIONS[x].rope_scalings else plain, w, c)
+        built[x, w, c] = build_position(view, head_dim=head_dim, train_length=train_length,
+                                        num_heads=num_heads)
     return [built[spec] for spec in specs]

@@ -123,7 +123,7 @@ def _block_mask(q_pos: Tensor, k_pos: Tensor, bias: Optional[Tensor], mask: Mask
         # inside a document the distance is i - j in indices too; other pairs are hidden
         add = _block_mask(q_pos, k_pos, bias, MaskSpec(), dtype)  # [1, h, c, n] causal + bias
         return add.masked_fill(~vis, float("-inf"))
-    if bias is not None and mask.block is None:
+    if bias is not None and mask.block is None and mask.chunked is None:
         return _toeplitz_mask(bias, int(q_pos[0]), q_pos.shape[0], int(k_pos[0]),
                               int(k_pos[-1]) + 1, mask.window, dtype)
     vis = mask.visible(q_pos, k_pos)

@@ -14,8 +14,9 @@ class plus one line in `registry.POSITIONS`, never a branch in core code:
   XPOS). Identity by default. `positions` is a tensor [s] or an int start (positions
   start..start+s-1, the common case, which variants may cache on without a device sync).
 - `query_scale(positions)`: an optional per-position multiplier t[s] of the logits, folded into q
-  so the SDPA fast path still applies. The base class implements the log-length schedule
-  t_i = 1 + a ln max(1, i / L) when `log_scale_a` is set (any variant), None otherwise.
+  so the SDPA fast path still applies. The base class returns the temperature schedule of
+  `attention.temperature` (temperature.py: uniform c, log fit, Llama 4, Qwen log-n, SSMax) when
+  it applies to this layer's variant (by default NoPE layers), None otherwise.
 - `distance_bias(n, device)`: an optional additive bias of the logits that depends on the head and
   the distance i - j only (ALiBi, KERPLE, Sandwich): a table [h, n] fp32 for distances 0..n-1.
   Differentiable (KERPLE's parameters get gradients through it). None by default.
@@ -26,7 +27,8 @@ class plus one line in `registry.POSITIONS`, never a branch in core code:
   None when the variant has neither (then plain causal SDPA runs).
 
 Generic options every variant carries (set by `configure`, from `AttentionConfig`; all settable
-on a built variant at evaluation time): `window`, `block`, `log_scale_a`, `train_length`, `impl`
+on a built variant at evaluation time): `window`, `chunked`, `block`, `temperature` (the section,
+or None where it does not apply to this variant), `train_length`, `impl`
 (which kernel runs a variant with a bias or mask, see `core.BIAS_IMPLS`), `chunk_size`.
 
 Variants are built by `from_config(attn_cfg, head_dim=..., train_length=..., num_heads=...)`, where
@@ -44,6 +46,8 @@ import torch
 from torch import Tensor, nn
 
 from .core import attend
+from .temperature import applies as _t_applies, check as _t_check
+from .temperature import describe as _t_describe, multiplier as _t_multiplier
 from .mask import MaskSpec
 
 
@@ -69,7 +73,8 @@ class PositionVariant(nn.Module):
         super().__init__()
         self.window: Optional[int] = None
         self.block: Optional[int] = None
-        self.log_scale_a: Optional[float] = None
+        self.chunked: Optional[int] = None
+        self.temperature = None
         self.train_length: Optional[int] = None
         self.impl: str = "auto"
         self.chunk_size: int = 256
@@ -86,11 +91,17 @@ class PositionVariant(nn.Module):
         """Read the generic options of `attn_cfg` (duck-typed; missing ones keep the defaults)."""
         self.train_length = train_length
         self.window = cfg_get(attn_cfg, "window")
-        self.log_scale_a = cfg_get(attn_cfg, "log_scale_a")
+        self.chunked = cfg_get(attn_cfg, "chunked")
+        section = cfg_get(attn_cfg, "temperature")
+        if section is not None:
+            _t_check(section)
+        self.temperature = section if _t_applies(section, self.name) else None
         self.impl = cfg_get(attn_cfg, "impl", default="auto")
         self.chunk_size = int(cfg_get(attn_cfg, "chunk_size", default=256))
         if self.window is not None and self.window < 1:
             raise ValueError(f"window must be >= 1, got {self.window}")
+        if self.chunked is not None and self.chunked < 1:
+            raise ValueError(f"chunked must be >= 1, got {self.chunked}")
         return self
 
     def forward(self, q: Tensor, k: Tensor, v: Tensor, m: Tensor,
@@ -110,18 +121,12 @@ class PositionVariant(nn.Module):
         return q, k
 
     def query_scale(self, positions: Tensor) -> Optional[Tensor]:
-        """Per-position logit multiplier t [s] (fp32), or None for none.
-
-        With `log_scale_a` = a: t_i = 1 + a ln max(1, i / L), i = position + 1 (the 1-based index
-        of the token, i.e. how many tokens it sees), L = train_length; so t = 1 on the first L
-        tokens and the logits of query i are c (1 + a ln max(1, i/L)) / sqrt(d) q.k.
-        """
-        if self.log_scale_a is None:
+        """Per-position logit multiplier t [s] or [b, s] (fp32), or None for none: the schedule
+        of `self.temperature` (temperature.py) at positions + 1, with L = train_length; the logits
+        of query i are then m_h t_i / sqrt(d) q.k."""
+        if self.temperature is None:
             return None
-        if not self.train_length:
-            raise ValueError("log_scale_a needs train_length")
-        i = positions.to(torch.float32) + 1.0
-        return 1.0 + self.log_scale_a * torch.log(torch.clamp(i / self.train_length, min=1.0))
+        return _t_multiplier(self.temperature, positions, self.train_length)
 
     def distance_bias(self, n: int, device: Optional[torch.device] = None) -> Optional[Tensor]:
         """Additive logit bias [h, n] fp32 for query-key distances 0..n-1, or None."""
@@ -139,7 +144,7 @@ class PositionVariant(nn.Module):
 
     @property
     def mask(self) -> MaskSpec:
-        return MaskSpec(window=self.window, block=self.block)
+        return MaskSpec(window=self.window, block=self.block, chunked=self.chunked)
 
     @property
     def score_mod(self) -> Optional[Callable[[Tensor, Tensor, Tensor], Tensor]]:
@@ -188,9 +193,11 @@ class PositionVariant(nn.Module):
 
     def extra_repr(self) -> str:
         parts = [f"name={self.name}"]
-        for k in ("window", "block", "log_scale_a"):
+        for k in ("window", "chunked", "block"):
             if getattr(self, k) is not None:
                 parts.append(f"{k}={getattr(self, k)}")
+        if self.temperature is not None:
+            parts.append(f"temperature={_t_describe(self.temperature)}")
         return ", ".join(parts)
 
 

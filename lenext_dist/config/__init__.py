@@ -1,7 +1,8 @@
 """Typed run configuration: dataclasses (schema), strict YAML loading, the DeepSpeed JSON."""
 from .schema import (AttentionConfig, BlendItem, CheckpointConfig, ConfigError, DataConfig,
                      HeadScaleConfig, KerpleConfig, LayoutConfig, LoggingConfig, ModelConfig, OptimConfig,
-                     ParallelConfig, RopeConfig, RunConfig, SandwichConfig, TrainConfig, XposConfig)
+                     ParallelConfig, RopeConfig, RunConfig, SandwichConfig, TemperatureConfig,
+                     TrainConfig, XposConfig)
 from .load import load_config, save_config, split_cli_overrides, to_dict
 from .deepspeed import deepspeed_config
 
@@ -9,6 +10,6 @@ from .deepspeed import deepspeed_config
 __all__ = [
     "AttentionConfig", "BlendItem", "CheckpointConfig", "ConfigError", "DataConfig", "HeadScaleConfig",
     "KerpleConfig", "LayoutConfig", "LoggingConfig", "ModelConfig", "OptimConfig", "ParallelConfig", "RopeConfig",
-    "RunConfig", "SandwichConfig", "TrainConfig", "XposConfig", "load_config", "save_config",
+    "RunConfig", "SandwichConfig", "TemperatureConfig", "TrainConfig", "XposConfig", "load_config", "save_config",
     "split_cli_overrides", "to_dict", "deepspeed_config",
 ]

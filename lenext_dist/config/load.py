@@ -232,6 +232,19 @@ def apply_override(data: dict, key: str, value: Any) -> None:
     node[parts[-1]] = value
 
 
+def _migrate(data: dict) -> dict:
+    """Keys of earlier versions, rewritten to today's (the config.yaml of older checkpoints):
+    attention.log_scale_a A -> attention.temperature {kind: log_fit, a: A, layers: all}."""
+    attn = data.get("attention")
+    if isinstance(attn, dict) and "log_scale_a" in attn:
+        a = attn.pop("log_scale_a")
+        if a is not None:
+            if attn.get("temperature"):
+                raise ConfigError("attention.log_scale_a: give attention.temperature only")
+            attn["temperature"] = {"kind": "log_fit", "a": a, "layers": "all"}
+    return data
+
+
 def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> RunConfig:
     """Load a YAML config (or the defaults when path is None) and apply dotted overrides."""
     data, origin = _read_yaml(Path(path)) if path else ({}, {})
@@ -240,7 +253,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Ru
         apply_override(data, key, value)
         origin[key] = "command line"
     try:
-        return _build(RunConfig, data)
+        return _build(RunConfig, _migrate(data))
     except ConfigError as e:
         key = str(e).split(":", 1)[0].split("[")[0]
         where = origin.get(key) or _nearest_origin(key, origin) or (str(path) if path else "defaults")

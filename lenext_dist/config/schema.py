@@ -188,10 +188,11 @@ class LayoutConfig:
     (layers k, 2k, ... (1-based) NoPE, the others attention.position; k = `every`), `smollm3`
     (SmolLM3-3B's pattern: nope_every with k = 4 over attention.position `rope`), `local_global`
     (layers k, 2k, ... global NoPE without a window, the others attention.position under
-    attention.window, which it needs: Cohere Command R7B's with k = 4 and `rope`), `explicit`
-    (`layers`, one name per layer)."""
+    attention.window, which it needs: Cohere Command R7B's with k = 4 and `rope`), `irope`
+    (Llama 4: layers k, 2k, ... global NoPE, the others RoPE under attention.chunked, which it
+    needs), `explicit` (`layers`, one name per layer)."""
     every: int = 4
-    """k of `nope_every` / `local_global`: every k-th layer is NoPE (4 layers, k = 2: rope, nope,
+    """k of `nope_every` / `local_global` / `irope`: every k-th layer is NoPE (4 layers, k = 2: rope, nope,
     rope, nope)."""
     layers: list[str] = field(default_factory=list)
     """`explicit` only: one attention-registry name per layer (model.num_layers entries), e.g.
@@ -213,6 +214,37 @@ class LayoutConfig:
 
 
 @dataclass
+class TemperatureConfig:
+    """A temperature schedule: logits of query i times t_i (lenext_dist/attention/temperature.py),
+    on the layers `layers` names; composes with attention.scale_c / head_scale (m_h t_i / sqrt(d))."""
+
+    kind: str = "none"
+    """A name in the temperature registry: `none`; `uniform` (t = c); `log_fit` (the paper's log
+    fit, t_i = 1 + a ln max(1, i/L)); `llama4` (Llama 4's t_i = 1 + attn_scale ln(1 + floor(i /
+    floor_scale))); `qwen_logn` (Qwen's t_i = max(1, ln i / ln L)); `ssmax` (Scalable-Softmax,
+    t_i = ln i / ln L times a learned per-head m_h: needs attention.head_scale enabled).
+    i = position + 1, L = model.train_length (null: model.seq_length)."""
+    layers: Literal["nope", "all"] = "nope"
+    """The layers it scales: `nope` (the layers running NoPE, as Llama 4 does) or `all`."""
+    c: Optional[float] = None
+    """`uniform`: the scale c (needed)."""
+    a: Optional[float] = None
+    """`log_fit`: the slope a (needed; the paper's 0.3-0.4, experiments/nope_length's 0.27)."""
+    floor_scale: Optional[float] = None
+    """`llama4`: tokens per temperature step (null: transformers' 8192)."""
+    attn_scale: Optional[float] = None
+    """`llama4`: strength (null: transformers' 0.1)."""
+
+    def __post_init__(self):
+        from lenext_dist.attention import temperature  # late, as in AttentionConfig
+
+        try:
+            temperature.check(self)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+
+
+@dataclass
 class AttentionConfig:
     """Attention variant (a registry entry, see lenext_dist/attention) and its softmax scale."""
 
@@ -226,9 +258,13 @@ class AttentionConfig:
     """Sliding-window attention: each token sees the last `window` tokens (itself included), with
     any position variant, in training or at evaluation, on every layer (layout local_global: on
     its local layers); null = full causal."""
-    log_scale_a: Optional[float] = None
-    """Log-length scale: logits of token i (1-based) times 1 + a ln max(1, i / L), L =
-    model.train_length (null: model.seq_length); null = off."""
+    chunked: Optional[int] = None
+    """Chunked attention (Llama 4's attention_chunk_size): each token sees the earlier tokens
+    of its own chunk of C (positions [nC, (n+1)C)), on every layer (layout irope: on its RoPE
+    layers); null = off."""
+    temperature: TemperatureConfig = field(default_factory=TemperatureConfig)
+    """A per-position temperature schedule (uniform c, log fit, Llama 4, Qwen log-n, SSMax) on the
+    NoPE layers (or all)."""
     impl: Literal["auto", "chunked", "flex", "sdpa_mask", "eager"] = "auto"
     """Kernel for variants with a bias or a window/block mask; auto = FlexAttention on CUDA and for
     long (>= 1024) evaluation passes on CPU, else chunked SDPA (see benchmarks/bench_attention_paths.py)."""
@@ -253,6 +289,11 @@ class AttentionConfig:
                    f"position {self.position!r} has none")
         if self.window is not None:
             _check(self.window >= 1, "attention.window", "must be >= 1 (or null)")
+        if self.chunked is not None:
+            _check(self.chunked >= 1, "attention.chunked", "must be >= 1 (or null)")
+        _check(self.temperature.kind != "ssmax" or self.head_scale.enabled,
+               "attention.temperature.kind", "ssmax learns one scale per head: it needs "
+               "attention.head_scale.enabled (and trainable, min_value null, to train it)")
         _check(self.chunk_size >= 1, "attention.chunk_size", "must be >= 1")
 
 
@@ -535,6 +576,18 @@ class RunConfig:
         from lenext_dist.attention import layout
 
         return layout.layer_names(self.attention, self.model.num_layers)
+
+    @property
+    def layer_specs(self) -> list[tuple[str, Optional[int], Optional[int]]]:
+        """(variant, window, chunked) of every layer (attention.layout over model.num_layers)."""
+        from lenext_dist.attention import layout
+
+        return layout.layer_specs(self.attention, self.model.num_layers)
+
+    @property
+    def layer_chunks(self) -> list[Optional[int]]:
+        """The attention chunk of every layer (None: not chunked)."""
+        return [c for *_, c in self.layer_specs]
 
     @property
     def layer_windows(self) -> list[Optional[int]]:

@@ -335,7 +335,7 @@ def _stock_payload(out: Path, cfg, hf_state: dict, scales: Tensor, tok_path: Opt
     """A stock transformers architecture (stock.STOCK_FORMS): scales folded into q_proj (in
     fp32, before the cast), no code files, tokenizer.json when it reproduces SentencePiece."""
     m = cfg.model
-    folded = stock.fold_head_scales(hf_state, scales, m.num_attention_heads, m.head_dim)
+    folded = stock.stock_state(cfg, hf_state, scales)
     tensors = {k: v.to(torch_dtype(dtype)).contiguous() for k, v in folded.items()}
     tok, note = (stock.write_stock_tokenizer(out, tok_path, bos=cfg.data.bos) if tok_path
                  else (None, "no tokenizer shipped"))

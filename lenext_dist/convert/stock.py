@@ -15,14 +15,21 @@ the same function (DESIGN.md section 10):
                     `rope_parameters` as for Llama, the window as `layer_types`
                     "sliding_attention" on the layers it applies to (every layer, or
                     local_global's local RoPE layers with full-attention global NoPE layers)
+    any of these with chunked attention or the llama4 temperature (Llama 4's iRoPE: chunked RoPE
+    layers, global NoPE layers scaled by its temperature) -> Llama4ForCausalLM (text model, dense
+                    MLPs: `moe_layers` [], `intermediate_size_mlp`; `no_rope_layers`,
+                    `attention_chunk_size` C on exactly the RoPE layers, `attn_temperature_tuning`
+                    with floor_scale and attn_scale; q/k rows permuted to Meta's RoPE pair layout)
 
 Every other set (ALiBi, KERPLE, Sandwich, XPOS in any layer, and any variant added later) has
-no entry and is refused by `refusal()`, as are the options no stock form expresses (the
-log-length scale, any other non-default attention field).
+no entry and is refused by `refusal()`, as are the options no stock form expresses (temperature
+schedules other than a foldable uniform c and Llama 4's own, any other non-default attention
+field).
 
 Scales: a uniform c or HeadScale's m_h multiplies head h's logits m_h / sqrt(d) q.k; with
 q = W_q x that is q' = (m_h W_q[h]) x, so the scales fold into q_proj's rows of head h
-(`fold_head_scales`). RoPE rotations are linear, so the fold commutes with them.
+(`fold_head_scales`). RoPE rotations are linear, so the fold commutes with them. A `uniform`
+temperature c folds the same way into the layers it scales (`folded_scales`).
 
 The config records what was folded in under `lenext_provenance` (a field every stock loader
 ignores): the variant, the layout and each layer's variant, rope settings, window, c, the per-head
@@ -91,6 +98,12 @@ class StockForm:
     """(run cfg, common kwargs) -> the transformers config object."""
     refuse: Callable[..., Optional[str]]
     """run cfg -> why this form cannot express it, or None."""
+    claims: Callable[..., bool] = lambda cfg: True
+    """run cfg -> whether this form is the one for it (the first claiming form of its set wins)."""
+    weights: Callable[[dict, object], dict] = lambda state, cfg: state
+    """(HF Llama-named state, run cfg) -> the state under this architecture's names/layouts."""
+    temperatures: tuple[str, ...] = ("none", "uniform")
+    """attention.temperature kinds it expresses (uniform: folded into q_proj)."""
 
 
 def _with_scaling(cfg, common: dict) -> tuple[dict, dict]:
@@ -147,24 +160,94 @@ def _llama_refuse(cfg) -> Optional[str]:
     return _rope_refuse(cfg)
 
 
-STOCK_FORMS: dict[frozenset, StockForm] = {
-    frozenset({"nope"}): StockForm("SmolLM3ForCausalLM", _smollm3_config, _rope_refuse),
-    frozenset({"rope"}): StockForm("LlamaForCausalLM", _rope_config, _llama_refuse),
-    frozenset({"nope", "rope"}): StockForm("SmolLM3ForCausalLM", _smollm3_config, _rope_refuse),
+def _llama4_claims(cfg) -> bool:
+    return any(c is not None for c in cfg.layer_chunks) or cfg.attention.temperature.kind == "llama4"
+
+
+def _llama4_refuse(cfg) -> Optional[str]:
+    a, t = cfg.attention, cfg.attention.temperature
+    if a.window is not None:
+        return "Llama4ForCausalLM has no sliding window (attention.window)"
+    if a.rope.scaling != "none":
+        return f"rope.scaling {a.rope.scaling!r} with Llama 4's chunked layers is not verified"
+    chunks = {c for x, _, c in cfg.layer_specs if x == "rope"}
+    if chunks - {a.chunked} or any(c is not None for x, _, c in cfg.layer_specs if x == "nope"):
+        return ("Llama4ForCausalLM chunks exactly its RoPE layers (attention.chunked on the RoPE "
+                "layers, none on the NoPE ones: attention.layout irope)")
+    if t.kind == "llama4" and (t.layers != "nope" or float(t.floor_scale or 8192) % 1):
+        return ("Llama 4's temperature scales its NoPE layers with an integer floor_scale "
+                "(attention.temperature.layers nope)")
+    return None
+
+
+def _llama4_config(cfg, common: dict):
+    """Llama4ForCausalLM (transformers modeling_llama4): `no_rope_layers[i]` 1 = RoPE, explicit
+    `layer_types` ("chunked_attention" on the chunked RoPE layers), dense MLP layers
+    (`moe_layers` [], so every layer is Llama4TextMLP of `intermediate_size_mlp`), no qk L2 norm
+    (our layers have none), the temperature on the NoPE layers when attention.temperature is
+    llama4."""
+    from transformers import Llama4TextConfig
+
+    a, m, t = cfg.attention, cfg.model, cfg.attention.temperature
+    params, common = _with_scaling(cfg, common)
+    common = {k: v for k, v in common.items() if k != "mlp_bias"}  # Llama 4 has no such field
+    return Llama4TextConfig(
+        **common, head_dim=m.head_dim, intermediate_size_mlp=m.ffn_hidden_size, moe_layers=[],
+        use_qk_norm=False, no_rope_layers=[int(x == "rope") for x in cfg.layer_positions],
+        attention_chunk_size=a.chunked,
+        layer_types=["full_attention" if c is None else "chunked_attention" for c in cfg.layer_chunks],
+        attn_temperature_tuning=t.kind == "llama4", floor_scale=int(t.floor_scale or 8192),
+        attn_scale=float(t.attn_scale if t.attn_scale is not None else 0.1),
+        rope_parameters=params)
+
+
+def _meta_pairs(w: Tensor, heads: int, head_dim: int) -> Tensor:
+    """Rows of q/k_proj [heads d, H] from our rotate-half RoPE pairs (i, i + d/2) to Meta's
+    complex pairs (2i, 2i + 1) (modeling_llama4.apply_rotary_emb views the last dim as d/2
+    complex numbers): new row 2i = old i, new 2i + 1 = old i + d/2, per head."""
+    half = head_dim // 2
+    perm = [j for i in range(half) for j in (i, i + half)]
+    return w.view(heads, head_dim, -1)[:, perm].reshape(w.shape).contiguous()
+
+
+def _llama4_weights(state: dict, cfg) -> dict:
+    """Llama 4's names (`feed_forward` for `mlp`) and pair layout on its RoPE layers."""
+    m = cfg.model
+    out = {k.replace(".mlp.", ".feed_forward."): v for k, v in state.items()}
+    for i, x in enumerate(cfg.layer_positions):
+        if x != "rope":
+            continue
+        for proj, heads in (("q_proj", m.num_attention_heads), ("k_proj", m.kv_heads)):
+            k = f"model.layers.{i}.self_attn.{proj}.weight"
+            out[k] = _meta_pairs(out[k], heads, m.head_dim)
+    return out
+
+
+_LLAMA4 = StockForm("Llama4ForCausalLM", _llama4_config, _llama4_refuse, claims=_llama4_claims,
+                    weights=_llama4_weights, temperatures=("none", "uniform", "llama4"))
+
+STOCK_FORMS: dict[frozenset, tuple[StockForm, ...]] = {
+    frozenset({"nope"}): (_LLAMA4, StockForm("SmolLM3ForCausalLM", _smollm3_config, _rope_refuse)),
+    frozenset({"rope"}): (_LLAMA4, StockForm("LlamaForCausalLM", _rope_config, _llama_refuse)),
+    frozenset({"nope", "rope"}): (_LLAMA4, StockForm("SmolLM3ForCausalLM", _smollm3_config,
+                                                     _rope_refuse)),
 }
 """The set of position variants a run's layers use (attention.layout over attention.position,
-`RunConfig.layer_positions`) -> its exact stock form. Sets without an entry are refused."""
+`RunConfig.layer_positions`) -> its stock forms, the first that claims the run wins (Llama 4 for
+chunked attention or its temperature). Sets without an entry are refused."""
 
 
 def stock_form(cfg) -> Optional[StockForm]:
-    """The stock form of the run `cfg` by its layers' variants, or None."""
-    return STOCK_FORMS.get(frozenset(cfg.layer_positions))
+    """The stock form of the run `cfg` by its layers' variants and options, or None."""
+    forms = STOCK_FORMS.get(frozenset(cfg.layer_positions), ())
+    return next((f for f in forms if f.claims(cfg)), None)
 
 
 _INFERENCE_IRRELEVANT = ("impl", "chunk_size", "kerple", "sandwich", "xpos")
 """Attention fields that do not change the function of a NoPE/RoPE model: kernel choices, and
 the option sections of variants that have no stock form (refused by name first)."""
-_HANDLED = ("position", "scale_c", "head_scale", "rope", "window", "log_scale_a", "layout")
+_HANDLED = ("position", "scale_c", "head_scale", "rope", "window", "chunked", "temperature",
+            "layout")
 
 
 def refusal(cfg) -> Optional[str]:
@@ -183,9 +266,11 @@ def refusal(cfg) -> Optional[str]:
                 f"attention.layout {a.layout.kind!r} (layers: {describe(names)})")
         return (f"{what} has no exact stock transformers architecture (stock forms exist for "
                 f"layers of {known}){hint}")
-    if a.log_scale_a is not None:
-        return ("attention.log_scale_a (log-length scale, a per-position logit multiplier) has "
-                f"no stock form{hint}")
+    if a.temperature.kind not in form.temperatures:
+        return (f"attention.temperature {a.temperature.kind!r} (a per-position logit multiplier) "
+                f"has no {form.architecture} form (it expresses {list(form.temperatures)}){hint}")
+    if a.chunked is not None and form is not _LLAMA4:
+        return f"attention.chunked has no {form.architecture} form{hint}"
     why = form.refuse(cfg)
     if why:
         return why + hint
@@ -200,6 +285,27 @@ def refusal(cfg) -> Optional[str]:
 
 
 # ------------------------------------------------------------------ weights
+
+
+def folded_scales(cfg, scales: Tensor) -> Tensor:
+    """The per-head scales [layers, heads] a stock export folds into q_proj: the run's (uniform
+    c or learned m_h) times a `uniform` temperature's c on the layers it scales."""
+    from lenext_dist.attention.temperature import applies
+
+    t = cfg.attention.temperature
+    if t.kind != "uniform":
+        return scales
+    rows = [float(t.c) if applies(t, x) else 1.0 for x in cfg.layer_positions]
+    return scales * scales.new_tensor(rows).view(-1, 1)
+
+
+def stock_state(cfg, hf_state: dict, scales: Tensor) -> dict:
+    """The HF Llama-named state as the run's stock form stores it: scales folded into q_proj
+    (`folded_scales`), then the form's names and layouts."""
+    m = cfg.model
+    folded = fold_head_scales(hf_state, folded_scales(cfg, scales), m.num_attention_heads,
+                              m.head_dim)
+    return stock_form(cfg).weights(folded, cfg)
 
 
 def fold_head_scales(hf_state: dict, scales: Tensor, num_heads: int, head_dim: int) -> dict:
@@ -228,7 +334,8 @@ def build_stock_config(cfg, *, scales: Tensor, scale_c: float, head_scale_source
     provenance = {
         "format": STOCK_FORMAT, "position": a.position,
         "layout": dataclasses.asdict(a.layout), "layer_positions": cfg.layer_positions,
-        "layer_windows": cfg.layer_windows,
+        "layer_windows": cfg.layer_windows, "layer_chunks": cfg.layer_chunks,
+        "temperature": dataclasses.asdict(a.temperature),
         "rope": dataclasses.asdict(a.rope), "window": a.window, "scale_c": float(scale_c),
         "head_scale_source": head_scale_source, "head_scales_folded_into": "q_proj",
         "head_scales_summary": {"min": float(scales.min()), "max": float(scales.max()),
@@ -380,5 +487,6 @@ def write_stock_tokenizer(out: Path, spm_path: Path, bos: bool = False) -> tuple
 
 
 __all__ = ["STOCK_FORMS", "ROPE_PARAMETERS", "StockForm", "PROVENANCE", "refusal",
-           "fold_head_scales", "build_stock_config", "provenance", "stock_tokenizer_json",
+           "fold_head_scales", "folded_scales", "stock_state", "build_stock_config", "provenance",
+           "stock_tokenizer_json",
            "write_stock_tokenizer", "PROBE_TEXTS"]

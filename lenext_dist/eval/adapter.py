@@ -139,9 +139,10 @@ def set_uniform_scale(model: nn.Module, c: float) -> None:
 def set_variant(model: nn.Module, *, rope: Optional[dict] = None, **options) -> None:
     """Eval-time attention options on an exported lenext model, e.g. a sliding window on any
     variant (`window=128`), a RoPE extension (`rope={"scaling": "ntk", "factor": 4.0}`) or a
-    log-length scale (`log_scale_a=0.3`); uses the model's own shipped `set_position`."""
+    temperature schedule (`temperature={"kind": "log_fit", "a": 0.3}`); uses the model's own
+    shipped `set_position`."""
     if layout(model) != "lenext":
-        raise ValueError("window / RoPE scaling / log-length scale options need a custom lenext "
+        raise ValueError("window / RoPE scaling / temperature options need a custom lenext "
                          "export (python -m lenext_dist.convert --format custom); a stock or "
                          "plain Llama model has its attention fixed by its config")
     _own(model, "set_position")(model, rope=rope, **options)

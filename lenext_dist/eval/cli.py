@@ -8,7 +8,7 @@ Output files in --out (default results/<model dir name>):
   tasks      tasks[_c<C>].json, tasks[_c<C>].png
   entropy    entropy[_c<C>]_<N>.json, .png, .npz (full [layers, heads, N] array)
   scale-sweep  scale_sweep.json, scale_sweep.png, scale_sweep_losses.npz
-([_c<C>] stands for every eval-time option given: _c<C>_w<W>_loga<A>_<ntk|yarn|pi><s>.)
+([_c<C>] stands for every eval-time option given: _c<C>_w<W>_<ntk|yarn|pi><s>_t-<schedule>.)
 
 Each subcommand's flags are the fields of its typed job in eval/jobs.py (argparse dests = field
 names); `run` parses them into that job and runs it. `lenext extend` and experiments build the
@@ -23,8 +23,8 @@ from typing import Optional, Sequence
 from lenext_dist.errors import entry_point
 
 from .jobs import EvalError, job_from_args  # noqa: F401  (EvalError: re-exported from its old home)
-from .options import (DTYPES, PROTOCOLS, ROPE_SCALINGS, TASK_NAMES, depths, float_, ints, nonneg_int,
-                      pos_float, pos_int, task_names)
+from .options import (DTYPES, PROTOCOLS, ROPE_SCALINGS, TASK_NAMES, depths, ints, nonneg_int,
+                      pos_float, pos_int, task_names, temperature)
 
 
 def _add_common(p: argparse.ArgumentParser, data: bool = True) -> None:
@@ -44,8 +44,9 @@ def _add_common(p: argparse.ArgumentParser, data: bool = True) -> None:
     p.add_argument("--rope-scaling", default=None, choices=ROPE_SCALINGS,
                    help="RoPE extension at eval time (RoPE models), with --rope-factor")
     p.add_argument("--rope-factor", type=pos_float, default=None, help="s = target / training length")
-    p.add_argument("--log-scale-a", type=float_, default=None,
-                   help="position-dependent scale lambda_i = c (1 + a ln max(1, i/L)) / sqrt(d)")
+    p.add_argument("--temperature", type=temperature, default=None, metavar="KIND[:k=v,...]",
+                   help="a temperature schedule on the NoPE layers (layers=all: every layer), e.g. "
+                   "log_fit:a=0.3, llama4:floor_scale=64,attn_scale=0.1, qwen_logn, uniform:c=1.5")
     p.add_argument("--train-length", type=pos_int, default=None,
                    help="training context L (default: from the model config)")
     p.add_argument("--no-progress", action="store_true", help="no tqdm progress bars")
@@ -69,7 +70,7 @@ DESCRIPTION = """Measure a Hugging Face model folder at one or more lengths; wri
 
 Every kind takes --model DIR (required), --out DIR (default results/<model name>) and the
 eval-time changes --scale-c C, --window W, --rope-scaling pi|ntk|yarn with --rope-factor S,
---log-scale-a A; `lenext eval KIND --help` lists all its options. Each result file records the
+--temperature KIND[:k=v,...]; `lenext eval KIND --help` lists all its options. Each result file records the
 command, the model, the data and the protocol."""
 
 EPILOG = """examples:
@@ -78,7 +79,7 @@ EPILOG = """examples:
 
 Outputs in --out: ppl_<protocol>.json/.png, passkey.json/.png, tasks.json/.png,
 entropy_<N>.json/.png/.npz, scale_sweep.json/.png/.npz; an eval-time change adds a suffix
-(_c1.5, _w128, _ntk4, _loga0.3). Manual: docs/evaluation.md"""
+(_c1.5, _w128, _ntk4, _t-log_fit-a0.3). Manual: docs/evaluation.md"""
 
 
 def _kind(sub, name: str, help_: str, description: str, example: str) -> argparse.ArgumentParser:

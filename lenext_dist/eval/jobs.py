@@ -24,8 +24,9 @@ import numpy as np
 from lenext_dist.errors import UserError
 
 from .model_io import load_model, model_info, write_json
-from .options import (DTYPES, PROTOCOLS, ROPE_SCALINGS, TASK_NAMES, choice, depths, float_, ints,
-                      nonneg_int, paths, pos_float, pos_int, task_names)
+from .options import (DTYPES, PROTOCOLS, ROPE_SCALINGS, TASK_NAMES, choice, depths, ints,
+                      nonneg_int, paths, pos_float, pos_int, task_names, temperature,
+                      temperature_section)
 
 
 class EvalError(UserError, ValueError):
@@ -52,7 +53,7 @@ class EvalJob:
     window: Optional[int] = _opt(None, pos_int)
     rope_scaling: Optional[str] = _opt(None, choice(ROPE_SCALINGS))
     rope_factor: Optional[float] = _opt(None, pos_float)
-    log_scale_a: Optional[float] = _opt(None, float_)
+    temperature: Optional[str] = _opt(None, temperature)
     train_length: Optional[int] = _opt(None, pos_int)
     no_progress: bool = False
     bos: Optional[bool] = None
@@ -78,9 +79,14 @@ class EvalJob:
     @property
     def suffix(self) -> str:
         """Names every eval-time change of the model, e.g. `_c1.2_w64_ntk4`."""
-        parts = [("c", self.scale_c), ("w", self.window), ("loga", self.log_scale_a),
+        parts = [("c", self.scale_c), ("w", self.window),
                  (self.rope_scaling or "", self.rope_factor if self.rope_scaling else None)]
-        return "".join(f"_{k}{v:g}" for k, v in parts if v is not None)
+        out = "".join(f"_{k}{v:g}" for k, v in parts if v is not None)
+        if self.temperature:  # 'llama4:floor_scale=64' -> _t-llama4-floor_scale64
+            t = temperature_section(self.temperature)
+            out += "_t-" + "-".join([t.pop("kind")] + [f"{k}{v:g}" if isinstance(v, float) else
+                                                        f"{k}-{v}" for k, v in t.items()])
+        return out
 
     @property
     def stem(self) -> Path:
@@ -127,8 +133,8 @@ class EvalJob:
         model = load_model(self.model, self.dtype, self.device)
         if self.scale_c is not None:
             set_uniform_scale(model, self.scale_c)
-        options = {k: v for k, v in (("window", self.window), ("log_scale_a", self.log_scale_a))
-                   if v is not None}
+        options = {k: v for k, v in (("window", self.window), ("temperature", self.temperature and
+                   temperature_section(self.temperature))) if v is not None}
         rope = {k: v for k, v in (("scaling", self.rope_scaling), ("factor", self.rope_factor))
                 if v is not None}
         if options or rope:

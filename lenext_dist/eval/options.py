@@ -112,3 +112,33 @@ def task_names(s) -> list[str]:
     if not out or bad:
         raise argparse.ArgumentTypeError(f"expected tasks from {', '.join(TASK_NAMES)}, got {s!r}")
     return out
+
+
+def temperature_section(s) -> dict:
+    """'KIND[:key=value,...]' -> the attention.temperature section it names, e.g.
+    'llama4:floor_scale=64,attn_scale=0.1' -> {kind: llama4, floor_scale: 64.0, attn_scale: 0.1};
+    checked by the registry (lenext_dist/attention/temperature.py)."""
+    from lenext_dist.attention.temperature import check
+
+    kind, _, rest = str(s).partition(":")
+    section: dict = {"kind": kind.strip()}
+    for item in filter(None, (x.strip() for x in rest.split(","))):
+        key, eq, value = item.partition("=")
+        if not eq:
+            raise argparse.ArgumentTypeError(f"expected KIND[:key=value,...], got {s!r}")
+        key = key.strip()
+        try:
+            section[key] = value.strip() if key == "layers" else float_(value)
+        except argparse.ArgumentTypeError as e:
+            raise argparse.ArgumentTypeError(f"{key}: {e}") from None
+    try:
+        check(section)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return section
+
+
+def temperature(s) -> str:
+    """--temperature: the spec as written, once `temperature_section` accepts it."""
+    temperature_section(s)
+    return str(s)

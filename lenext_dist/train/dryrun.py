@@ -91,7 +91,7 @@ def dry_run(cfg: RunConfig, world: int | None = None) -> dict:
           f" heads) = HeadScale's per-head scales, here {counts['head_scales']:,} parameters "
           f"({'trainable' if cfg.attention.head_scale.trainable else 'fixed'} when enabled)")
     names = cfg.layer_positions
-    specs = list(zip(names, cfg.layer_windows))
+    specs = cfg.layer_specs
     print(f"attention: {cfg.attention.position}, layout {cfg.attention.layout.kind}: layers "
           f"{describe(labels(specs))}")
     print(f"trainable: {trainable:,} ({cfg.train.mode} mode)")

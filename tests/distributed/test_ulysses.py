@@ -23,7 +23,8 @@ CASES = {
     "alibi": dict(attention={"position": "alibi"}),
     "kerple": dict(attention={"position": "kerple_log"}),
     "xpos": dict(attention={"position": "xpos", "xpos": {"blockwise": True}}),
-    "window_logscale": dict(attention={"position": "rope", "window": 8, "log_scale_a": 0.5},
+    "window_logscale": dict(attention={"position": "rope", "window": 8, "temperature": {
+                                "kind": "log_fit", "a": 0.5, "layers": "all"}},
                             model={"train_length": 16}),
     "gqa1": dict(attention={"position": "rope"}, model={"num_query_groups": 1}),  # KV repeated
     "headscale": dict(attention={"position": "rope", "head_scale": {"enabled": True,

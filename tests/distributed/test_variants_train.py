@@ -1,7 +1,7 @@
-"""Each attention variant of project issue 7 (and per-layer layouts: RoPE and NoPE layers
-interleaved; local RoPE + global NoPE) trains under ZeRO-2 on 2 gloo ranks on real text
-(launch/pretrain.py under the deepspeed launcher, the tiny model of tests/helpers.py, 4 steps), is
-exported, and `lenext eval ppl` runs on it at 1x/2x/4x its training length."""
+"""Each attention variant of project issue 7, each per-layer layout and each temperature schedule
+(issue 34) trains under ZeRO-2 on 2 gloo ranks on real text (launch/pretrain.py under the deepspeed
+launcher, the tiny model of tests/helpers.py, 4 steps), is exported, and `lenext eval ppl` runs on
+it at 1x/2x/4x its training length."""
 import json
 import math
 
@@ -11,6 +11,7 @@ from helpers import REPO, free_port, losses, pretrain_cmd, run, write_config
 
 pytestmark = pytest.mark.distributed
 
+LLAMA4_T = {"kind": "llama4", "floor_scale": 8, "attn_scale": 0.5}  # steps within L = 32
 CASES = {
     "alibi": {"position": "alibi"},
     "kerple_log": {"position": "kerple_log"},
@@ -21,15 +22,39 @@ CASES = {
     "interleaved": {"position": "rope", "layout": {"kind": "nope_every", "every": 2}},
     # local RoPE under a window W = 8, global NoPE on every 2nd layer (Cohere Command R7B's, k = 2)
     "local_global": {"position": "rope", "window": 8, "layout": {"kind": "local_global", "every": 2}},
+    # Llama 4's iRoPE (k = 2): chunked RoPE (C = 8), global NoPE under Llama 4's temperature
+    "irope": {"position": "rope", "chunked": 8, "layout": {"kind": "irope", "every": 2},
+              "temperature": LLAMA4_T},
+    "explicit": {"position": "rope", "layout": {"kind": "explicit", "layers": ["rope", "nope"]}},
+    # SmolLM3's own pattern needs 4 layers (every 4th NoPE): model.num_layers 4 below
+    "smollm3": {"position": "rope", "layout": {"kind": "smollm3"}},
+    # temperature schedules (model.train_length 8 below: past L inside the 32-token samples)
+    "t_uniform": {"position": "rope", "layout": {"kind": "nope_every", "every": 2},
+                  "temperature": {"kind": "uniform", "c": 1.3}},
+    "t_log_fit": {"position": "nope", "temperature": {"kind": "log_fit", "a": 0.4}},
+    "t_qwen_logn": {"position": "nope", "temperature": {"kind": "qwen_logn"}},
+    "t_ssmax": {"position": "nope", "temperature": {"kind": "ssmax"},
+                "head_scale": {"enabled": True, "trainable": True, "min_value": None}},
 }
+MODEL = {"smollm3": {"num_layers": 4}, "t_log_fit": {"train_length": 8},
+         "t_qwen_logn": {"train_length": 8}, "t_ssmax": {"train_length": 8}}
+LAYERS = {"interleaved": (["rope", "nope"], [None, None], [None, None]),
+          "local_global": (["rope", "nope"], [8, None], [None, None]),
+          "irope": (["rope", "nope"], [None, None], [8, None]),
+          "explicit": (["rope", "nope"], [None, None], [None, None]),
+          "smollm3": (["rope"] * 3 + ["nope"], [None] * 4, [None] * 4),
+          "t_uniform": (["rope", "nope"], [None, None], [None, None])}
+"""Each layout's layers as the export runs them: (variant, window, chunked) per layer."""
 HEADERS = {"interleaved": "(layout nope_every: rope, nope)",
-           "local_global": "(layout local_global: rope + window 8, nope)"}
+           "local_global": "(layout local_global: rope + window 8, nope)",
+           "irope": "(layout irope: rope + chunked 8, nope)",
+           "smollm3": "(layout smollm3: rope x3, nope)"}
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_variant_trains_under_zero2(case, sample_shards, tmp_path):
     cfg = write_config(tmp_path, sample_shards, case, attention=CASES[case],
-                       train={"steps": 4, "eval_interval": 0},
+                       model=MODEL.get(case, {}), train={"steps": 4, "eval_interval": 0},
                        parallel={"zero_stage": 2}, checkpoint={"interval": 0})
     p = run(pretrain_cmd(cfg, "deepspeed", 2, free_port()), timeout=240)
     curve = losses(tmp_path / case)
@@ -39,7 +64,7 @@ def test_variant_trains_under_zero2(case, sample_shards, tmp_path):
     assert curve[4] < curve[1], curve
     assert "world 2, ZeRO-2" in p.stdout
     assert f"attention {CASES[case]['position']}" in p.stdout
-    if "layout" in CASES[case]:
+    if case in HEADERS:
         assert HEADERS[case] in p.stdout
 
     # export (exact weights, incl. KERPLE's learned r1/r2) and evaluate past the training length
@@ -53,16 +78,23 @@ def test_variant_trains_under_zero2(case, sample_shards, tmp_path):
             "--no-progress", "--threads", "1", "--out", str(tmp_path / "eval")])
     res = json.loads((tmp_path / "eval" / "ppl_last-stride.json").read_text())
     assert res["model"]["config"]["position"] == CASES[case]["position"]
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(hf), trust_remote_code=True)
+    got = [layer.self_attn.position for layer in model.model.layers]
     if "layout" in CASES[case]:  # the export's layers run the trained layout
         layout = CASES[case]["layout"]
         assert res["model"]["config"]["attention_options"]["layout"]["kind"] == layout["kind"]
-        assert ["name=rope" in p for p in res["model"]["layer_positions"]] == [True, False]
-        from transformers import AutoModelForCausalLM
-
-        model = AutoModelForCausalLM.from_pretrained(str(hf), trust_remote_code=True)
-        assert [layer.self_attn.position.name for layer in model.model.layers] == ["rope", "nope"]
-        windows = [layer.self_attn.position.window for layer in model.model.layers]
-        assert windows == ([8, None] if layout["kind"] == "local_global" else [None, None])
+        assert ([v.name for v in got], [v.window for v in got], [v.chunked for v in got]) == \
+            tuple(LAYERS[case])
+    if "temperature" in CASES[case]:  # the schedule on the layers it names (default: NoPE ones)
+        t = CASES[case]["temperature"]
+        assert [None if v.temperature is None else vars(v.temperature) for v in got] == \
+            [{**{k: None for k in ("c", "a", "floor_scale", "attn_scale")}, "layers": "nope", **t}
+             if v.name == "nope" else None for v in got]
+    if case == "t_ssmax":  # SSMax's per-head s trained from scratch (m_h moved off its init 1)
+        scales = [layer.self_attn.head_scale for layer in model.model.layers]
+        assert all((s - 1.0).abs().max() > 1e-4 for s in scales), scales
     assert [r["length"] for r in res["results"]] == [32, 64, 128]
     assert all(math.isfinite(r["ppl"]) and r["ppl"] > 1 for r in res["results"])
 

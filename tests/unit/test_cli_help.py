@@ -65,6 +65,12 @@ def _nope_length():
     return main
 
 
+def _nope_layouts():
+    from experiments.nope_layouts.study import main
+
+    return main
+
+
 def _probe():
     from experiments.nope_length.probe import main
 
@@ -97,6 +103,7 @@ COMMANDS = [
     ("python -m lenext_dist.convert", _convert, []),
     ("python -m experiments.nope_length", _nope_length, []),
     ("python -m experiments.nope_length.probe", _probe, []),
+    ("python -m experiments.nope_layouts", _nope_layouts, []),
 ]
 
 

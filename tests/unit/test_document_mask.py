@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from lenext_dist.attention import POSITIONS, Documents, attend, build_position, document_ids
-from lenext_dist.config import AttentionConfig, ModelConfig, RunConfig, XposConfig
+from lenext_dist.config import AttentionConfig, TemperatureConfig, ModelConfig, RunConfig, XposConfig
 
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
@@ -62,11 +62,12 @@ def test_document_ids_from_eos_and_bos():
         document_ids(t)
 
 
-OPTIONS = [{}, {"window": 4}, {"log_scale_a": 0.5}]
+OPTIONS = [{}, {"window": 4}, {"temperature": {"kind": "log_fit", "a": 0.5, "layers": "all"}},
+           {"chunked": 3}]
 
 
 @pytest.mark.parametrize("name", ALL)
-@pytest.mark.parametrize("opts", OPTIONS, ids=["plain", "window", "log_scale"])
+@pytest.mark.parametrize("opts", OPTIONS, ids=["plain", "window", "log_scale", "chunked"])
 def test_packed_equals_alone_on_every_kernel(name, opts):
     s = IDS.shape[1]
     q, k, v = rand_qkv(s)
@@ -187,7 +188,8 @@ def test_megatron_and_hf_packed_documents_equal_alone(megatron_1rank, position):
     cfg = RunConfig(model=ModelConfig(num_layers=2, hidden_size=64, num_attention_heads=4,
                                       num_query_groups=2, ffn_hidden_size=96, vocab_size=VOCAB,
                                       seq_length=SEQ),
-                    attention=AttentionConfig(position=position, scale_c=1.1, log_scale_a=0.3))
+                    attention=AttentionConfig(position=position, scale_c=1.1, temperature=TemperatureConfig(
+                        kind="log_fit", a=0.3, layers="all")))
     megatron_1rank(11)
     meg = build_model(cfg, device="cpu").eval()
     with torch.no_grad():

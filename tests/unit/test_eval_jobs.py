@@ -12,7 +12,11 @@ from lenext_dist.eval.jobs import EntropyJob, EvalError, PasskeyJob, PplJob, Sca
 @pytest.mark.parametrize("flag,value,message", [
     ("--lengths", "32,0", "argument --lengths: must be > 0, got 0"),
     ("--threads", "0", "argument --threads: must be > 0, got 0"),
-    ("--log-scale-a", "nan", "argument --log-scale-a: must be finite, got 'nan'"),
+    ("--temperature", "log_fit:a=nan", "argument --temperature: a: must be finite, got 'nan'"),
+    ("--temperature", "llama4:c=2", "argument --temperature: attention.temperature.c is not read by kind 'llama4' "
+     "(it reads ['floor_scale', 'attn_scale'])"),
+    ("--temperature", "warm", "argument --temperature: unknown attention.temperature.kind 'warm'; "
+     "registered: ['llama4', 'log_fit', 'none', 'qwen_logn', 'ssmax', 'uniform']"),
     ("--scale-c", "-1", "argument --scale-c: must be > 0, got -1"),
 ])
 def test_a_bad_option_reads_the_same_in_process_and_on_the_command_line(flag, value, message, capsys):
@@ -38,12 +42,13 @@ def test_jobs_pickle_and_name_their_results_from_their_options(tmp_path):
     jobs = [PplJob(model="m", out=str(tmp_path), data=["d"], lengths="32,64", scale_c=1.2, window=64),
             PplJob(model="m", out=str(tmp_path), data=["d"], lengths=[64], protocol="full",
                    rope_scaling="ntk", rope_factor=4),
-            PasskeyJob(model="m", out=str(tmp_path), lengths=[100], depths=5, log_scale_a=0.25),
+            PasskeyJob(model="m", out=str(tmp_path), lengths=[100], depths=5,
+                       temperature="log_fit:a=0.25,layers=all"),
             EntropyJob(model="m", out=str(tmp_path), data=["d"], length=64, scale_c=1.5),
             ScaleSweepJob(model="m", out=str(tmp_path), data=["d"], length=64)]
     assert [pickle.loads(pickle.dumps(j)) for j in jobs] == jobs
     assert [j.result_path.name for j in jobs] == [
-        "ppl_last-stride_c1.2_w64.json", "ppl_full_ntk4.json", "passkey_loga0.25.json",
+        "ppl_last-stride_c1.2_w64.json", "ppl_full_ntk4.json", "passkey_t-log_fit-a0.25-layers-all.json",
         "entropy_c1.5_64.json", "scale_sweep.json"]
     assert jobs[3].npz_path.name == "entropy_c1.5_64.npz"
     assert jobs[0].lengths == [32, 64] and jobs[2].depths == "5"

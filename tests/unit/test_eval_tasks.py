@@ -150,7 +150,8 @@ def test_cli_writes_json_and_refuses_unknown_tasks(tmp_path):
 
 
 @pytest.mark.parametrize("position,options", [("nope", {}), ("rope", {}), ("alibi", {}),
-                                              ("nope", {"window": 16}), ("nope", {"log_scale_a": 0.3})])
+                                              ("nope", {"window": 16}),
+                                              ("nope", {"temperature": {"kind": "log_fit", "a": 0.3}})])
 def test_right_padding_changes_no_scored_logit(position, options):
     """score() pads every document of a length to one shape (one compile of a flex kernel per
     length, not per document); a causal model's logits before the padding must not move."""

@@ -15,8 +15,8 @@ import torch
 
 from lenext_dist.attention import LAYOUTS, NoPE, RoPE, attend, layer_names, layer_variants
 from lenext_dist.attention.layout import layer_specs
-from lenext_dist.config import (AttentionConfig, ConfigError, LayoutConfig, ModelConfig,
-                                RopeConfig, RunConfig, load_config)
+from lenext_dist.config import (AttentionConfig, ConfigError, LayoutConfig, ModelConfig, RopeConfig,
+                                RunConfig, TemperatureConfig, load_config)
 
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
@@ -31,7 +31,7 @@ def names(kind, n=4, position="rope", **lay):
 # ---- the registry ------------------------------------------------------------------------------
 
 def test_presets():
-    assert sorted(LAYOUTS) == ["explicit", "local_global", "nope_every", "smollm3", "uniform"]
+    assert sorted(LAYOUTS) == ["explicit", "irope", "local_global", "nope_every", "smollm3", "uniform"]
     assert names("uniform") == ["rope"] * 4
     assert names("nope_every", every=2) == ["rope", "nope", "rope", "nope"]  # layers 2, 4 (1-based)
     assert names("nope_every", n=8, every=3) == ["rope", "rope", "nope"] * 2 + ["rope"] * 2
@@ -46,10 +46,19 @@ def test_presets():
     assert layer_names(NS(position="xpos"), 3) == ["xpos"] * 3
     # Cohere Command R7B: three local (windowed) RoPE layers, then a global NoPE one
     cfg = NS(position="rope", window=16, layout=NS(kind="local_global"))
-    assert layer_specs(cfg, 8) == ([("rope", 16)] * 3 + [("nope", None)]) * 2
+    assert layer_specs(cfg, 8) == ([("rope", 16, None)] * 3 + [("nope", None, None)]) * 2
+    # Llama 4's iRoPE: three chunked RoPE layers, then a global NoPE one (transformers'
+    # Llama4TextConfig: no_rope_layer_interval 4, layer_types chunked_attention on RoPE layers)
+    from transformers import Llama4TextConfig
+
+    llama4 = Llama4TextConfig(num_hidden_layers=8, attention_chunk_size=32)
+    cfg = NS(position="rope", chunked=32, layout=NS(kind="irope"))
+    assert layer_specs(cfg, 8) == [("rope" if r else "nope", None, 32 if t == "chunked_attention"
+                                    else None) for r, t in zip(llama4.no_rope_layers,
+                                                               llama4.layer_types)]
     # every other layout: the window (if any) on every layer
     assert layer_specs(NS(position="rope", window=16, layout=NS(kind="nope_every", every=2)), 2) \
-        == [("rope", 16), ("nope", 16)]
+        == [("rope", 16, None), ("nope", 16, None)]
 
 
 @pytest.mark.parametrize("overrides,match", [
@@ -68,6 +77,8 @@ def test_presets():
       "attention.rope.scaling=yarn", "attention.rope.factor=2"], "no layer .* has one"),
     (["attention.position=rope", "attention.layout.kind=local_global"],
      "'local_global' needs attention.window"),
+    (["attention.position=rope", "attention.layout.kind=irope"], "'irope' needs attention.chunked"),
+    (["attention.layout.kind=irope", "attention.chunked=8"], "needs attention.position 'rope'"),
 ])
 def test_config_refusals_are_one_line(overrides, match):
     with pytest.raises(ConfigError, match=match) as e:
@@ -199,17 +210,27 @@ def megatron_and_hf(cfg, init_megatron):
     return meg, hf
 
 
-@pytest.mark.parametrize("kind,windows", [("nope_every", [10] * 4),
-                                          ("local_global", [10, None, 10, None])])
-def test_megatron_and_hf_run_the_layout(megatron_1rank, kind, windows):
+LLAMA4_T = TemperatureConfig(kind="llama4", floor_scale=4, attn_scale=0.5)
+
+
+@pytest.mark.parametrize("kind,extra,windows,chunks", [
+    ("nope_every", dict(window=10), [10] * 4, [None] * 4),
+    ("local_global", dict(window=10), [10, None, 10, None], [None] * 4),
+    # Llama 4's iRoPE with its temperature on the NoPE layers (steps at 4, 8, 12, ... tokens)
+    ("irope", dict(chunked=5, temperature=LLAMA4_T), [None] * 4, [5, None, 5, None]),
+])
+def test_megatron_and_hf_run_the_layout(megatron_1rank, kind, extra, windows, chunks):
     from lenext_dist.attention import document_ids
 
-    cfg = layout_cfg(window=10, layout=LayoutConfig(kind=kind, every=2))
+    cfg = layout_cfg(layout=LayoutConfig(kind=kind, every=2), **extra)
     meg, hf = megatron_and_hf(cfg, megatron_1rank)
     megs = [layer.self_attention.core_attention.position for layer in meg.decoder.layers]
     hfs = [layer.self_attn.position for layer in hf.model.layers]
     assert [v.name for v in megs] == [v.name for v in hfs] == ["rope", "nope", "rope", "nope"]
     assert [v.window for v in megs] == [v.window for v in hfs] == windows == cfg.layer_windows
+    assert [v.chunked for v in megs] == [v.chunked for v in hfs] == chunks == cfg.layer_chunks
+    tuned = [v.temperature is not None for v in hfs]
+    assert [v.temperature is not None for v in megs] == tuned == [False, "temperature" in extra] * 2
     assert hf.config.attention_options["layout"] == {"kind": kind, "every": 2, "layers": []}
     gen = torch.Generator().manual_seed(0)
     x = torch.randint(3, VOCAB, (2, SEQ), generator=gen)
@@ -233,7 +254,7 @@ def test_megatron_and_hf_run_the_layout(megatron_1rank, kind, windows):
         torch.testing.assert_close(step.logits, hf(input_ids=x, use_cache=False).logits[:, -3:],
                                    atol=1e-5, rtol=1e-5)
         # the layout is the function: the same weights with every layer RoPE differ
-        uniform, _ = megatron_and_hf(layout_cfg(window=10, layout=LayoutConfig()), megatron_1rank)
+        uniform, _ = megatron_and_hf(layout_cfg(layout=LayoutConfig(), **extra), megatron_1rank)
         uniform.load_state_dict(meg.state_dict(), strict=False)
         assert not torch.allclose(uniform(x, pos, None), meg(x, pos, None), atol=1e-3)
 

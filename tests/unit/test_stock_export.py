@@ -17,7 +17,7 @@ import torch
 from lenext_dist.attention import POSITIONS
 from lenext_dist.attention.rope import SCALINGS
 from lenext_dist.config import (AttentionConfig, DataConfig, HeadScaleConfig, LayoutConfig,
-                                ModelConfig, RopeConfig, RunConfig, save_config)
+                                ModelConfig, RopeConfig, RunConfig, TemperatureConfig, save_config)
 from lenext_dist.convert import ExportError, export, verify
 from lenext_dist.convert.stock import PROBE_TEXTS, ROPE_PARAMETERS, STOCK_FORMS
 from tiny_models import REPO, SAMPLE_TOKENIZER
@@ -106,13 +106,23 @@ CASES = {
     # Cohere Command R7B's pattern (k = 2 here): local RoPE layers under the window, global NoPE
     "local_global": dict(position="rope", layers=4, layout=LayoutConfig(kind="local_global", every=2),
                          window=6, rope=RopeConfig(scaling="pi", factor=2.0)),
+    # a uniform temperature c on the NoPE layers only, folded into their q_proj rows
+    "interleaved_t_uniform": dict(position="rope", layers=4, layout=LayoutConfig(kind="nope_every",
+                                  every=2), temperature=TemperatureConfig(kind="uniform", c=1.4)),
+    # Llama 4's iRoPE (k = 2 here): chunked RoPE layers (C = 6), global NoPE layers under its
+    # temperature (floor_scale 4: it steps 5 times within 8x L), GQA, a uniform c folded in
+    "irope_llama4": dict(position="rope", layers=4, layout=LayoutConfig(kind="irope", every=2),
+                         chunked=6, scale_c=1.2, temperature=TemperatureConfig(
+                             kind="llama4", floor_scale=4, attn_scale=0.5)),
 }
 EXPECTED = {"nope_headscale": "SmolLM3ForCausalLM", "nope_window": "SmolLM3ForCausalLM",
             "rope_yarn_tied": "LlamaForCausalLM", "rope_pi_window": "MistralForCausalLM",
             "interleaved": "SmolLM3ForCausalLM", "smollm3_yarn_window": "SmolLM3ForCausalLM",
-            "local_global": "SmolLM3ForCausalLM"}
+            "local_global": "SmolLM3ForCausalLM", "interleaved_t_uniform": "SmolLM3ForCausalLM",
+            "irope_llama4": "Llama4ForCausalLM"}
 NO_ROPE_LAYERS = {"nope_headscale": [0, 0], "nope_window": [0, 0], "interleaved": [1, 0, 1, 0],
-                  "smollm3_yarn_window": [1, 1, 1, 0], "local_global": [1, 0, 1, 0]}
+                  "smollm3_yarn_window": [1, 1, 1, 0], "local_global": [1, 0, 1, 0],
+                  "interleaved_t_uniform": [1, 0, 1, 0]}
 """SmolLM3's no_rope_layers: 1 = a RoPE layer, 0 = a NoPE layer."""
 LAYER_TYPES = {"local_global": ["sliding_attention", "full_attention"] * 2}
 """SmolLM3's layer_types where the window is not on every layer (else all sliding, or all full)."""
@@ -191,6 +201,11 @@ def test_stock_loads_without_remote_code_and_equals_custom(exports, fresh_proces
         assert cfg["rope_parameters"]["original_max_position_embeddings"] == L
     elif name in ("rope_pi_window", "local_global"):
         assert cfg["rope_parameters"]["rope_type"] == "linear" and cfg["sliding_window"] == 6
+    if name == "irope_llama4":  # Llama4TextConfig: chunked RoPE layers, tuned NoPE layers, dense
+        assert cfg["no_rope_layers"] == [1, 0, 1, 0] and cfg["attention_chunk_size"] == 6
+        assert cfg["layer_types"] == ["chunked_attention", "full_attention"] * 2
+        assert (cfg["attn_temperature_tuning"], cfg["floor_scale"], cfg["attn_scale"]) == (True, 4, 0.5)
+        assert cfg["moe_layers"] == [] and cfg["use_qk_norm"] is False
     assert prov["exported_as"] == EXPECTED[name]
     got = fresh_process[name]
     print(name, "max |stock - custom| at 1x/4x/8x L:", got["diffs"], "cache:", got["cache"])
@@ -367,9 +382,16 @@ def test_layouts_without_a_stock_form_are_refused(tmp_path, position, layout, wh
 
 
 @pytest.mark.parametrize("attn,what", [
-    (dict(position="nope", log_scale_a=0.3), "log_scale_a"),
-    (dict(position="rope", log_scale_a=0.3, rope=RopeConfig(scaling="yarn", factor=2.0)),
-     "log_scale_a"),
+    (dict(position="nope", temperature=TemperatureConfig(kind="log_fit", a=0.3)),
+     "temperature 'log_fit' .* has no SmolLM3ForCausalLM form"),
+    (dict(position="rope", temperature=TemperatureConfig(kind="qwen_logn", layers="all"),
+          rope=RopeConfig(scaling="yarn", factor=2.0)), "temperature 'qwen_logn'"),
+    (dict(position="rope", layers=4, layout=LayoutConfig(kind="irope", every=2), chunked=8,
+          temperature=TemperatureConfig(kind="ssmax", layers="all"), learned=True),
+     "temperature 'ssmax' .* has no Llama4ForCausalLM form"),
+    (dict(position="rope", chunked=8, window=4), "no sliding window"),
+    (dict(position="rope", layers=4, layout=LayoutConfig(kind="nope_every", every=2), chunked=8),
+     "chunks exactly its RoPE layers"),
 ])
 def test_options_without_a_stock_form_are_refused(tmp_path, attn, what):
     step = _config_only(tmp_path, run_config(**attn))

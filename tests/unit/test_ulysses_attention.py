@@ -16,7 +16,8 @@ CASES = {  # overrides of the tiny model (4 heads, 2 KV groups, 32 tokens)
     "alibi_gqa3": ["attention.position=alibi", "model.num_attention_heads=6",
                    "model.hidden_size=96", "model.num_query_groups=3"],
     "rope_window_logscale": ["attention.position=rope", "attention.window=8",
-                             "attention.log_scale_a=0.5", "model.train_length=8"],
+                             "attention.temperature.kind=log_fit", "attention.temperature.a=0.5",
+                             "attention.temperature.layers=all", "model.train_length=8"],
     "xpos_documents": ["attention.position=xpos", "attention.xpos.blockwise=true",
                        "data.document_mask=true"],
     # attention.layout: local RoPE + YaRN layers under a window, a global NoPE layer (each layer
@@ -25,6 +26,13 @@ CASES = {  # overrides of the tiny model (4 heads, 2 KV groups, 32 tokens)
                          "attention.layout.every=2", "attention.window=12",
                          "attention.rope.scaling=yarn", "attention.rope.factor=2",
                          "data.document_mask=true"],
+    # Llama 4's iRoPE: chunked RoPE layer, global NoPE layer under its temperature (steps every
+    # 4 tokens inside each document), packed documents, SSMax-like learned head scales
+    "irope_llama4_documents": ["attention.position=rope", "attention.layout.kind=irope",
+                               "attention.layout.every=2", "attention.chunked=6",
+                               "attention.temperature.kind=llama4",
+                               "attention.temperature.floor_scale=4",
+                               "attention.temperature.attn_scale=0.5", "data.document_mask=true"],
 }
 BASE = ["model.num_layers=2", "model.hidden_size=64", "model.num_attention_heads=4",
         "model.num_query_groups=2", "model.ffn_hidden_size=128", "model.vocab_size=256",

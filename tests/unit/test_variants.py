@@ -13,8 +13,8 @@ from lenext_dist.attention import (POSITIONS, ALiBi, KerpleLog, KerplePower, Mas
                                    Sandwich, XPOS, alibi_slopes, attend, build_position,
                                    iter_attention_probs)
 from lenext_dist.attention.paths import choose_impl
-from lenext_dist.config import (AttentionConfig, ConfigError, KerpleConfig, SandwichConfig, load_config,
-                                XposConfig)
+from lenext_dist.config import (AttentionConfig, ConfigError, KerpleConfig, SandwichConfig, TemperatureConfig,
+                                XposConfig, load_config)
 
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
@@ -29,8 +29,10 @@ def rand_qkv(s, seed=0, h=H, g=G):
 
 
 def make(name, window=None, log_scale_a=None, chunk_size=5, **sub):
+    temperature = (None if log_scale_a is None else
+                   {"kind": "log_fit", "a": log_scale_a, "layers": "all"})
     cfg = NS(position=name, rope=NS(base=10000.0, scaling="none", factor=1.0), window=window,
-             log_scale_a=log_scale_a, chunk_size=chunk_size, **sub)
+             temperature=temperature, chunk_size=chunk_size, **sub)
     torch.manual_seed(7)
     return build_position(cfg, head_dim=D, train_length=L, num_heads=H)
 
@@ -341,13 +343,14 @@ def test_parameter_free_variants_add_no_state():
 # ---- config -------------------------------------------------------------------------------------
 
 def test_build_from_attention_config_and_from_exported_dicts():
-    v = build_position(AttentionConfig(position="sandwich", window=64, log_scale_a=0.3,
+    v = build_position(AttentionConfig(position="sandwich", window=64, temperature=TemperatureConfig(
+                                           kind="log_fit", a=0.3, layers="all"),
                                        sandwich=SandwichConfig(dim=4, scale=0.5, per_head=True)),
                        head_dim=16, train_length=128, num_heads=4)
-    assert isinstance(v, Sandwich) and v.dim == 4 and v.window == 64 and v.log_scale_a == 0.3
+    assert isinstance(v, Sandwich) and v.dim == 4 and v.window == 64 and v.temperature.a == 0.3
     torch.testing.assert_close(v.lam, 0.5 * torch.tensor([1.0, 0.25, 1 / 16, 1 / 64]))
     # the HF side: position/rope + config.json's attention_options (plain dicts)
-    opts = {"window": None, "log_scale_a": None, "impl": "chunked", "chunk_size": 256,
+    opts = {"window": None, "temperature": None, "impl": "chunked", "chunk_size": 256,
             "kerple": {"r1_init_max": 2.0, "r2_init_max": 1.0, "eps": 0.01},
             "sandwich": {"dim": None, "scale": 1.0, "per_head": False, "base": 10000.0},
             "xpos": {"gamma": 0.5, "scale_base": 256.0, "blockwise": True}}
