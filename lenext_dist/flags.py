@@ -8,24 +8,37 @@ arguments from the fields, `from_args` builds the object back from the parsed fl
 drift apart: there is nothing to keep equal by hand.
 
 A check is an argparse `type=` (a value or its string -> the value, or ArgumentTypeError), so a
-bad flag exits 2 with argparse's "argument --flag: ..." and a bad value in code gets that text.
+bad flag exits 2 with argparse's "argument --flag: ..." and a bad value in code gets that text;
+a required option left unset in code gets argparse's "the following arguments are required: ...".
 """
 from __future__ import annotations
 
 import argparse
 from dataclasses import MISSING, Field, field, fields
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 
 _KEY = "flag"
+
+
+def choice(options: Sequence[str]) -> Callable[[str], str]:
+    """The check of a flag with `choices`, in argparse's words."""
+    def check(s) -> str:
+        if s not in options:
+            raise argparse.ArgumentTypeError(
+                f"invalid choice: {s!r} (choose from {', '.join(map(repr, options))})")
+        return s
+    return check
 
 
 def option(default: Any = MISSING, check: Optional[Callable] = None, help: Optional[str] = None, *,
            default_factory: Any = MISSING, flag: Optional[str] = None, required: bool = False,
            choices=None, group: Optional[str] = None, **argparse_kw) -> Any:
-    """A dataclass field with a flag. `check`: its argparse type (argparse gets `choices` instead
-    when given); `required`: the flag must be given (the field may still default to None for
-    code that checks it); `group`: the argument group's title (None: the parser's own options);
-    `argparse_kw`: anything else add_argument takes (action, nargs, metavar)."""
+    """A dataclass field with a flag. `check`: its argparse type (with `choices`, argparse checks
+    them and the field gets `choice`); `required`: the flag must be given (the field may still
+    default to None: check_fields refuses it unset); `group`: the argument group's title (None:
+    the parser's own options); `argparse_kw`: anything else add_argument takes (action, nargs,
+    metavar; type=None when the check takes what nargs collects, not each item)."""
+    check = choice(choices) if check is None and choices is not None else check
     spec = dict(check=check, help=help, flag=flag, required=required, choices=choices, group=group,
                 kw=argparse_kw)
     return field(default=default, default_factory=default_factory, metadata={_KEY: spec})
@@ -61,7 +74,7 @@ def add_flags(parser: argparse.ArgumentParser, cls: type,
         if spec["choices"] is not None:
             kw["choices"] = spec["choices"]
         elif spec["check"] is not None and "action" not in kw:
-            kw["type"] = spec["check"]
+            kw.setdefault("type", spec["check"])
         if spec["help"] is not None:
             kw["help"] = spec["help"]
         (parser if title is None else groups[title]).add_argument(flag_name(f), dest=f.name, **kw)
@@ -73,9 +86,17 @@ def from_args(cls: type, args: argparse.Namespace):
     return cls(**{f.name: getattr(args, f.name) for f in fields(cls) if f.init and hasattr(args, f.name)})
 
 
+def _unset(v) -> bool:
+    return v is None or isinstance(v, (str, list, tuple)) and len(v) == 0
+
+
 def check_fields(obj, error: Callable[[str], Exception]) -> None:
     """Each option's check on its value, which the checked value replaces (None: unset, not
-    checked); a bad one raises error("argument --flag: <what is wrong>")."""
+    checked); a bad one raises error("argument --flag: <what is wrong>"), required ones unset
+    error("the following arguments are required: --a, --b")."""
+    missing = [flag_name(f) for f in fields(obj) if (_spec(f) or {}).get("required") and _unset(getattr(obj, f.name))]
+    if missing:
+        raise error(f"the following arguments are required: {', '.join(missing)}")
     for f in fields(obj):
         check, v = (_spec(f) or {}).get("check"), getattr(obj, f.name)
         if check is None or v is None:

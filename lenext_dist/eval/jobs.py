@@ -3,8 +3,9 @@
 messages as `lenext eval`'s flags, from the same checks in eval/options.py), `run()` (load the
 model, evaluate, write JSON + PNG) and `result_path` (the JSON it writes: this module alone names result files).
 
-`lenext eval` parses its flags into these objects (eval/cli.py); `lenext extend` and experiments build
-them directly and ask them where their results are; they pickle (a caller may run them in workers).
+Each option is declared once, as a field made by `option` (lenext_dist/flags.py): `lenext eval`'s
+parser is written from the fields (eval/cli.py); `lenext extend` and experiments build the jobs
+directly and ask them where their results are; they pickle (a caller may run them in workers).
 Eval-time changes of the model (a uniform scale c, a sliding window, RoPE scaling, a log-length
 scale) are options of the job, applied to the loaded model; they also name the result files
 (`suffix`), so runs with different options never collide.
@@ -15,61 +16,55 @@ import argparse
 import os
 import sys
 import time
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import ClassVar, Optional
 
 import numpy as np
 
 from lenext_dist.errors import UserError
+from lenext_dist.flags import check_fields, from_args, option
 
 from .model_io import load_model, model_info, write_json
-from .options import (DTYPES, PROTOCOLS, ROPE_SCALINGS, TASK_NAMES, choice, depths, ints,
-                      nonneg_int, paths, pos_float, pos_int, task_names, temperature,
-                      temperature_section)
+from .options import (DTYPES, PROTOCOLS, ROPE_SCALINGS, TASK_NAMES, depths, ints, nonneg_int, paths,
+                      pos_float, pos_int, task_names, temperature, temperature_section)
 
 
 class EvalError(UserError, ValueError):
     """An evaluation cannot run as asked (the message names the flag or file)."""
 
 
-def _opt(default=None, check=None, flag: Optional[str] = None):
-    """A job option: `check` is the flag's argparse type (value -> value or ArgumentTypeError)."""
-    return field(default=default, metadata={"check": check, "flag": flag})
-
-
 @dataclass(kw_only=True)
 class EvalJob:
     """Options every evaluation shares (the flags of `lenext eval <kind>`; see eval/cli.py)."""
     kind: ClassVar[str] = ""
-    model: str = _opt(None, str)
-    out: Optional[str] = _opt(None, str)
-    tokenizer: Optional[str] = _opt(None, str)
-    dtype: str = _opt("float32", choice(DTYPES))
-    device: Optional[str] = _opt(None, str)
-    threads: Optional[int] = _opt(None, pos_int)
-    batch_size: int = _opt(1, pos_int)
-    scale_c: Optional[float] = _opt(None, pos_float)
-    window: Optional[int] = _opt(None, pos_int)
-    rope_scaling: Optional[str] = _opt(None, choice(ROPE_SCALINGS))
-    rope_factor: Optional[float] = _opt(None, pos_float)
-    temperature: Optional[str] = _opt(None, temperature)
-    train_length: Optional[int] = _opt(None, pos_int)
-    no_progress: bool = False
-    bos: Optional[bool] = None
+    model: str = option(None, str, "HF model directory (config.json, weights, tokenizer.model); loaded "
+                        "with trust_remote_code=True", required=True)
+    out: Optional[str] = option(None, str, "output folder (default results/<model name>)")
+    tokenizer: Optional[str] = option(None, str, "SentencePiece .model (default <model>/tokenizer.model)")
+    dtype: str = option("float32", choices=DTYPES)
+    device: Optional[str] = option(None, str, "cpu / cuda / cuda:1 (default: cuda if any)")
+    threads: Optional[int] = option(None, pos_int, "torch CPU threads")
+    batch_size: int = option(1, pos_int, "windows (prompts) per forward")
+    scale_c: Optional[float] = option(None, pos_float, "set a uniform scale lambda = c/sqrt(d) on every "
+                                      "head before evaluating")
+    window: Optional[int] = option(None, pos_int, "sliding-window (local) attention of W tokens at eval "
+                                   "time, on any variant")
+    rope_scaling: Optional[str] = option(None, help="RoPE extension at eval time (RoPE models), with "
+                                         "--rope-factor", choices=ROPE_SCALINGS)
+    rope_factor: Optional[float] = option(None, pos_float, "s = target / training length")
+    temperature: Optional[str] = option(
+        None, temperature, "a temperature schedule on the NoPE layers (layers=all: every layer), e.g. "
+        "log_fit:a=0.3, llama4:floor_scale=64,attn_scale=0.1, qwen_logn, uniform:c=1.5",
+        metavar="KIND[:k=v,...]")
+    train_length: Optional[int] = option(None, pos_int, "training context L (default: from the model config)")
+    no_progress: bool = option(False, help="no tqdm progress bars", action="store_true")
+    bos: Optional[bool] = option(None, help="start every document (ppl, entropy, scale-sweep) or prompt "
+                                 "(passkey) with BOS; default: as the model was trained (config "
+                                 "bos_at_document_start)", action=argparse.BooleanOptionalAction)
 
     def __post_init__(self) -> None:
-        if self.model is None:
-            raise EvalError(f"lenext eval {self.kind}: the following arguments are required: --model")
-        for f in fields(self):
-            check, v = f.metadata.get("check"), getattr(self, f.name)
-            if check is None or v is None:
-                continue
-            try:
-                setattr(self, f.name, check(v))
-            except argparse.ArgumentTypeError as e:
-                flag = f.metadata.get("flag") or "--" + f.name.replace("_", "-")
-                raise EvalError(f"lenext eval {self.kind}: argument {flag}: {e}") from None
+        check_fields(self, lambda message: EvalError(f"lenext eval {self.kind}: {message}"))
 
     # ------------------------------------------------------------------ naming
     @property
@@ -154,14 +149,11 @@ class EvalJob:
 @dataclass(kw_only=True)
 class DataJob(EvalJob):
     """An evaluation over documents (--data)."""
-    data: list[str] = _opt(None, paths)
-    text_key: str = _opt("text", str)
-    max_docs: Optional[int] = _opt(None, pos_int)
-
-    def __post_init__(self) -> None:
-        if not self.data:
-            raise EvalError(f"lenext eval {self.kind}: the following arguments are required: --data")
-        super().__post_init__()
+    # type=None: argparse collects the strings, `paths` checks the list
+    data: list[str] = option(None, paths, ".jsonl / .jsonl.zst / .txt files, globs or folders",
+                             required=True, nargs="+", type=None)
+    text_key: str = option("text", str, "JSON field holding the text")
+    max_docs: Optional[int] = option(None, pos_int, "use the first N documents")
 
     def _docs(self, min_tokens: int):
         from .data import load_documents
@@ -174,18 +166,17 @@ class DataJob(EvalJob):
 class PplJob(DataJob):
     """Sliding-window perplexity at several lengths (`lenext eval ppl`)."""
     kind: ClassVar[str] = "ppl"
-    lengths: list[int] = _opt(None, ints)
-    stride: int = _opt(256, pos_int)
-    protocol: str = _opt("last-stride", choice(PROTOCOLS))
-    budget_tokens: Optional[int] = _opt(None, pos_int)
-    curve_all: bool = False
-    no_penalty: bool = False
-    penalty_stride: Optional[int] = _opt(None, pos_int)
-
-    def __post_init__(self) -> None:
-        if not self.lengths:
-            raise EvalError("lenext eval ppl: the following arguments are required: --lengths")
-        super().__post_init__()
+    lengths: list[int] = option(None, ints, "e.g. 2048,4096,8192", required=True)
+    stride: int = option(256, pos_int, "S (last-stride and yarn)")
+    protocol: str = option("last-stride", choices=PROTOCOLS)
+    budget_tokens: Optional[int] = option(None, pos_int, "scored tokens per length (whole windows, "
+                                          "interleaved across documents)")
+    curve_all: bool = option(False, help="per-position curve over all window positions, not only scored "
+                             "ones", action="store_true")
+    no_penalty: bool = option(False, help="skip the extrapolation penalty / context-use pass (lengths >= L)",
+                              action="store_true")
+    penalty_stride: Optional[int] = option(None, pos_int, "stride of the window-L baseline (default L/4; "
+                                           "must divide W-L)")
 
     @property
     def stem(self) -> Path:
@@ -224,16 +215,11 @@ class PplJob(DataJob):
 class PasskeyJob(EvalJob):
     """Passkey retrieval, length x depth (`lenext eval passkey`)."""
     kind: ClassVar[str] = "passkey"
-    lengths: list[int] = _opt(None, ints)
-    depths: str = _opt("10", depths)
-    keys: int = _opt(10, pos_int)
-    seed: int = _opt(0, nonneg_int)
-    max_new_tokens: int = _opt(8, pos_int)
-
-    def __post_init__(self) -> None:
-        if not self.lengths:
-            raise EvalError("lenext eval passkey: the following arguments are required: --lengths")
-        super().__post_init__()
+    lengths: list[int] = option(None, ints, required=True)
+    depths: str = option("10", depths, "N evenly spaced depths in [0,1], or a list")
+    keys: int = option(10, pos_int, "random 5-digit keys per cell")
+    seed: int = option(0, nonneg_int)
+    max_new_tokens: int = option(8, pos_int)
 
     @property
     def stem(self) -> Path:
@@ -262,16 +248,18 @@ class TasksJob(DataJob):
     """Task-format retrieval (documents of every task generator) by length (`lenext eval tasks`;
     eval/tasks.py): the skill a model learned from task documents, past its training length."""
     kind: ClassVar[str] = "tasks"
-    lengths: list[int] = _opt(None, ints)
-    tasks: list[str] = _opt(None, task_names)
-    docs: int = _opt(32, pos_int)
-    seed: int = _opt(0, nonneg_int)
-    task_set: list[str] = field(default_factory=list)
-    entropy: bool = False
+    lengths: list[int] = option(None, ints, "document lengths, e.g. 128,256,512", required=True)
+    tasks: list[str] = option(None, task_names, f"comma-separated, from {','.join(TASK_NAMES)} (default: all)")
+    docs: int = option(32, pos_int, "documents per (task, length)")
+    seed: int = option(0, nonneg_int)
+    task_set: list[str] = option(
+        default_factory=list, help="a generator parameter other than the training default, as in shard.py "
+        "(e.g. kv.distractors=1, kv.values=6:8); repeatable; length is set per cell", action="append",
+        metavar="[TASK.]FIELD=VALUE")
+    entropy: bool = option(False, help="also the attention entropy (H / ln n, per layer and head) of the "
+                           "queries that predict the answers", action="store_true")
 
     def __post_init__(self) -> None:
-        if not self.lengths:
-            raise EvalError("lenext eval tasks: the following arguments are required: --lengths")
         if self.tasks is None:
             self.tasks = list(TASK_NAMES)
         super().__post_init__()
@@ -306,15 +294,10 @@ class TasksJob(DataJob):
 class EntropyJob(DataJob):
     """Per-position attention entropy per head and layer (`lenext eval entropy`)."""
     kind: ClassVar[str] = "entropy"
-    length: int = _opt(None, pos_int)
-    samples: int = _opt(8, pos_int)
-    chunk_size: Optional[int] = _opt(None, pos_int)
-    mem_mb: int = _opt(256, pos_int)
-
-    def __post_init__(self) -> None:
-        if self.length is None:
-            raise EvalError("lenext eval entropy: the following arguments are required: --length")
-        super().__post_init__()
+    length: int = option(None, pos_int, required=True)
+    samples: int = option(8, pos_int, "windows averaged over")
+    chunk_size: Optional[int] = option(None, pos_int, "query rows per chunk (default: from --mem-mb)")
+    mem_mb: int = option(256, pos_int, "memory for one chunk of probs")
 
     @property
     def stem(self) -> Path:
@@ -355,16 +338,14 @@ class EntropyJob(DataJob):
 class ScaleSweepJob(DataJob):
     """Uniform-scale grid, best c per position, log fit (`lenext eval scale-sweep`)."""
     kind: ClassVar[str] = "scale-sweep"
-    length: int = _opt(None, pos_int)
-    c_min: float = _opt(0.8, pos_float)
-    c_max: float = _opt(2.0, pos_float)
-    c_step: float = _opt(0.01, pos_float)
-    budget_tokens: Optional[int] = _opt(None, pos_int)
-    samples: Optional[int] = _opt(None, pos_int)
+    length: int = option(None, pos_int, required=True)
+    c_min: float = option(0.8, pos_float)
+    c_max: float = option(2.0, pos_float)
+    c_step: float = option(0.01, pos_float)
+    budget_tokens: Optional[int] = option(None, pos_int, "tokens per c")
+    samples: Optional[int] = option(None, pos_int, "windows per c")
 
     def __post_init__(self) -> None:
-        if self.length is None:
-            raise EvalError("lenext eval scale-sweep: the following arguments are required: --length")
         super().__post_init__()
         if self.scale_c is not None:
             raise EvalError("--scale-c makes no sense with scale-sweep (it sets every c itself)")
@@ -402,5 +383,4 @@ JOBS: dict[str, type[EvalJob]] = {j.kind: j for j in (PplJob, PasskeyJob, TasksJ
 
 def job_from_args(args: argparse.Namespace) -> EvalJob:
     """The job `lenext eval <kind> ...` describes (argparse dests are the job's field names)."""
-    cls = JOBS[args.eval_cmd]
-    return cls(**{f.name: getattr(args, f.name) for f in fields(cls) if hasattr(args, f.name)})
+    return from_args(JOBS[args.eval_cmd], args)

@@ -1,11 +1,12 @@
-"""The checks of evaluation options, one home each: `lenext eval`'s argparse `type=` for every
-flag (a bad value exits 2 with "argument --flag: ..." before any model loads) and the checks of the
-typed jobs (eval/jobs.py), which take the parsed value or a string and raise the same message."""
+"""The checks of evaluation options, one home each. Each is the `check` of a job field (eval/jobs.py,
+through lenext_dist/flags.py): `lenext eval`'s argparse `type=` (a bad value exits 2 with "argument
+--flag: ..." before any model loads) and the check of a job built in code (the parsed value or a
+string, the same message). A choice among names is flags.choice."""
 from __future__ import annotations
 
 import argparse
 from numbers import Integral, Real
-from typing import Callable, Sequence
+from typing import Sequence
 
 import numpy as np
 
@@ -90,15 +91,6 @@ def depths(s) -> str:
 def paths(s) -> list[str]:
     """--data: one or more files, globs or folders."""
     return [str(x) for x in ([s] if isinstance(s, str) else s)]
-
-
-def choice(options: Sequence[str]) -> Callable[[str], str]:
-    def check(s) -> str:
-        if s not in options:
-            raise argparse.ArgumentTypeError(
-                f"invalid choice: {s!r} (choose from {', '.join(map(repr, options))})")
-        return s
-    return check
 
 
 TASK_NAMES = tuple(TASKS)  # the task generators' registry is the list

@@ -54,3 +54,16 @@ def test_every_extend_option_is_a_flag_with_its_field_default():
     assert from_args(ExtendOptions, args) == ExtendOptions(base="runs/x", targets=[256, 512])
     with pytest.raises(UserError, match=r"^lenext extend: argument --min-value: expected a number, got 'x'$"):
         ExtendOptions(base="runs/x", targets=[256], min_value="x")
+
+
+def test_every_eval_option_is_a_flag_of_its_kind():
+    from lenext_dist.eval.cli import build_parser
+    from lenext_dist.eval.jobs import JOBS, EvalError, PplJob
+
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    for kind, cls in JOBS.items():
+        assert {a.dest for a in sub.choices[kind]._actions} - {"help"} == {f.name for f in fields(cls)}
+    with pytest.raises(EvalError, match=r"^lenext eval ppl: the following arguments are required: --model$"):
+        PplJob(data=["d"], lengths=[128])
+    with pytest.raises(EvalError, match=r"required: --model, --data, --lengths$"):  # argparse's words
+        PplJob()
