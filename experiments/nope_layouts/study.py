@@ -9,6 +9,8 @@ checkpoint rule and scoring; its `Study` steps are reused), with 4 layers so a 3
     interleave    RoPE, RoPE, RoPE, NoPE (SmolLM3's NoPE every 4th layer; `nope_every` 4)
     local_global  RoPE under a window of L/4 on layers 1-3, global NoPE on layer 4 (Cohere
                   Command R7B / Command A's local RoPE + global NoPE; `local_global` 4)
+    irope         RoPE in chunks of L/4 on layers 1-3, global NoPE on layer 4 (Llama 4's iRoPE;
+                  `irope` 4; trained without its temperature, which is 1 below floor_scale = L)
 
 Each trained with two seeds; each chosen checkpoint (the first >= 0.9 at L, validation documents)
 is scored at 1, 2, 4, 8 L under every temperature schedule of `SCHEDULES`, applied at evaluation to
@@ -17,7 +19,7 @@ before any run: c = 1.5 (the demo's), the log fit's a = 0.274 (experiments/nope_
 fit), Llama 4's attn_scale 0.1 with floor_scale = L (its 8192 relative to its training chunk)).
 Pure RoPE has no NoPE layer: its schedules change nothing and are scored once.
 
-  python -m experiments.nope_layouts             # ~60 min on 2 cores, resumable
+  python -m experiments.nope_layouts             # ~75 min on 2 cores, resumable
   python -m experiments.nope_layouts --quick     # a smoke run (a few minutes)
   python -m experiments.nope_layouts --publish   # records -> experiments/nope_layouts/results
 """
@@ -43,6 +45,8 @@ LAYOUTS: dict[str, tuple[str, tuple[str, ...]]] = {
     "interleave": ("rope", ("--attention.layout.kind=nope_every", "--attention.layout.every=4")),
     "local_global": ("rope", ("--attention.layout.kind=local_global", "--attention.layout.every=4",
                               "--attention.window=16")),
+    "irope": ("rope", ("--attention.layout.kind=irope", "--attention.layout.every=4",
+                       "--attention.chunked=16")),
 }
 """layout -> (attention.position, overrides) of the 4-layer kv model."""
 
@@ -84,10 +88,10 @@ def publish(out: Path, dest: Path) -> None:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(
         prog="python -m experiments.nope_layouts", formatter_class=argparse.RawDescriptionHelpFormatter,
-        description="Train NoPE, RoPE and two hybrid layouts in the kv regime; score them past L.\n\n"
+        description="Train NoPE, RoPE and three hybrid layouts in the kv regime; score them past L.\n\n"
                     "4 layers, two seeds each: pure NoPE, pure RoPE, RoPE x3 + NoPE, local RoPE +\n"
-                    "global NoPE; each scored at 1-8x L with no schedule, uniform c, the log fit and\n"
-                    "Llama 4's temperature on the NoPE layers (LAYOUTS.md + summary.json).",
+                    "global NoPE, chunked RoPE + global NoPE (iRoPE); each scored at 1-8x L with no\n"
+                    "schedule, uniform c, the log fit and Llama 4's temperature on the NoPE layers.",
         epilog="examples:\n  python -m experiments.nope_layouts --quick\n"
                "  python -m experiments.nope_layouts && python -m experiments.nope_layouts --publish")
     ap.add_argument("--quick", action="store_true", help="a smoke run: 2 models, a few steps")

@@ -48,17 +48,8 @@ from torch import Tensor, nn
 from .core import attend
 from .temperature import applies as _t_applies, check as _t_check
 from .temperature import describe as _t_describe, multiplier as _t_multiplier
+from .cfg import cfg_get  # noqa: F401  (re-exported: variants read their options with it)
 from .mask import MaskSpec
-
-
-def cfg_get(cfg, *path: str, default=None):
-    """cfg.a.b (attributes or dict keys: a dataclass, a SimpleNamespace or the plain dicts of an
-    exported config.json all work); `default` when a level is missing or the value is None."""
-    for key in path:
-        if cfg is None:
-            return default
-        cfg = cfg.get(key) if isinstance(cfg, dict) else getattr(cfg, key, None)
-    return default if cfg is None else cfg
 
 
 class PositionVariant(nn.Module):

@@ -35,22 +35,20 @@ from typing import Callable, Optional
 import torch
 from torch import Tensor
 
-
-def _cfg(section, key, default=None):
-    v = section.get(key) if isinstance(section, dict) else getattr(section, key, None)
-    return default if v is None else v
+from .cfg import cfg_get
 
 
 def _uniform(i: Tensor, p, L: int) -> Tensor:
-    return torch.full_like(i, float(_cfg(p, "c", 1.0)))
+    return torch.full_like(i, float(cfg_get(p, "c", default=1.0)))
 
 
 def _log_fit(i: Tensor, p, L: int) -> Tensor:
-    return 1.0 + float(_cfg(p, "a", 0.0)) * torch.log(torch.clamp(i / L, min=1.0))
+    return 1.0 + float(cfg_get(p, "a", default=0.0)) * torch.log(torch.clamp(i / L, min=1.0))
 
 
 def _llama4(i: Tensor, p, L: int) -> Tensor:
-    floor_scale, attn_scale = float(_cfg(p, "floor_scale", 8192)), float(_cfg(p, "attn_scale", 0.1))
+    floor_scale = float(cfg_get(p, "floor_scale", default=8192))  # transformers' defaults
+    attn_scale = float(cfg_get(p, "attn_scale", default=0.1))
     return torch.log1p(torch.floor(i / floor_scale)) * attn_scale + 1.0
 
 
@@ -85,36 +83,36 @@ LAYERS = ("nope", "all")
 
 def check(section) -> None:
     """ValueError naming attention.temperature's key when `section` is unusable."""
-    kind = _cfg(section, "kind", "none")
+    kind = cfg_get(section, "kind", default="none")
     if kind not in TEMPERATURES:
         raise ValueError(f"unknown attention.temperature.kind {kind!r}; registered: "
                          f"{sorted(TEMPERATURES)}")
-    layers = _cfg(section, "layers", "nope")
+    layers = cfg_get(section, "layers", default="nope")
     if layers not in LAYERS:
         raise ValueError(f"attention.temperature.layers must be one of {list(LAYERS)}, got {layers!r}")
     reads = PARAMS.get(kind, ())
     for key in ("c", "a", "floor_scale", "attn_scale"):
-        v = _cfg(section, key)
+        v = cfg_get(section, key)
         if v is not None and key not in reads:
             raise ValueError(f"attention.temperature.{key} is not read by kind {kind!r} (it reads "
                              f"{list(reads) or 'nothing'})")
         if v is not None and key in ("c", "floor_scale") and not float(v) > 0:
             raise ValueError(f"attention.temperature.{key} must be > 0, got {v}")
     for key in REQUIRED.get(kind, ()):
-        if _cfg(section, key) is None:
+        if cfg_get(section, key) is None:
             raise ValueError(f"attention.temperature kind {kind!r} needs attention.temperature.{key}")
 
 
 def applies(section, layer_position: str) -> bool:
     """Whether the schedule of `section` scales a layer running variant `layer_position`."""
-    if section is None or _cfg(section, "kind", "none") == "none":
+    if section is None or cfg_get(section, "kind", default="none") == "none":
         return False
-    return _cfg(section, "layers", "nope") == "all" or layer_position == "nope"
+    return cfg_get(section, "layers", default="nope") == "all" or layer_position == "nope"
 
 
 def multiplier(section, positions: Tensor, train_length: Optional[int]) -> Optional[Tensor]:
     """t [s] or [b, s] fp32 for 0-based `positions` ([s] or [b, s]), or None for `none`."""
-    kind = _cfg(section, "kind", "none")
+    kind = cfg_get(section, "kind", default="none")
     fn = TEMPERATURES[kind]
     if fn is None:
         return None
@@ -125,7 +123,7 @@ def multiplier(section, positions: Tensor, train_length: Optional[int]) -> Optio
 
 def describe(section) -> str:
     """'llama4(floor_scale=64, attn_scale=0.1) on nope layers' (log lines, repr)."""
-    kind = _cfg(section, "kind", "none")
-    args = ", ".join(f"{k}={_cfg(section, k)}" for k in PARAMS.get(kind, ())
-                     if _cfg(section, k) is not None)
-    return f"{kind}({args}) on {_cfg(section, 'layers', 'nope')} layers"
+    kind = cfg_get(section, "kind", default="none")
+    args = ", ".join(f"{k}={cfg_get(section, k)}" for k in PARAMS.get(kind, ())
+                     if cfg_get(section, k) is not None)
+    return f"{kind}({args}) on {cfg_get(section, 'layers', default='nope')} layers"

@@ -64,6 +64,7 @@ def memory_estimate(cfg: RunConfig, total: int, trainable: int, world: int) -> d
 
 def dry_run(cfg: RunConfig, world: int | None = None) -> dict:
     """Print the resolved config and the model's numbers; returns them (used by tests)."""
+    from lenext_dist.attention import temperature
     from lenext_dist.attention.layout import describe, labels
     from lenext_dist.model import (build_model, flops_per_token, init_megatron,
                                    init_single_process_group, parameter_counts)
@@ -92,8 +93,10 @@ def dry_run(cfg: RunConfig, world: int | None = None) -> dict:
           f"({'trainable' if cfg.attention.head_scale.trainable else 'fixed'} when enabled)")
     names = cfg.layer_positions
     specs = cfg.layer_specs
+    t = cfg.attention.temperature
     print(f"attention: {cfg.attention.position}, layout {cfg.attention.layout.kind}: layers "
-          f"{describe(labels(specs))}")
+          f"{describe(labels(specs))}"
+          + ("" if t.kind == "none" else f"; temperature {temperature.describe(t)}"))
     print(f"trainable: {trainable:,} ({cfg.train.mode} mode)")
     print(f"FLOPs/token: {fpt:.4e} (PaLM 6N + 12LHQT); per step: "
           f"{fpt * cfg.train.global_batch_size * cfg.model.seq_length:.4e}")
