@@ -39,6 +39,7 @@ T_DOC = "tests/unit/test_document_mask.py"
 T_BOS = "tests/unit/test_data_bos.py"
 T_STOCK = "tests/unit/test_stock_export.py"
 T_LAYOUT = "tests/unit/test_layout.py"
+T_TEMP = "tests/unit/test_temperature.py"
 T_SAFE = "tests/unit/test_safety.py"
 T_PREP = "tests/unit/test_prep_reliability.py"
 T_GPU = "tests/unit/test_gpu_ready.py"
@@ -371,10 +372,25 @@ MUTATIONS: list[M] = [
     M("layout-nope-layer-scaled", "layouts", "lenext_dist/attention/layout.py",
       "rope if POSITIONS[x].rope_scalings else plain", "rope", (T_LAYOUT,)),
     M("stock-no-rope-layers-inverted", "layouts", "lenext_dist/convert/stock.py",
-      'no_rope_layers=[int(x == "rope")', 'no_rope_layers=[int(x == "nope")', (T_STOCK,)),
+      '**common, no_rope_layers=[int(x == "rope")', '**common, no_rope_layers=[int(x == "nope")',
+      (T_STOCK,)),
     M("stock-window-on-nope-layers-only", "layouts", "lenext_dist/convert/stock.py",
       'layer_types=["full_attention" if w is None else "sliding_attention"\n'
       "                     for w in cfg.layer_windows],", "layer_types=None,", (T_STOCK,)),
     M("layout-global-layers-windowed", "layouts", "lenext_dist/attention/layout.py",
-      "specs = [(x, window if local else None)", "specs = [(x, window)", (T_LAYOUT,)),
+      "specs = [(x, window, chunked) if local else", "specs = [(x, window, chunked) if True else",
+      (T_LAYOUT,)),
+    # ---- temperature schedules, chunked attention, stock Llama 4 (issue 34) ------------------
+    M("temperature-llama4-without-its-floor", "temperatures", "lenext_dist/attention/temperature.py",
+      "torch.log1p(torch.floor(i / floor_scale))", "torch.log1p(i / floor_scale)", (T_TEMP,)),
+    M("temperature-qwen-below-L", "temperatures", "lenext_dist/attention/temperature.py",
+      "torch.clamp(torch.log(i) / math.log(L), min=1.0)", "torch.log(i) / math.log(L)", (T_TEMP,)),
+    M("temperature-on-every-layer", "temperatures", "lenext_dist/attention/temperature.py",
+      'return cfg_get(section, "layers", default="nope") == "all" or layer_position == "nope"',
+      "return True", (T_TEMP, T_LAYOUT)),
+    M("chunk-mask-ignored", "temperatures", "lenext_dist/attention/mask.py",
+      "        if self.chunked is not None:\n            vis = vis & (torch.div(k,",
+      "        if False:\n            vis = vis & (torch.div(k,", (T_TEMP,)),
+    M("stock-llama4-rope-pairs-not-permuted", "temperatures", "lenext_dist/convert/stock.py",
+      "out[k] = _meta_pairs(out[k], heads, m.head_dim)", "out[k] = out[k]", (T_STOCK,)),
 ]
