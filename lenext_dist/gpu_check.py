@@ -149,7 +149,7 @@ def check_eval_8x(factor: int = 8) -> dict:
                        f"attention.position={position}", "train.micro_batch_size=1",
                        "train.global_batch_size=1")
             model = build_model(cfg).eval()
-            s = factor * cfg.model.base_length  # factor x L, the training length
+            s = factor * cfg.model.train_length  # factor x L, the training length
             ids = torch.randint(0, cfg.model.vocab_size, (1, s), device="cuda")
             torch.cuda.reset_peak_memory_stats()
             key = f"{precision}/{position}@{s}"

@@ -45,9 +45,10 @@ class ModelConfig:
     """Tokens per training sample of this run. When pretraining it is also L, the length the
     variants refer to, unless train_length says otherwise."""
     train_length: Optional[int] = None
-    """The pretrained context L that length-relative variants refer to (YaRN's original length, the
-    log-length scale, XPOS blocks, exports); null = seq_length. A HeadScale or PI/YaRN fine-tune at
-    a longer seq_length keeps the base model's L here."""
+    """The pretrained context L that length-relative variants refer to (YaRN's original length,
+    temperature schedules, XPOS blocks, exports); null = seq_length (resolved when the config is
+    read, so a saved config.yaml holds the number). A HeadScale or PI/YaRN fine-tune at a longer
+    seq_length keeps the base model's L here."""
     norm_epsilon: float = 1e-5
     """RMSNorm epsilon."""
     init_method_std: float = 0.02
@@ -60,19 +61,14 @@ class ModelConfig:
                   "vocab_size", "seq_length"):
             _check(getattr(self, k) > 0, f"model.{k}", "must be > 0")
         _check(self.train_length is None or self.train_length > 0, "model.train_length", "must be > 0")
+        if self.train_length is None:  # resolved once, here: code reads model.train_length for L
+            self.train_length = self.seq_length
         _check(self.hidden_size % self.num_attention_heads == 0, "model.hidden_size",
                f"{self.hidden_size} is not divisible by num_attention_heads={self.num_attention_heads}")
         if self.num_query_groups is not None:
             _check(self.num_query_groups > 0 and self.num_attention_heads % self.num_query_groups == 0,
                    "model.num_query_groups",
                    f"{self.num_query_groups} must divide num_attention_heads={self.num_attention_heads}")
-
-    @property
-    def base_length(self) -> int:
-        """L, the pretrained context: train_length, else seq_length. The one value code reads for
-        "the training length" (variants, exports' `train_length`, evaluation factors); seq_length
-        is read only where the sample size of this run matters (data, megatron's max length)."""
-        return self.train_length or self.seq_length
 
     @property
     def head_dim(self) -> int:
@@ -511,7 +507,7 @@ class LoggingConfig:
 
 @dataclass
 class RunConfig:
-    """The root: one run of launch/pretrain.py."""
+    """The root: one training run (`lenext train`, `python -m lenext_dist.train`)."""
 
     name: str = "run"
     """Run name; also the default output folder runs/<name>."""

@@ -198,7 +198,7 @@ def build_hf_config(cfg, *, scale_c: float, head_scale_source: str, tok: Optiona
         bos_token_id=tok.get("bos"), eos_token_id=tok.get("eos"), pad_token_id=tok.get("pad"),
         rope_parameters=dict(LENEXT_ROPE_GUARD),
         position=a.position, rope=dataclasses.asdict(a.rope), scale_c=float(scale_c),
-        train_length=m.base_length, head_scale_source=head_scale_source,
+        train_length=m.train_length, head_scale_source=head_scale_source,
         attention_options=options,
         bos_at_document_start=bool(cfg.data.bos), document_mask=bool(cfg.data.document_mask),
         lenext_format=LENEXT_FORMAT, lenext_source=source, dtype=dtype,

@@ -110,9 +110,9 @@ def _with_scaling(cfg, common: dict) -> tuple[dict, dict]:
     """(rope_parameters of attention.rope, common kwargs with the extended length when scaled)."""
     a, m = cfg.attention, cfg.model
     r = a.rope
-    params = ROPE_PARAMETERS[r.scaling](r, m.head_dim, m.base_length)
+    params = ROPE_PARAMETERS[r.scaling](r, m.head_dim, m.train_length)
     if r.scaling != "none":  # the extended length, informational (factor is given explicitly)
-        common = {**common, "max_position_embeddings": int(m.base_length * r.factor)}
+        common = {**common, "max_position_embeddings": int(m.train_length * r.factor)}
     return params, common
 
 
@@ -340,7 +340,7 @@ def build_stock_config(cfg, *, scales: Tensor, scale_c: float, head_scale_source
         "head_scale_source": head_scale_source, "head_scales_folded_into": "q_proj",
         "head_scales_summary": {"min": float(scales.min()), "max": float(scales.max()),
                                 "mean": float(scales.mean())},
-        "head_scales": scales.tolist(), "train_length": m.base_length,
+        "head_scales": scales.tolist(), "train_length": m.train_length,
         "bos_at_document_start": bool(cfg.data.bos), "document_mask": bool(cfg.data.document_mask),
         "tokenizer": tokenizer_note, "source": source,
     }
@@ -348,7 +348,7 @@ def build_stock_config(cfg, *, scales: Tensor, scale_c: float, head_scale_source
         architectures=[form.architecture], vocab_size=m.vocab_size, hidden_size=m.hidden_size,
         intermediate_size=m.ffn_hidden_size, num_hidden_layers=m.num_layers,
         num_attention_heads=m.num_attention_heads, num_key_value_heads=m.kv_heads,
-        hidden_act="silu", max_position_embeddings=m.base_length, rms_norm_eps=m.norm_epsilon,
+        hidden_act="silu", max_position_embeddings=m.train_length, rms_norm_eps=m.norm_epsilon,
         initializer_range=m.init_method_std, tie_word_embeddings=m.tie_embeddings,
         attention_bias=False, mlp_bias=False,
         # ids inside the vocabulary (SmolLM3's defaults are 128000+): None when no tokenizer

@@ -42,7 +42,7 @@ def search_config(ckpt: Path, run_dir: Path, *, target: int, init: float, steps:
     changes = {
         "name": run_dir.name, "run_dir": str(run_dir),
         "model": {"seq_length": search_length(target, overshoot),
-                  "train_length": base.model.base_length},
+                  "train_length": base.model.train_length},
         "attention": {"scale_c": init, "head_scale": {
             "enabled": True, "trainable": True, "init": init, "min_value": min_value}},
         "train": {"mode": "headscale", "steps": steps, "global_batch_size": global_batch,

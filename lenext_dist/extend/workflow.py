@@ -132,7 +132,7 @@ class ExtendOptions:
         base, out = Path(self.base), self.out_dir
         out.mkdir(parents=True, exist_ok=True)
         ckpt = resolve(base / "checkpoints")
-        L = run_config(ckpt).model.base_length  # the pretrained L (an extension runs longer)
+        L = run_config(ckpt).model.train_length  # the pretrained L (an extension runs longer)
 
         hf_base = self.base_export
         if not (hf_base / "config.json").exists():

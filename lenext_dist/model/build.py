@@ -87,7 +87,7 @@ def layer_spec(cfg):
     mc, att = cfg.model, cfg.attention
     hs = att.head_scale
     variants = layer_variants(att, num_layers=mc.num_layers, head_dim=mc.head_dim,
-                              train_length=mc.base_length, num_heads=mc.num_attention_heads)
+                              train_length=mc.train_length, num_heads=mc.num_attention_heads)
     spec = get_gpt_layer_local_spec(normalization="RMSNorm")
     spec.submodules.self_attention.submodules.core_attention = core_attention_builder(
         variants=variants,

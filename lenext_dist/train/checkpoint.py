@@ -170,10 +170,9 @@ def check_resume(cfg: RunConfig, step_dir: str | os.PathLike) -> list[str]:
 
     old = run_config(step_dir)
     now, then = _flat(to_dict(cfg)), _flat(to_dict(old))
-    # L, the pretrained context (model.train_length, or seq_length when that is null), sets XPOS
-    # blocks, YaRN's original length and the log scale's L: compared resolved, so a null
-    # train_length that only moved with seq_length is a changed model too
-    now["model.train_length"], then["model.train_length"] = cfg.model.base_length, old.model.base_length
+    # L, the pretrained context, sets XPOS blocks, YaRN's original length and the temperature
+    # schedules' L: model.train_length, resolved when read (null = seq_length), so a null that
+    # only moved with seq_length is a changed model too
     changed = sorted(k for k in now.keys() | then.keys() if now.get(k) != then.get(k))
 
     def under(k, roots):
