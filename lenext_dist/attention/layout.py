@@ -17,7 +17,8 @@ the model code only ever sees a list of variants.
                 attention attention.chunked (needed: each query sees its own chunk of C tokens;
                 transformers Llama4TextConfig `attention_chunk_size`, `no_rope_layer_interval` 4);
                 with attention.temperature `llama4` on the NoPE layers as Llama 4 ships it
-    explicit    `layers`: one registry name per layer, e.g. [rope, rope, rope, nope]
+    explicit    `layers`: one registry name per layer, e.g. [rope, rope, rope, nope]; the layers
+                `global_layers` lists (1-based) attend globally, the others take the window/chunk
 
 A layout function returns (name, local) per layer; attention.window and attention.chunked apply to
 the local layers (every layer, except the global ones of local_global and irope). Everything else
@@ -32,12 +33,12 @@ copy through `PositionVariant.for_layer()` (megatron's core attention and the HF
 
 Layout options are read duck-typed from `attn_cfg.layout` (the `LayoutConfig` of
 lenext_dist.config, or the plain dict of an exported config.json turned into attributes):
-`kind`, `every`, `layers`; a missing `layout` is `uniform` (exports made before layouts).
+`kind`, `every`, `layers`, `global_layers`; a missing `layout` is `uniform` (exports made before layouts).
 """
 from __future__ import annotations
 
 from types import SimpleNamespace
-from typing import Callable, Optional
+from typing import Callable, NamedTuple, Optional
 
 from .position import PositionVariant, cfg_get
 from .registry import POSITIONS, build_position
@@ -48,7 +49,15 @@ Layer = tuple[str, bool]
 to every earlier token."""
 
 
-def _uniform(n: int, base: str, every: int, layers: list) -> list[Layer]:
+class Options(NamedTuple):
+    """The `attention.layout` options a layout function reads."""
+
+    every: int
+    layers: list
+    global_layers: list
+
+
+def _uniform(n: int, base: str, o: Options) -> list[Layer]:
     return [(base, True)] * n
 
 
@@ -59,36 +68,39 @@ def _every(n: int, every: int) -> list[bool]:
     return [(i + 1) % every == 0 for i in range(n)]
 
 
-def _nope_every(n: int, base: str, every: int, layers: list) -> list[Layer]:
-    return [("nope" if kth else base, True) for kth in _every(n, every)]
+def _nope_every(n: int, base: str, o: Options) -> list[Layer]:
+    return [("nope" if kth else base, True) for kth in _every(n, o.every)]
 
 
-def _smollm3(n: int, base: str, every: int, layers: list) -> list[Layer]:
+def _smollm3(n: int, base: str, o: Options) -> list[Layer]:
     if base != "rope":
         raise ValueError(f"attention.layout 'smollm3' interleaves NoPE with RoPE: it needs "
                          f"attention.position 'rope', got {base!r} (nope_every takes any base)")
-    return _nope_every(n, base, 4, layers)
+    return _nope_every(n, base, o._replace(every=4))
 
 
-def _local_global(n: int, base: str, every: int, layers: list) -> list[Layer]:
-    return [("nope", False) if kth else (base, True) for kth in _every(n, every)]
+def _local_global(n: int, base: str, o: Options) -> list[Layer]:
+    return [("nope", False) if kth else (base, True) for kth in _every(n, o.every)]
 
 
-def _irope(n: int, base: str, every: int, layers: list) -> list[Layer]:
+def _irope(n: int, base: str, o: Options) -> list[Layer]:
     if base != "rope":
         raise ValueError(f"attention.layout 'irope' interleaves NoPE with chunked RoPE: it needs "
                          f"attention.position 'rope', got {base!r}")
-    return _local_global(n, base, every, layers)
+    return _local_global(n, base, o)
 
 
-def _explicit(n: int, base: str, every: int, layers: list) -> list[Layer]:
-    if len(layers) != n:
-        raise ValueError(f"attention.layout.layers has {len(layers)} entries for {n} layers "
+def _explicit(n: int, base: str, o: Options) -> list[Layer]:
+    if len(o.layers) != n:
+        raise ValueError(f"attention.layout.layers has {len(o.layers)} entries for {n} layers "
                          "(model.num_layers): give one position name per layer")
-    return [(x, True) for x in layers]
+    outside = sorted(set(o.global_layers) - set(range(1, n + 1)))
+    if outside:
+        raise ValueError(f"attention.layout.global_layers {outside} are not layers 1..{n}")
+    return [(x, i + 1 not in o.global_layers) for i, x in enumerate(o.layers)]
 
 
-LAYOUTS: dict[str, Callable[[int, str, int, list], list[Layer]]] = {
+LAYOUTS: dict[str, Callable[[int, str, Options], list[Layer]]] = {
     "uniform": _uniform,
     "nope_every": _nope_every,
     "smollm3": _smollm3,
@@ -117,16 +129,18 @@ def layer_specs(attn_cfg, num_layers: int) -> list[Spec]:
     kind = layout_kind(attn_cfg)
     if kind not in LAYOUTS:
         raise ValueError(f"unknown attention.layout.kind {kind!r}; registered: {sorted(LAYOUTS)}")
-    every = int(cfg_get(attn_cfg, "layout", "every", default=DEFAULT_EVERY))
-    layers = list(cfg_get(attn_cfg, "layout", "layers", default=[]))
-    if layers and kind != "explicit":
-        raise ValueError(f"attention.layout.layers is read by kind 'explicit' only, not {kind!r}")
+    o = Options(int(cfg_get(attn_cfg, "layout", "every", default=DEFAULT_EVERY)),
+                list(cfg_get(attn_cfg, "layout", "layers", default=[])),
+                [int(i) for i in cfg_get(attn_cfg, "layout", "global_layers", default=[])])
+    for key in ("layers", "global_layers"):
+        if getattr(o, key) and kind != "explicit":
+            raise ValueError(f"attention.layout.{key} is read by kind 'explicit' only, not {kind!r}")
     window, chunked = cfg_get(attn_cfg, "window"), cfg_get(attn_cfg, "chunked")
     if kind in NEEDS and cfg_get(attn_cfg, NEEDS[kind]) is None:
         raise ValueError(f"attention.layout {kind!r} needs attention.{NEEDS[kind]} (the "
                          "attention span of its local layers)")
     specs = [(x, window, chunked) if local else (x, None, None)
-             for x, local in LAYOUTS[kind](num_layers, attn_cfg.position, every, layers)]
+             for x, local in LAYOUTS[kind](num_layers, attn_cfg.position, o)]
     unknown = sorted({x for x, *_ in specs if x not in POSITIONS})
     if unknown:
         raise ValueError(f"attention.layout names unknown variants {unknown}; registered: "

@@ -193,6 +193,10 @@ class LayoutConfig:
     layers: list[str] = field(default_factory=list)
     """`explicit` only: one attention-registry name per layer (model.num_layers entries), e.g.
     [rope, rope, rope, nope]."""
+    global_layers: list[int] = field(default_factory=list)
+    """`explicit` only: the layers (1-based) that attend globally; the others take
+    attention.window / attention.chunked (e.g. [rope, rope, rope, nope] with [4]: local RoPE +
+    global NoPE)."""
 
     def __post_init__(self):
         from lenext_dist.attention import layout, registry  # late, as in AttentionConfig
@@ -201,6 +205,8 @@ class LayoutConfig:
                f"unknown layout {self.kind!r}; registered: {sorted(layout.LAYOUTS)}")
         _check(self.every >= 1, "attention.layout.every", "must be >= 1")
         _check(not self.layers or self.kind == "explicit", "attention.layout.layers",
+               f"is read by kind 'explicit' only (kind is {self.kind!r})")
+        _check(not self.global_layers or self.kind == "explicit", "attention.layout.global_layers",
                f"is read by kind 'explicit' only (kind is {self.kind!r})")
         _check(bool(self.layers) or self.kind != "explicit", "attention.layout.layers",
                "kind 'explicit' needs one position name per layer")

@@ -56,6 +56,11 @@ def test_presets():
     assert layer_specs(cfg, 8) == [("rope" if r else "nope", None, 32 if t == "chunked_attention"
                                     else None) for r, t in zip(llama4.no_rope_layers,
                                                                llama4.layer_types)]
+    # explicit per-layer spans: the global_layers attend to everything, the others take the window
+    cfg = NS(position="rope", window=16, layout=NS(kind="explicit", layers=["rope", "nope"] * 2,
+                                                   global_layers=[2, 3]))
+    assert layer_specs(cfg, 4) == [("rope", 16, None), ("nope", None, None), ("rope", None, None),
+                                   ("nope", 16, None)]
     # every other layout: the window (if any) on every layer
     assert layer_specs(NS(position="rope", window=16, layout=NS(kind="nope_every", every=2)), 2) \
         == [("rope", 16, None), ("nope", 16, None)]
@@ -78,6 +83,9 @@ def test_presets():
     (["attention.position=rope", "attention.layout.kind=local_global"],
      "'local_global' needs attention.window"),
     (["attention.position=rope", "attention.layout.kind=irope"], "'irope' needs attention.chunked"),
+    (["attention.layout.global_layers=[1]"], "global_layers: is read by kind 'explicit' only"),
+    (["attention.layout.kind=explicit", "attention.layout.layers=[rope,nope,rope,nope]",
+      "attention.layout.global_layers=[5]"], "global_layers \\[5\\] are not layers 1..4"),
     (["attention.layout.kind=irope", "attention.chunked=8"], "needs attention.position 'rope'"),
 ])
 def test_config_refusals_are_one_line(overrides, match):
@@ -231,7 +239,8 @@ def test_megatron_and_hf_run_the_layout(megatron_1rank, kind, extra, windows, ch
     assert [v.chunked for v in megs] == [v.chunked for v in hfs] == chunks == cfg.layer_chunks
     tuned = [v.temperature is not None for v in hfs]
     assert [v.temperature is not None for v in megs] == tuned == [False, "temperature" in extra] * 2
-    assert hf.config.attention_options["layout"] == {"kind": kind, "every": 2, "layers": []}
+    assert hf.config.attention_options["layout"] == {"kind": kind, "every": 2, "layers": [],
+                                                     "global_layers": []}
     gen = torch.Generator().manual_seed(0)
     x = torch.randint(3, VOCAB, (2, SEQ), generator=gen)
     pos = torch.arange(SEQ).expand_as(x)

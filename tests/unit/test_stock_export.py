@@ -106,6 +106,9 @@ CASES = {
     # Cohere Command R7B's pattern (k = 2 here): local RoPE layers under the window, global NoPE
     "local_global": dict(position="rope", layers=4, layout=LayoutConfig(kind="local_global", every=2),
                          window=6, rope=RopeConfig(scaling="pi", factor=2.0)),
+    # explicit per-layer spans: a windowed NoPE layer and a global RoPE one (SmolLM3 layer_types)
+    "explicit_global_layers": dict(position="rope", layers=4, window=6, layout=LayoutConfig(
+        kind="explicit", layers=["rope", "nope", "rope", "nope"], global_layers=[2, 3])),
     # a uniform temperature c on the NoPE layers only, folded into their q_proj rows
     "interleaved_t_uniform": dict(position="rope", layers=4, layout=LayoutConfig(kind="nope_every",
                                   every=2), temperature=TemperatureConfig(kind="uniform", c=1.4)),
@@ -119,12 +122,14 @@ EXPECTED = {"nope_headscale": "SmolLM3ForCausalLM", "nope_window": "SmolLM3ForCa
             "rope_yarn_tied": "LlamaForCausalLM", "rope_pi_window": "MistralForCausalLM",
             "interleaved": "SmolLM3ForCausalLM", "smollm3_yarn_window": "SmolLM3ForCausalLM",
             "local_global": "SmolLM3ForCausalLM", "interleaved_t_uniform": "SmolLM3ForCausalLM",
-            "irope_llama4": "Llama4ForCausalLM"}
+            "irope_llama4": "Llama4ForCausalLM", "explicit_global_layers": "SmolLM3ForCausalLM"}
 NO_ROPE_LAYERS = {"nope_headscale": [0, 0], "nope_window": [0, 0], "interleaved": [1, 0, 1, 0],
                   "smollm3_yarn_window": [1, 1, 1, 0], "local_global": [1, 0, 1, 0],
-                  "interleaved_t_uniform": [1, 0, 1, 0]}
+                  "interleaved_t_uniform": [1, 0, 1, 0], "explicit_global_layers": [1, 0, 1, 0]}
 """SmolLM3's no_rope_layers: 1 = a RoPE layer, 0 = a NoPE layer."""
-LAYER_TYPES = {"local_global": ["sliding_attention", "full_attention"] * 2}
+LAYER_TYPES = {"local_global": ["sliding_attention", "full_attention"] * 2,
+               "explicit_global_layers": ["sliding_attention", "full_attention", "full_attention",
+                                          "sliding_attention"]}
 """SmolLM3's layer_types where the window is not on every layer (else all sliding, or all full)."""
 
 FRESH = r"""
