@@ -43,6 +43,7 @@ from lenext_dist.checkpoint.weights import read_state as load_megatron_state
 from lenext_dist.errors import CheckpointError
 
 from . import stock
+from .tokenizer_json import write_stock_tokenizer
 from lenext_dist.attention.names import HEAD_SCALE_KEY
 from lenext_dist.dtypes import TORCH_NAMES, canonical, torch_dtype
 
@@ -337,7 +338,7 @@ def _stock_payload(out: Path, cfg, hf_state: dict, scales: Tensor, tok_path: Opt
     m = cfg.model
     folded = stock.stock_state(cfg, hf_state, scales)
     tensors = {k: v.to(torch_dtype(dtype)).contiguous() for k, v in folded.items()}
-    tok, note = (stock.write_stock_tokenizer(out, tok_path, bos=cfg.data.bos) if tok_path
+    tok, note = (write_stock_tokenizer(out, tok_path, bos=cfg.data.bos) if tok_path
                  else (None, "no tokenizer shipped"))
     _tokenizer_info(tok, m.vocab_size)
     return stock.build_stock_config(cfg, scales=scales, scale_c=scale_c,

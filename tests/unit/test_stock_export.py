@@ -19,7 +19,8 @@ from lenext_dist.attention.rope import SCALINGS
 from lenext_dist.config import (AttentionConfig, DataConfig, HeadScaleConfig, LayoutConfig,
                                 ModelConfig, RopeConfig, RunConfig, TemperatureConfig, save_config)
 from lenext_dist.convert import ExportError, export, verify
-from lenext_dist.convert.stock import PROBE_TEXTS, ROPE_PARAMETERS, STOCK_FORMS
+from lenext_dist.convert.stock import ROPE_PARAMETERS, STOCK_FORMS
+from lenext_dist.convert.tokenizer_json import PROBE_TEXTS
 from tiny_models import REPO, SAMPLE_TOKENIZER
 
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
@@ -287,7 +288,7 @@ def test_merges_follow_sentencepiece_scores_not_ids(tmp_path):
     import sentencepiece as spm
     from sentencepiece import sentencepiece_model_pb2 as pb
 
-    from lenext_dist.convert.stock import stock_tokenizer_json
+    from lenext_dist.convert.tokenizer_json import stock_tokenizer_json
 
     m = pb.ModelProto()
     m.ParseFromString(open(SAMPLE_TOKENIZER, "rb").read())
