@@ -39,6 +39,7 @@ def summarize(plan: dict, results: list) -> dict:
         for sched in dict.fromkeys(row["schedule"] for r in runs for row in r["rows"]):
             cells = [row["cells"] for r in runs for row in r["rows"] if row["schedule"] == sched]
             table.append({"layout": layout, "schedule": sched, "seeds": len(cells),
+                          "at_gate": sum(1 for r in runs if r["rule"]["chosen"]),
                           "accuracy": {str(n): _mean([_acc(c, n) for c in cells]) for n in lengths},
                           "answer_nll": {str(n): _mean([_acc(c, n, "answer_nll") for c in cells])
                                          for n in lengths}})
@@ -87,13 +88,14 @@ def render(summary: dict) -> str:
            "Generated from summary.json by experiments/nope_layouts (see its study.py for the "
            "design, analysis.py for the rules). Whole-answer accuracy of the kv task at the "
            f"chosen checkpoint, L = {L}, mean (min..max) over seeds; schedules act on the NoPE "
-           "layers only.", "", f"| layout | schedule | seeds | {head} |",
+           "layers only. A seed that never reached the gate is scored at its final checkpoint "
+           "(seeds: all (at the gate)).", "", f"| layout | schedule | seeds | {head} |",
            "|---|---|---|" + "---|" * len(lengths)]
     for t in summary["table"]:
         cells = " | ".join(
             f"{_f(a['mean'])} ({_f(a['min'])}..{_f(a['max'])})" if a["n"] > 1 else _f(a["mean"])
             for a in (t["accuracy"][str(n)] for n in lengths))
-        out.append(f"| {t['layout']} | {t['schedule']} | {t['seeds']} | {cells} |")
+        out.append(f"| {t['layout']} | {t['schedule']} | {t['seeds']} ({t['at_gate']}) | {cells} |")
     out.append("| no retrieval (baseline) | - | - | " + " | ".join(
         _f(summary["baseline"].get(str(n))) for n in lengths) + " |")
     v = summary["verdicts"]

@@ -12,9 +12,9 @@ def cells(accs, base=0.0):
             for k, a in zip(PLAN["multiples"], accs)]
 
 
-def model(layout, seed, rows):
-    return {"model": {"name": f"{layout}-s{seed}"}, "layout": layout, "tag": "step_0000250",
-            "rule": {"chosen": "step_0000250", "final": "step_0002500"},
+def model(layout, seed, rows, chosen="step_0000250"):
+    return {"model": {"name": f"{layout}-s{seed}"}, "layout": layout, "tag": chosen,
+            "rule": {"chosen": chosen, "final": "step_0002500"},
             "rows": [{"schedule": s, "cells": cells(a)} for s, a in rows.items()]}
 
 
@@ -23,7 +23,7 @@ def test_rules_on_hand_made_results():
         model("nope", 0, {"none": [1, .8, .1, 0], "llama4": [1, .8, .5, .1]}),
         model("nope", 1, {"none": [1, .6, .1, 0], "llama4": [1, .6, .1, 0]}),
         model("rope", 0, {"none": [1, 0, 0, 0]}),
-        model("rope", 1, {"none": [1, 0, 0, 0]}),
+        model("rope", 1, {"none": [.2, 0, 0, 0]}, chosen=None),  # never reached the gate
     ]
     s = summarize(PLAN, results)
     nope = next(t for t in s["table"] if (t["layout"], t["schedule"]) == ("nope", "llama4"))
@@ -34,6 +34,8 @@ def test_rules_on_hand_made_results():
     assert helps == {(256, True), (512, False)}  # +0.2 at 4L counts, +0.05 at 8L does not (< GAP)
     assert GAP == 0.1
     md = render(s)
-    assert "| nope | llama4 | 2 | 1.00 (1.00..1.00) | 0.70 (0.60..0.80) | 0.30 (0.10..0.50) |" in md
+    assert "| nope | llama4 | 2 (2) | 1.00 (1.00..1.00) | 0.70 (0.60..0.80) | 0.30 (0.10..0.50) |" in md
     assert "| no retrieval (baseline) | - | - | 0.00 | 0.00 | 0.00 | 0.00 |" in md
     assert "llama4 helps nope at 4L (0.10 -> 0.30)" in md
+    assert "| rope | none | 2 (1) | 0.60 (0.20..1.00) |" in md
+    assert "| rope-s1 | none (gate not reached) | step_0002500 |" in md
