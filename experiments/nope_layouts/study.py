@@ -115,7 +115,7 @@ def main(argv=None) -> int:
     for m in plan.models:
         rule = study.choose(m, out / "runs" / m.name / "checkpoints")
         results.append(measure(study, m, rule))
-    summary = summarize(asdict(plan), results)
+    summary = {**summarize(asdict(plan), results), "timings_s": study.timings}
     (out / "results.json").write_text(json.dumps(results, indent=1))
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     (out / "LAYOUTS.md").write_text(render(summary))
