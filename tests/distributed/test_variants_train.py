@@ -45,6 +45,8 @@ LAYERS = {"interleaved": (["rope", "nope"], [None, None], [None, None]),
           "smollm3": (["rope"] * 3 + ["nope"], [None] * 4, [None] * 4),
           "t_uniform": (["rope", "nope"], [None, None], [None, None])}
 """Each layout's layers as the export runs them: (variant, window, chunked) per layer."""
+STOCK = {"interleaved": "SmolLM3ForCausalLM", "irope": "Llama4ForCausalLM"}
+"""Cases whose trained run is also exported `--format stock` and compared with the custom export."""
 HEADERS = {"interleaved": "(layout nope_every: rope, nope)",
            "local_global": "(layout local_global: rope + window 8, nope)",
            "irope": "(layout irope: rope + chunked 8, nope)",
@@ -92,6 +94,17 @@ def test_variant_trains_under_zero2(case, sample_shards, tmp_path):
         assert [None if v.temperature is None else vars(v.temperature) for v in got] == \
             [{**{k: None for k in ("c", "a", "floor_scale", "attn_scale")}, "layers": "nope", **t}
              if v.name == "nope" else None for v in got]
+    if case in STOCK:  # the trained run exported stock: plain transformers = custom at 4x L
+        import torch
+
+        stock = AutoModelForCausalLM.from_pretrained(
+            export(tmp_path / case / "checkpoints", tmp_path / "stock", fmt="stock")["out"],
+            dtype=torch.float32).eval()
+        assert type(stock).__name__ == STOCK[case]
+        x = torch.randint(0, stock.config.vocab_size, (2, 4 * 32), generator=torch.Generator().manual_seed(0))
+        with torch.no_grad():
+            diff = (stock(input_ids=x).logits - model.eval()(input_ids=x).logits).abs().max().item()
+        assert diff <= 1e-4, f"{case}: max |stock - custom| at 4x L = {diff}"
     if case == "t_ssmax":  # SSMax's per-head s trained from scratch (m_h moved off its init 1)
         scales = [layer.self_attn.head_scale for layer in model.model.layers]
         assert all((s - 1.0).abs().max() > 1e-4 for s in scales), scales
