@@ -356,9 +356,25 @@ def build_datasets(cfg: RunConfig, world_size: int, record: bool = False):
         blends = {k: [{"prefix": os.path.abspath(b.prefix), "weight": b.weight} for b in v]
                   for k, v in (("blend", d.blend), ("valid_blend", d.valid_blend))}
         os.makedirs(cfg.run_dir, exist_ok=True)
-        atomic_write(os.path.join(cfg.run_dir, "data_inputs.json"), json.dumps(
+        path = os.path.join(cfg.run_dir, "data_inputs.json")
+        _warn_changed_masks(path, masks)
+        atomic_write(path, json.dumps(
             {**blends, "task_loss": d.task_loss, "answer_masks": masks}, indent=2) + "\n")
     return train, (valid if d.valid_blend and valid_samples else None)
+
+
+def _warn_changed_masks(path: str, masks: dict) -> None:
+    """A resumed run whose answer masks differ from the ones its data_inputs.json recorded reads
+    other loss tokens from here on: say which (the run goes on; the new record replaces the old)."""
+    try:
+        with open(path) as f:
+            old = json.load(f).get("answer_masks") or {}
+    except (OSError, ValueError):
+        return
+    changed = sorted(k for k in masks.keys() & old.keys() if masks[k] != old[k])
+    if changed:
+        print(f"[lenext] warning: answer masks changed since {path} was written: "
+              f"{', '.join(changed)} (their loss tokens differ from the earlier steps')", flush=True)
 
 
 def sample_indices(step: int, micro: int, rank: int, world: int, micro_batch: int,

@@ -160,6 +160,15 @@ def test_an_all_zero_mask_is_refused_and_a_start_without_answers_is_warned(shard
     assert inputs["answer_masks"] == {answers_prefix(copy): {
         ext[1:] + "_sha256": hashlib.sha256(Path(answers_prefix(copy) + ext).read_bytes()).hexdigest()
         for ext in (".bin", ".idx")}}
+    # a resume that reads other masks under the same prefix is told so (one line, the prefix)
+    capsys.readouterr()
+    build_datasets(cfg, 1, record=True)
+    assert "answer masks changed" not in capsys.readouterr().out
+    mask_bin.write_bytes(b"".join(m.astype(np.uint8).tobytes() for m in masks))
+    build_datasets(cfg, 1, record=True)
+    out = capsys.readouterr().out
+    assert f"warning: answer masks changed since {tmp_path / 'run' / 'data_inputs.json'} was " \
+           f"written: {answers_prefix(copy)}" in out
 
 
 def gpt_documents(ds, i):
