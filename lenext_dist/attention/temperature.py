@@ -46,9 +46,17 @@ def _log_fit(i: Tensor, p, L: int) -> Tensor:
     return 1.0 + float(cfg_get(p, "a", default=0.0)) * torch.log(torch.clamp(i / L, min=1.0))
 
 
+LLAMA4_DEFAULTS = {"floor_scale": 8192, "attn_scale": 0.1}
+"""transformers' Llama4TextConfig defaults, for the options a `llama4` section leaves null."""
+
+
+def llama4_options(p) -> tuple[float, float]:
+    """(floor_scale, attn_scale) of a `llama4` section, nulls at transformers' defaults."""
+    return tuple(float(cfg_get(p, k, default=v)) for k, v in LLAMA4_DEFAULTS.items())
+
+
 def _llama4(i: Tensor, p, L: int) -> Tensor:
-    floor_scale = float(cfg_get(p, "floor_scale", default=8192))  # transformers' defaults
-    attn_scale = float(cfg_get(p, "attn_scale", default=0.1))
+    floor_scale, attn_scale = llama4_options(p)
     return torch.log1p(torch.floor(i / floor_scale)) * attn_scale + 1.0
 
 
@@ -75,7 +83,7 @@ PARAMS: dict[str, tuple[str, ...]] = {
 }
 """The options each schedule reads (the others refuse them: a `c` given to log_fit is a typo)."""
 REQUIRED = {"uniform": ("c",), "log_fit": ("a",)}
-"""Options without a default (llama4's default to transformers': floor_scale 8192, attn_scale 0.1)."""
+"""Options without a default (llama4's: LLAMA4_DEFAULTS)."""
 NEEDS_LENGTH = ("log_fit", "qwen_logn", "ssmax")
 """Schedules of i / L: they need the training length."""
 LAYERS = ("nope", "all")

@@ -43,6 +43,8 @@ from typing import Callable, Optional
 
 from torch import Tensor
 
+from lenext_dist.attention.temperature import applies, llama4_options
+
 from .keymap import HF_HEAD_SCALE, HF_Q_PROJ
 
 STOCK_FORMAT = 1
@@ -170,7 +172,7 @@ def _llama4_refuse(cfg) -> Optional[str]:
     if chunks - {a.chunked} or any(c is not None for x, _, c in cfg.layer_specs if x == "nope"):
         return ("Llama4ForCausalLM chunks exactly its RoPE layers (attention.chunked on the RoPE "
                 "layers, none on the NoPE ones: attention.layout irope)")
-    if t.kind == "llama4" and (t.layers != "nope" or float(t.floor_scale or 8192) % 1):
+    if t.kind == "llama4" and (t.layers != "nope" or llama4_options(t)[0] % 1):
         return ("Llama 4's temperature scales its NoPE layers with an integer floor_scale "
                 "(attention.temperature.layers nope)")
     return None
@@ -185,6 +187,7 @@ def _llama4_config(cfg, common: dict):
     from transformers import Llama4TextConfig
 
     a, m, t = cfg.attention, cfg.model, cfg.attention.temperature
+    floor_scale, attn_scale = llama4_options(t)
     params, common = _with_scaling(cfg, common)
     common = {k: v for k, v in common.items() if k != "mlp_bias"}  # Llama 4 has no such field
     return Llama4TextConfig(
@@ -192,8 +195,8 @@ def _llama4_config(cfg, common: dict):
         use_qk_norm=False, no_rope_layers=[int(x == "rope") for x in cfg.layer_positions],
         attention_chunk_size=a.chunked,
         layer_types=["full_attention" if c is None else "chunked_attention" for c in cfg.layer_chunks],
-        attn_temperature_tuning=t.kind == "llama4", floor_scale=int(t.floor_scale or 8192),
-        attn_scale=float(t.attn_scale if t.attn_scale is not None else 0.1),
+        attn_temperature_tuning=t.kind == "llama4", floor_scale=int(floor_scale),
+        attn_scale=attn_scale,
         rope_parameters=params)
 
 
@@ -286,8 +289,6 @@ def refusal(cfg) -> Optional[str]:
 def folded_scales(cfg, scales: Tensor) -> Tensor:
     """The per-head scales [layers, heads] a stock export folds into q_proj: the run's (uniform
     c or learned m_h) times a `uniform` temperature's c on the layers it scales."""
-    from lenext_dist.attention.temperature import applies
-
     t = cfg.attention.temperature
     if t.kind != "uniform":
         return scales
