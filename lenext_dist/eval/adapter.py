@@ -146,6 +146,11 @@ def set_variant(model: nn.Module, *, rope: Optional[dict] = None, **options) -> 
                          "export (python -m lenext_dist.convert --format custom); a stock or "
                          "plain Llama model has its attention fixed by its config")
     _own(model, "set_position")(model, rope=rope, **options)
+    # an export's own code predating an option ignores it: refuse rather than evaluate without it
+    stale = sorted(k for k in options if not all(hasattr(a.position, k) for a in attention_layers(model)))
+    if stale:
+        raise ValueError(f"this export's modeling code predates {', '.join(stale)}: re-export the "
+                         "checkpoint with this lenext_dist (python -m lenext_dist.convert)")
 
 
 def set_head_scales(model: nn.Module, m: Tensor) -> None:

@@ -96,3 +96,30 @@ def test_cli_on_export_folder(tmp_path):
                  "--out", str(out), "--no-progress"]) == 0
     for f in ("entropy_64.json", "passkey.json", "scale_sweep.json", "passkey.png"):
         assert (out / f).exists()
+
+
+def test_eval_time_options_reach_the_layers_or_are_refused(monkeypatch):
+    """--temperature / --window on a custom export go through the export's own set_position; an
+    export whose shipped code predates an option would ignore it, so it is refused by name."""
+    import lenext_dist.eval.adapter as adapter
+    from lenext_dist.eval.adapter import set_variant
+
+    model = tiny_lenext("nope", vocab_size=256, train_length=32)
+    set_variant(model, temperature={"kind": "llama4", "floor_scale": 8.0}, window=16)
+    got = [layer.self_attn.position for layer in model.model.layers]
+    assert [(v.temperature.kind, v.temperature.floor_scale, v.window) for v in got] == \
+        [("llama4", 8.0, 16)] * 2
+
+    class OldNoPE(torch.nn.Module):  # a variant of an export made before temperature schedules
+        def __init__(self, window):
+            super().__init__()
+            self.name, self.window = "nope", window
+
+    def old_set_position(m, rope=None, **options):
+        for layer in m.model.layers:
+            layer.self_attn.position = OldNoPE(options.get("window"))
+
+    monkeypatch.setattr(adapter, "_own", lambda m, name: old_set_position)
+    set_variant(model, window=16)  # known to that code: fine
+    with pytest.raises(ValueError, match="modeling code predates temperature: re-export"):
+        set_variant(model, temperature={"kind": "log_fit", "a": 0.3}, window=16)
