@@ -27,12 +27,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import sys
 from dataclasses import asdict, replace
 from pathlib import Path
 
-from experiments.nope_length.study import REPO, TEST_SEED, Model, Plan, Study
+from experiments.nope_length.study import REPO, TEST_SEED, Model, Plan, Study, publish
 
 from .analysis import render, summarize
 
@@ -73,18 +72,6 @@ def quick_plan() -> Plan:
                 multiples=(1, 2), docs=8, valid_docs=8, kv_passes=1)
 
 
-def publish(out: Path, dest: Path) -> None:
-    """summary.json (every number) and LAYOUTS.md (generated from it) -> `dest`."""
-    names = ("summary.json", "LAYOUTS.md")
-    missing = [n for n in names if not (out / n).is_file()]
-    if missing:
-        raise SystemExit(f"error: {out} has no {', '.join(missing)}: run the study first")
-    dest.mkdir(parents=True, exist_ok=True)
-    for n in names:
-        shutil.copy(out / n, dest / n)
-    print(f"[layouts] published {out} -> {dest}")
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(
         prog="python -m experiments.nope_layouts", formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -103,7 +90,7 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     out = Path(a.out or REPO / f"results/nope_layouts{'-quick' if a.quick else ''}")
     if a.publish:
-        publish(out, HERE / "results")
+        publish(out, HERE / "results", ("summary.json", "LAYOUTS.md"))
         return 0
     plan = replace(quick_plan() if a.quick else full_plan(), nproc=a.nproc)
     study = Study(plan, out)

@@ -298,10 +298,9 @@ def summarize_fit(summary: dict) -> Optional[float]:
     return fit.get("a")
 
 
-def publish(out: Path, dest: Path) -> None:
-    """Copy the study's records to `dest`: summary.json (every number, the per-model results and
-    the timings included) and STUDY.md (generated from it)."""
-    names = ("summary.json", "STUDY.md")
+def publish(out: Path, dest: Path, names: tuple[str, ...] = ("summary.json", "STUDY.md")) -> None:
+    """Copy a study's records to `dest`: summary.json (every number, the per-model results and
+    the timings included) and the page generated from it."""
     missing = [n for n in names if not (out / n).is_file()]
     if missing:
         raise SystemExit(f"error: {out} has no {', '.join(missing)}: run the study first")

@@ -1,8 +1,9 @@
 """Typed run configuration: dataclasses (schema), strict YAML loading, the DeepSpeed JSON."""
-from .schema import (AttentionConfig, BlendItem, CheckpointConfig, ConfigError, DataConfig,
-                     HeadScaleConfig, KerpleConfig, LayoutConfig, LoggingConfig, ModelConfig, OptimConfig,
-                     ParallelConfig, RopeConfig, RunConfig, SandwichConfig, TemperatureConfig,
-                     TrainConfig, XposConfig)
+from .attention import (AttentionConfig, HeadScaleConfig, KerpleConfig, LayoutConfig, RopeConfig,
+                        SandwichConfig, TemperatureConfig, XposConfig)
+from .checks import ConfigError
+from .schema import (BlendItem, CheckpointConfig, DataConfig, LoggingConfig, ModelConfig, OptimConfig,
+                     ParallelConfig, RunConfig, TrainConfig)
 from .load import load_config, save_config, split_cli_overrides, to_dict
 from .deepspeed import deepspeed_config
 

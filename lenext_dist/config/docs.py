@@ -1,4 +1,4 @@
-"""The configuration reference (docs/configuration.md), generated from schema.py (field docstrings
+"""The configuration reference (docs/configuration.md), generated from schema.py and attention.py (field docstrings
 and defaults).
 
     python -m lenext_dist.config.docs                  # print the markdown
@@ -39,7 +39,9 @@ def _field_docs(cls) -> dict[str, str]:
 
 
 def _type(tp) -> str:
-    s = str(tp).replace("typing.", "").replace("lenext_dist.config.schema.", "")
+    s = str(tp).replace("typing.", "")
+    for module in ("schema", "attention"):
+        s = s.replace(f"lenext_dist.config.{module}.", "")
     return getattr(tp, "__name__", s) if typing.get_origin(tp) is None else s
 
 
