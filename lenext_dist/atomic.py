@@ -9,19 +9,20 @@ Folders of several files (an export) are staged differently: lenext_dist/convert
 """
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
-from typing import Union
+from typing import BinaryIO, Iterator, Union
 
 
-def atomic_write(path: Union[str, Path], data: Union[str, bytes], *, fsync: bool = False) -> None:
-    """Replace `path` by `data` (str as UTF-8) in one step. fsync=True also survives a power cut
-    (the checkpoint's `latest` tag); without it the promise is safety against a killed process
-    (the page cache survives kill -9), which is what data prep needs at its rate of writes."""
+@contextlib.contextmanager
+def atomic_file(path: Union[str, Path], *, fsync: bool = False) -> Iterator[BinaryIO]:
+    """A binary file to write that appears at `path` whole when the block ends (and not at all
+    if it raises). For writers that want a file object (numpy.save of megatron's cache)."""
     tmp = f"{os.fspath(path)}.tmp-{os.getpid()}"
     try:
         with open(tmp, "wb") as f:
-            f.write(data.encode("utf-8") if isinstance(data, str) else data)
+            yield f
             if fsync:
                 f.flush()
                 os.fsync(f.fileno())
@@ -30,3 +31,11 @@ def atomic_write(path: Union[str, Path], data: Union[str, bytes], *, fsync: bool
         if os.path.exists(tmp):
             os.remove(tmp)
         raise
+
+
+def atomic_write(path: Union[str, Path], data: Union[str, bytes], *, fsync: bool = False) -> None:
+    """Replace `path` by `data` (str as UTF-8) in one step. fsync=True also survives a power cut
+    (the checkpoint's `latest` tag); without it the promise is safety against a killed process
+    (the page cache survives kill -9), which is what data prep needs at its rate of writes."""
+    with atomic_file(path, fsync=fsync) as f:
+        f.write(data.encode("utf-8") if isinstance(data, str) else data)

@@ -239,10 +239,18 @@ def test_a_pickle_planted_in_the_data_cache_is_refused_and_never_run(tmp_path, g
         with pytest.raises(ConfigError, match=rf"^data.cache_dir: {f}: not a plain numpy array .*refused"):
             build_datasets(cfg, 1)  # the resume
         f.write_bytes(good)
-    np.save(cache / "objects.npy", np.array([Evil(marker)], dtype=object), allow_pickle=True)
-    with pytest.raises(ConfigError, match="objects.npy: not a plain numpy array"):
+    good = npys[0].read_bytes()
+    with open(npys[0], "wb") as f:  # numpy's own format, holding Python objects
+        np.save(f, np.array([Evil(marker)], dtype=object), allow_pickle=True)
+    with pytest.raises(ConfigError, match=f"{npys[0].name}: not a plain numpy array"):
         build_datasets(cfg, 1)
-    (cache / "objects.npy").unlink()
+    npys[0].write_bytes(good[:-40])  # a good header over truncated data: damaged, one line
+    with pytest.raises(ConfigError, match=rf"^data.cache_dir: {npys[0]}: damaged .*delete it"):
+        build_datasets(cfg, 1)
+    os.remove(npys[0])
+    os.mkfifo(npys[0])  # a FIFO would block a reader forever: megatron sees no cache file there,
+    build_datasets(cfg, 1)  # rebuilds, and the whole-file save replaces it (no hang)
+    assert npys[0].is_file() and npys[0].read_bytes() == good
     # megatron's own loads refuse a pickle too (one planted after the check, or a new code path)
     late = tmp_path / "late.npy"
     late.write_bytes(pickle.dumps(Evil(marker)))
@@ -250,6 +258,10 @@ def test_a_pickle_planted_in_the_data_cache_is_refused_and_never_run(tmp_path, g
         with pytest.raises(ConfigError, match=f"{late}: not a plain numpy array"):
             gpt_dataset.numpy.load(str(late), allow_pickle=True, mmap_mode="r")
         assert gpt_dataset.numpy.int64 is np.int64
+        fifo = tmp_path / "fifo.npy"
+        os.mkfifo(fifo)  # refused before it is opened (opening a FIFO blocks)
+        with pytest.raises(ConfigError, match=f"{fifo}: not a regular file"):
+            gpt_dataset.numpy.load(str(fifo), allow_pickle=True, mmap_mode="r")
     assert gpt_dataset.numpy is np and not marker.exists()
     build_datasets(cfg, 1)  # the cache, as megatron wrote it, loads
 
