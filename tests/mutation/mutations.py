@@ -38,6 +38,7 @@ T_TASKS = "tests/unit/test_prep_tasks.py"
 T_DOC = "tests/unit/test_document_mask.py"
 T_BOS = "tests/unit/test_data_bos.py"
 T_STOCK = "tests/unit/test_stock_export.py"
+T_CLAIMS = "tests/unit/test_nope_length_analysis.py"
 T_LAYOUT = "tests/unit/test_layout.py"
 T_TEMP = "tests/unit/test_temperature.py"
 T_SAFE = "tests/unit/test_safety.py"
@@ -393,4 +394,20 @@ MUTATIONS: list[M] = [
       "        if False:\n            vis = vis & (torch.div(k,", (T_TEMP,)),
     M("stock-llama4-rope-pairs-not-permuted", "temperatures", "lenext_dist/convert/stock.py",
       "out[k] = _meta_pairs(out[k], heads, m.head_dim)", "out[k] = out[k]", (T_STOCK,)),
+    # ---- the kv study's claim conditions (issue 43): every seed, and each threshold ------------
+    M("claim-nope-beats-rope-by-best-seed", "claims", "experiments/nope_length/analysis.py",
+      'two["nope"]["min"] - two["rope"]["max"] >= GAP', 'two["nope"]["max"] - two["rope"]["max"] >= GAP',
+      (T_CLAIMS,)),
+    M("claim-gap-halved", "claims", "experiments/nope_length/analysis.py", "GAP = 0.2\n", "GAP = 0.1\n",
+      (T_CLAIMS,)),
+    M("claim-gate-below-0.9", "claims", "experiments/nope_length/analysis.py",
+      "all(v is not None and v >= 0.9 for v in at_L.values())",
+      "all(v is not None and v >= 0.85 for v in at_L.values())", (T_CLAIMS,)),
+    M("claim-restore-by-best-seed", "claims", "experiments/nope_length/analysis.py",
+      'restore[f]["min"] is not None and restore[f]["min"] >= GAP',
+      'restore[f]["max"] is not None and restore[f]["max"] >= GAP', (T_CLAIMS,)),
+    M("claim-fit-r2-ignored", "claims", "experiments/nope_length/analysis.py",
+      'fit["r2"] is not None and fit["r2"] >= FIT_R2', "True", (T_CLAIMS,)),
+    M("claim-entropy-any-seed", "claims", "experiments/nope_length/analysis.py",
+      "ok = ok and None not in (first, last,", "ok = True or None not in (first, last,", (T_CLAIMS,)),
 ]

@@ -73,3 +73,72 @@ def test_render_shows_every_claim_and_the_baseline():
     md = render(summary)
     assert all(c["claim"] in md for c in summary["claims"].values())
     assert "| no retrieval (baseline) | - | - | 0.00 | 0.00 | 0.00 | 0.00 |" in md
+
+
+# Each claim's condition pinned (issue 43): a change of any threshold, or of "every seed" into
+# "the best seed" (or a mean), turns one of these verdicts. Cells: accuracy at 1, 2, 4, 8 L.
+def _verdict(claim, nope, rope=()):
+    return summarize(PLAN, list(nope) + list(rope), [])["claims"][claim]["verdict"]
+
+
+def _rope(at2=0.0):
+    return _model("rope-s0", "rope", {1.0: [1.0, at2, 0.0, 0.0]})
+
+
+def test_the_gate_is_0_9_at_L_on_every_seed():
+    seeds = [_model(f"nope-s{s}", "nope", {1.0: [a, 0.5, 0.1, 0.0]}) for s, a in enumerate((0.9, 1.0, 1.0))]
+    assert _verdict("retrieval_at_L", seeds, [_rope()]) == "holds"  # 0.9 itself passes
+    seeds[0] = _model("nope-s0", "nope", {1.0: [0.89, 0.5, 0.1, 0.0]})  # one seed under it
+    assert _verdict("retrieval_at_L", seeds, [_rope()]) == "fails"
+    assert _verdict("retrieval_at_L", seeds[1:], [_model("rope-s0", "rope", {1.0: [0.85, 0, 0, 0]})]) == "fails"
+
+
+def test_nope_beats_rope_at_2L_by_gap_on_every_seed_not_the_best():
+    def world(nope_at2, rope_at2):
+        nope = [_model(f"nope-s{s}", "nope", {1.0: [1.0, a, 0.1, 0.0]}) for s, a in enumerate(nope_at2)]
+        rope = [_model(f"rope-s{s}", "rope", {1.0: [1.0, a, 0.0, 0.0]}) for s, a in enumerate(rope_at2)]
+        return _verdict("nope_extends_further", nope, rope)
+
+    assert world((0.75, 0.5), (0.25, 0.0)) == "holds"  # worst NoPE 0.5 - best RoPE 0.25 = 0.25
+    assert world((0.75, 0.4), (0.25, 0.0)) == "fails"  # 0.15 < GAP: the best seed alone would pass
+    assert world((0.9, 0.9), (0.8, 0.0)) == "fails"  # one RoPE seed close: the mean would pass
+
+
+def test_uniform_c_restores_needs_gap_at_both_far_lengths_on_every_seed():
+    def world(gains):
+        return _verdict("uniform_c_restores", [
+            _model(f"nope-s{s}", "nope", {1.0: [1.0, 0.8, 0.1, 0.0], 1.5: [0.9, 0.8, 0.1 + g4, g8]})
+            for s, (g4, g8) in enumerate(gains)])
+
+    assert world([(0.25, 0.25), (0.5, 0.5)]) == "holds"
+    assert world([(0.25, 0.15), (0.5, 0.5)]) == "fails"  # one seed under GAP at 8L
+    assert world([(0.15, 0.5), (0.5, 0.5)]) == "fails"  # at 4L too
+
+
+def test_best_c_fit_needs_a_positive_slope_and_r2_at_least_0_5():
+    def world(c_at):  # the c that retrieves best at 2, 4, 8 L (its accuracy 1, the others 0.5)
+        grid = {c: [1.0] + [1.0 if c == c_at[k] else 0.5 for k in range(3)]
+                for c in sorted(set(c_at) | {1.0})}
+        return summarize(PLAN, [_model("nope-s0", "nope", grid)], [])["claims"]["best_c_fit"]
+
+    assert world((1.1, 1.2, 1.3))["verdict"] == "holds"  # exactly 1 + 0.144 ln s
+    assert world((1.0, 1.0, 1.0))["verdict"] == "fails"  # a = 0
+    noisy = world((1.5, 1.0, 1.25))  # a > 0, but the points do not follow ln s
+    assert noisy["numbers"]["a"] > 0 and noisy["numbers"]["r2"] < 0.5 and noisy["verdict"] == "fails"
+
+
+def test_entropy_mechanism_holds_only_if_every_seed_spreads_and_sharpens():
+    good = _model("nope-s0", "nope", {1.0: [1.0, 0.5, 0.2, 0.0], 1.5: [0.9, 0.8, 0.7, 0.6]})
+    assert _verdict("entropy_mechanism", [good]) == "holds"
+    flat = _model("nope-s1", "nope", {1.0: [1.0, 0.5, 0.2, 0.9], 1.5: [0.9, 0.8, 0.7, 0.6]})
+    # seed 1 keeps 0.9 at 8L: entropy 0.36 vs 0.3 at L, a rise of 0.06 < ENTROPY_RISE
+    assert _verdict("entropy_mechanism", [good, flat]) == "fails"
+
+
+def test_checkpoint_dependence_is_one_cell_moving_by_gap():
+    def world(final_at8):
+        return _verdict("checkpoint_dependence", [_model(
+            "nope-s0", "nope", {1.0: [1.0, 0.8, 0.3, 0.5], 1.5: [0.9, 0.8, 0.7, 0.5]},
+            final={1.0: [1.0, 0.8, 0.3, final_at8], 1.5: [0.9, 0.8, 0.7, 0.5]})])
+
+    assert world(0.25) == "holds" and world(0.35) == "fails"  # moves of 0.25 and 0.15
