@@ -1,25 +1,15 @@
 """Prepare data, train, export, evaluate and length-extend language models with lenext_dist.
 
-  lenext prep          tokenize text corpora into shards for training (`lenext prep merge` after
-                       a Slurm array of them)
-  lenext train         pretrain a GPT model (or search its per-head scales) on N ranks of this
-                       machine under DeepSpeed
-  lenext convert       export a training checkpoint to a Hugging Face model folder
-  lenext eval KIND     measure a Hugging Face model folder at several lengths
-                       (ppl, passkey, tasks, entropy, scale-sweep) and write JSON + plots
-  lenext report        collect the results of `lenext eval` into one markdown report
-  lenext extend        the whole length-extension workflow for a pretrained run: scale sweep,
-                       per-head scale search per target length, export, evaluation, report
-
 Run `lenext COMMAND --help` for a command's options. Also runs as `python -m lenext_dist`.
 """
-# Developers: a subcommand is one entry of SUBCOMMANDS below (name -> (help, loader)). The loader
-# returns (build_parser, run): build_parser(p) sets the command's own description, example and
-# options on the subparser p, run(args) does the work (an int it returns is the exit status). A
-# command whose run takes the arguments it does not know (training's config overrides) sets the
-# default takes_overrides=True: they arrive as args.overrides. A loader may instead return a
-# whole `main(argv, prog)`, for a command with its own grammar (prep: `[shard] ...` or `merge ...`);
-# it gets the rest of the command line.
+# Developers: a subcommand is one entry of SUBCOMMANDS below (name -> (help, loader)), the one
+# list of verbs (`lenext --help` prints it from there). The loader is called only when its command
+# runs, so the help of the others costs no import. It returns (build_parser, run): build_parser(p)
+# sets the command's own description, example and options on the subparser p, run(args) does the
+# work (an int it returns is the exit status). A command whose run takes the arguments it does not
+# know (training's config overrides) sets the default takes_overrides=True: they arrive as
+# args.overrides. A loader may instead return a whole `main(argv, prog)`, for a command with its
+# own grammar (prep: `[shard] ...` or `merge ...`); it gets the rest of the command line.
 from __future__ import annotations
 
 import argparse
@@ -91,13 +81,16 @@ EPILOG = """examples:
 Manual: docs/pretraining.md, docs/evaluation.md, docs/length-extension.md"""
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: Optional[str] = None) -> argparse.ArgumentParser:
+    """The `lenext` parser; only `command`'s module is imported and its options built (the others
+    are listed by name and help), so `lenext --help` answers without importing torch."""
     ap = argparse.ArgumentParser(prog="lenext", description=__doc__, epilog=EPILOG,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = ap.add_subparsers(dest="command", required=True)
+    sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND",
+                            title="commands")
     for name, (help_, loader) in SUBCOMMANDS.items():
-        loaded = loader()
-        if not isinstance(loaded, tuple):  # its own main: listed here, run by `main` below
+        loaded = loader() if name == command else None
+        if not isinstance(loaded, tuple):  # not asked for, or its own main (run by `main` below)
             sub.add_parser(name, help=help_, add_help=False)
             continue
         build, run = loaded
@@ -114,7 +107,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         loaded = SUBCOMMANDS[argv[0]][1]()
         if not isinstance(loaded, tuple):
             return loaded(argv[1:], prog=f"lenext {argv[0]}")
-    ap = build_parser()
+    ap = build_parser(argv[0] if argv and argv[0] in SUBCOMMANDS else None)
     args, rest = ap.parse_known_args(argv)
     if rest and not getattr(args, "takes_overrides", False):
         ap.error(f"unrecognized arguments: {' '.join(rest)}")

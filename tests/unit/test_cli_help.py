@@ -136,3 +136,19 @@ def test_help_has_purpose_example_and_no_internal_names(command, main, argv, cap
     assert base in m.group(1), f"{command}: the example does not run {base}"
     bad = INTERNAL.findall(text)
     assert not bad, f"{command}: internal names in --help: {bad}"
+
+
+def test_lenext_help_lists_every_verb_once_without_importing_torch():
+    """`lenext --help` builds no command's parser: no torch import (a fresh interpreter), and the
+    verbs it prints are exactly cli.SUBCOMMANDS, the one list of them."""
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom lenext_dist.cli import main\ntry:\n    main(['--help'])\n"
+            "except SystemExit:\n    pass\nprint('TORCH', 'torch' in sys.modules)")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and p.stdout.strip().endswith("TORCH False"), p.stdout + p.stderr
+    from lenext_dist.cli import SUBCOMMANDS
+
+    listed = re.findall(r"^    (\w+)  ", p.stdout, re.M)
+    assert listed == list(SUBCOMMANDS)
