@@ -11,4 +11,4 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from lenext_dist.prep.cli import build_sample_main  # noqa: E402
 
 if __name__ == "__main__":
-    sys.exit(build_sample_main())
+    sys.exit(build_sample_main(prog="data_prep/build_sample.py"))

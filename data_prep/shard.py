@@ -2,6 +2,7 @@
 """Thin entry point; the logic and the full option list live in lenext_dist.prep.cli
 (run with --help)."""
 
+import functools
 import os
 import sys
 
@@ -12,4 +13,4 @@ from lenext_dist.errors import entry_point  # noqa: E402
 from lenext_dist.prep.cli import shard_main  # noqa: E402
 
 if __name__ == "__main__":
-    sys.exit(entry_point(shard_main)())
+    sys.exit(entry_point(functools.partial(shard_main, prog="data_prep/shard.py"))())

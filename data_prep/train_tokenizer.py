@@ -11,4 +11,4 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from lenext_dist.prep.cli import train_tokenizer_main  # noqa: E402
 
 if __name__ == "__main__":
-    sys.exit(train_tokenizer_main())
+    sys.exit(train_tokenizer_main(prog="data_prep/train_tokenizer.py"))

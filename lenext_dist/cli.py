@@ -22,7 +22,7 @@ from .errors import entry_point
 def _prep():
     from .prep import cli
 
-    return cli.shard_main
+    return cli.prep_main
 
 
 def _train():
@@ -56,8 +56,7 @@ def _extend():
 
 
 SUBCOMMANDS = {
-    "prep": ("tokenize text corpora into shards for training (merge: join a Slurm array's parts)",
-             _prep),
+    "prep": ("prepare data: shard corpora (default), merge, tokenizer, sample, kv", _prep),
     "train": ("pretrain a GPT model, or search its per-head scales, on N ranks under DeepSpeed",
               _train),
     "convert": ("export a training checkpoint to a Hugging Face model folder", _convert),

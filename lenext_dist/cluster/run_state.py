@@ -59,7 +59,7 @@ def preflight(cfg) -> list[str]:
     if not Path(cfg.data.tokenizer).is_file():
         problems.append(f"data.tokenizer: {cfg.data.tokenizer} not found")
     if not cfg.data.blend:
-        problems.append("data.blend: empty (point it at shards made by data_prep/shard.py)")
+        problems.append("data.blend: empty (point it at shards made by `lenext prep`)")
     for key, items in (("data.blend", cfg.data.blend), ("data.valid_blend", cfg.data.valid_blend)):
         for item in items:
             for path in _shard_missing(item.prefix):

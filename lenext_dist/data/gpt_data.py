@@ -80,7 +80,7 @@ class ShardTokenizer:
         sp = spm.SentencePieceProcessor(model_file=str(path))
         if bos and sp.bos_id() < 0:
             raise ConfigError(f"data.bos: {path} has no BOS piece (bos_id -1); set data.bos "
-                              "false or train the tokenizer with a BOS (train_tokenizer.py does)")
+                              "false or train the tokenizer with a BOS (`lenext prep tokenizer` does)")
         return cls(eod=sp.eos_id(), vocab_size=sp.get_piece_size(),
                    bos=sp.bos_id() if bos else None)
 
@@ -161,7 +161,7 @@ def _check_prefixes(items: list[BlendItem], key: str) -> None:
             if not os.path.isfile(it.prefix + ext):
                 raise ConfigError(
                     f"{key}: shard {it.prefix}{ext} not found (make shards with "
-                    f"`python data_prep/shard.py`, or fix the prefix)")
+                    f"`lenext prep`, or fix the prefix)")
         _check_sizes(it.prefix, key)
 
 
@@ -177,7 +177,7 @@ def _check_sizes(prefix: str, key: str) -> tuple[int, np.ndarray, np.ndarray]:
     """A truncated shard (an interrupted copy) or an empty one is named here, not by a numpy
     error in megatron. Returns its dtype code, sequence lengths and document indices."""
     idx, bin_ = prefix + ".idx", prefix + ".bin"
-    again = "copy it again, or rebuild it with `python data_prep/shard.py`"
+    again = "copy it again, or rebuild it with `lenext prep`"
     with open(idx, "rb") as f:
         head = f.read(_IDX_HEAD)
     if len(head) < _IDX_HEAD or head[:9] != _IDX_MAGIC or head[17] not in _DTYPES:
@@ -211,7 +211,7 @@ def _check_answers(items: list[BlendItem], key: str) -> dict[str, dict]:
         if not (tasks or os.path.isfile(mask + ".bin") or os.path.isfile(mask + ".idx")):
             continue  # a text shard: every token trains
         remake = ("copy it beside its shard again, or remake both (`make task-shards`, or "
-                  "`shard.py --format tasks`)")
+                  "`lenext prep --format tasks`)")
         for ext in (".bin", ".idx"):
             if not os.path.isfile(mask + ext):
                 said = f" (its manifest {made[0]} says --format tasks)" if tasks else ""
@@ -369,7 +369,7 @@ def build_datasets(cfg: RunConfig, world_size: int, record: bool = False):
              if answer_loss else {})
     if answer_loss and not any(answers_prefix(b.prefix) in masks for b in d.blend):
         raise ConfigError("data.task_loss: 'answers', but no shard of data.blend has an answer mask "
-                          f"beside it (<prefix>{ANSWERS_SUFFIX}.bin/.idx, written by `shard.py "
+                          f"beside it (<prefix>{ANSWERS_SUFFIX}.bin/.idx, written by `lenext prep "
                           "--format tasks`): remake the task shards (`make task-shards`) or set 'all'")
     # plain runs: megatron's own class (its name is part of the sample-index cache names)
     cls = _gpt_dataset_class(answer_loss) if d.bos or answer_loss else GPTDataset

@@ -253,7 +253,7 @@ class TasksJob(DataJob):
     docs: int = option(32, pos_int, "documents per (task, length)")
     seed: int = option(0, nonneg_int)
     task_set: list[str] = option(
-        default_factory=list, help="a generator parameter other than the training default, as in shard.py "
+        default_factory=list, help="a generator parameter other than the training default, as in lenext prep's "
         "(e.g. kv.distractors=1, kv.values=6:8); repeatable; length is set per cell", action="append",
         metavar="[TASK.]FIELD=VALUE")
     entropy: bool = option(False, help="also the attention entropy (H / ln n, per layer and head) of the "

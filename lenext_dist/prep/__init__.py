@@ -13,5 +13,5 @@ Modules (one concern each):
   runner           the shard step: task slicing (Slurm arrays), worker pool, progress bar
   train_tokenizer  a Llama-style SentencePiece model trained on a corpus sample
   sample_corpus    the embedded real-text sample corpus under data/sample
-  cli              command lines used by data_prep/*.py
+  cli              `lenext prep VERB` (and the data_prep/*.py aliases)
 """

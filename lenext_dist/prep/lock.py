@@ -52,7 +52,7 @@ class RunLock:
         if fd is None:
             self.release()
             raise PrepError(
-                f"another shard.py run is using {os.path.dirname(path)!r} ({what} refused: "
+                f"another `lenext prep` run is using {os.path.dirname(path)!r} ({what} refused: "
                 f"{path} is locked). Wait for it to finish (or stop it), or use another "
                 "--out/--name."
             ) from None

@@ -131,7 +131,7 @@ def write_or_check_plan(out_dir: str, name: str, plan: dict) -> None:
         old = read_json(path)
         if old.get("version") != PLAN_VERSION:
             raise PrepError(
-                f"{path!r} was written by another version of shard.py (plan version "
+                f"{path!r} was written by another version of `lenext prep` (plan version "
                 f"{old.get('version')}, this one reads {PLAN_VERSION}). Delete "
                 f"{parts_dir(out_dir, name)!r} to start over, or use another --out."
             )
@@ -178,7 +178,7 @@ def load_plan(out_dir: str, name: str) -> dict:
     path = plan_path(out_dir, name)
     if not os.path.exists(path):
         raise PrepError(
-            f"no plan at {path!r}: run the shard step (data_prep/shard.py --input ... "
+            f"no plan at {path!r}: run the shard step (lenext prep --input ... "
             f"--out {out_dir} --name {name}) before merge"
         )
     return read_json(path)

@@ -47,7 +47,7 @@ class SpmTokenizer:
         if not os.path.isfile(model_path):
             raise PrepError(
                 f"tokenizer model {model_path!r} not found. Pass a SentencePiece .model "
-                "(e.g. data/sample/tokenizer.model) or train one with data_prep/train_tokenizer.py"
+                "(e.g. data/sample/tokenizer.model) or train one with `lenext prep tokenizer`"
             )
         self.path = os.path.abspath(model_path)
         self.sp = spm.SentencePieceProcessor()
@@ -61,7 +61,7 @@ class SpmTokenizer:
         if self.eos_id < 0:
             raise PrepError(
                 f"{model_path}: the model has no EOS piece (eos_id=-1); documents must end "
-                "in EOS. Train it with --eos_id (train_tokenizer.py sets eos=2)."
+                "in EOS. Train it with --eos_id (`lenext prep tokenizer` sets eos=2)."
             )
         self.threads = max(1, int(threads))
         self.dtype = token_dtype(self.vocab_size)

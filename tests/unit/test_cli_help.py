@@ -1,5 +1,6 @@
 """Every command's `--help` is for users: a one-line purpose, an example, and none of the code's
 internal names (registries, modules, function names, issue numbers)."""
+import functools
 import importlib.util
 import re
 from pathlib import Path
@@ -30,21 +31,21 @@ def _lenext():
 def _shard():
     from lenext_dist.prep.cli import shard_main
 
-    return shard_main
+    return functools.partial(shard_main, prog="data_prep/shard.py")
 
 
-def _prep(name):
+def _prep(name, prog):
     def load():
         from lenext_dist.prep import cli
 
-        return getattr(cli, name)
+        return functools.partial(getattr(cli, name), prog=prog)
     return load
 
 
 def _build_kv():
     from lenext_dist.prep.kv_corpus import main
 
-    return main
+    return functools.partial(main, prog="data_prep/build_kv.py")
 
 
 def _convert():
@@ -82,6 +83,9 @@ COMMANDS = [
     ("lenext", _lenext, []),
     ("lenext prep", _lenext, ["prep"]),
     ("lenext prep merge", _lenext, ["prep", "merge"]),
+    ("lenext prep tokenizer", _lenext, ["prep", "tokenizer"]),
+    ("lenext prep sample", _lenext, ["prep", "sample"]),
+    ("lenext prep kv", _lenext, ["prep", "kv"]),
     ("lenext train", _lenext, ["train"]),
     ("lenext convert", _lenext, ["convert"]),
     ("lenext eval", _lenext, ["eval"]),
@@ -94,8 +98,8 @@ COMMANDS = [
     ("lenext extend", _lenext, ["extend"]),
     ("python data_prep/shard.py", _shard, []),
     ("python data_prep/shard.py merge", _shard, ["merge"]),
-    ("python data_prep/train_tokenizer.py", _prep("train_tokenizer_main"), []),
-    ("python data_prep/build_sample.py", _prep("build_sample_main"), []),
+    ("python data_prep/train_tokenizer.py", _prep("train_tokenizer_main", "data_prep/train_tokenizer.py"), []),
+    ("python data_prep/build_sample.py", _prep("build_sample_main", "data_prep/build_sample.py"), []),
     ("python data_prep/build_kv.py", _build_kv, []),
     ("python launch/pretrain.py", lambda: _script("launch/pretrain.py"), []),
     ("python -m lenext_dist.train", _train_rank, []),

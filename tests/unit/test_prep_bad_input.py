@@ -117,7 +117,7 @@ def test_missing_tokenizer_and_bad_options_are_clear(tmp_path):
     from lenext_dist.prep.runner import ShardJob, run_shard
 
     path = write_zst(str(tmp_path / "a.jsonl.zst"), GOOD)
-    with pytest.raises(PrepError, match="train_tokenizer.py"):
+    with pytest.raises(PrepError, match="lenext prep tokenizer"):
         run_shard(ShardJob([path], "jsonl", str(tmp_path / "none.model"), str(tmp_path), "x"))
     with pytest.raises(PrepError, match="valid-fraction"):
         shard([path], tmp_path, fmt="jsonl", valid_fraction=1.5)
