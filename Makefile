@@ -33,9 +33,8 @@ DEMO_LENGTHS   := 64,128,256,512
 KV_DATA        := data/kv/heldout/filler.jsonl
 demo: setup kv-shards
 	for pos in $(DEMO_POSITIONS); do \
-	  $(BIN)/deepspeed --num_gpus $(NPROC) --master_port $(PORT) launch/pretrain.py \
-	      --config configs/exp/kv-$$pos.yaml || exit 1; \
-	  $(BIN)/python -m lenext_dist.convert --checkpoint runs/kv-$$pos/checkpoints \
+	  $(BIN)/lenext train --nproc $(NPROC) --port $(PORT) --config configs/exp/kv-$$pos.yaml || exit 1; \
+	  $(BIN)/lenext convert --checkpoint runs/kv-$$pos/checkpoints \
 	      --out runs/kv-$$pos/hf --overwrite --verify || exit 1; \
 	  for c in 1.0 1.5; do \
 	    $(BIN)/lenext eval tasks --model runs/kv-$$pos/hf --data $(KV_DATA) --tasks kv \
@@ -47,14 +46,14 @@ demo: setup kv-shards
 	    --out runs/demo/demo_table.md
 	@echo "report: runs/demo/report.md"
 
-# The kv regime's data (data_prep/build_kv.py, then the kv task generator over its filler): 4
+# The kv regime's data (lenext prep kv, then the kv task generator over its filler): 4
 # passes over 2M filler words, 170K documents of exactly 64 tokens (~30 s).
 kv-shards: setup shards/kv/.done
 
 shards/kv/.done: lenext_dist/prep/kv_corpus.py
 	rm -rf shards/kv
-	$(BIN)/python data_prep/build_kv.py --out data/kv
-	$(BIN)/python data_prep/shard.py --format tasks --tasks kv --input 'data/kv/train/*.jsonl' \
+	$(BIN)/lenext prep kv --out data/kv
+	$(BIN)/lenext prep --format tasks --tasks kv --input 'data/kv/train/*.jsonl' \
 	    --tokenizer data/kv/tokenizer.model --out shards/kv --name kv --task-passes 4 \
 	    --valid-fraction 0.01 --workers $(NPROC)
 	touch $@
@@ -64,8 +63,8 @@ shards/kv/.done: lenext_dist/prep/kv_corpus.py
 TEXT_DEMO := tiny-cpu-nope-tasks
 EVAL_DATA := data/sample/heldout/books.jsonl.zst
 demo-text: setup shards task-shards
-	$(BIN)/deepspeed --num_gpus $(NPROC) --master_port $(PORT) launch/pretrain.py --config configs/exp/$(TEXT_DEMO).yaml
-	$(BIN)/python -m lenext_dist.convert --checkpoint runs/$(TEXT_DEMO)/checkpoints --out runs/$(TEXT_DEMO)/hf --overwrite --verify
+	$(BIN)/lenext train --nproc $(NPROC) --port $(PORT) --config configs/exp/$(TEXT_DEMO).yaml
+	$(BIN)/lenext convert --checkpoint runs/$(TEXT_DEMO)/checkpoints --out runs/$(TEXT_DEMO)/hf --overwrite --verify
 	for c in 1.0 1.5; do \
 	  $(BIN)/lenext eval ppl --model runs/$(TEXT_DEMO)/hf --data $(EVAL_DATA) --lengths 128,256,512 --stride 64 \
 	      --budget-tokens 20000 --scale-c $$c --out runs/$(TEXT_DEMO)/eval || exit 1; \
@@ -78,10 +77,10 @@ demo-text: setup shards task-shards
 shards: setup shards/sample/.done
 
 shards/sample/.done: data/sample/tokenizer.model
-	$(BIN)/python data_prep/shard.py --input 'data/sample/slimpajama/chunk*/*.jsonl.zst' --format slimpajama \
+	$(BIN)/lenext prep --input 'data/sample/slimpajama/chunk*/*.jsonl.zst' --format slimpajama \
 	    --tokenizer data/sample/tokenizer.model --out shards/sample --name slimpajama \
 	    --valid-fraction 0.02 --workers $(NPROC)
-	$(BIN)/python data_prep/shard.py --input 'data/sample/starcoderdata/*/*.parquet' --format starcoder \
+	$(BIN)/lenext prep --input 'data/sample/starcoderdata/*/*.parquet' --format starcoder \
 	    --tokenizer data/sample/tokenizer.model --out shards/sample --name starcoder --workers $(NPROC)
 	touch $@
 
@@ -90,19 +89,19 @@ shards/sample/.done: data/sample/tokenizer.model
 # generator list is written here literally (it was the retired text-regime study's SAMPLE_TASKS);
 # change it together with the stamp name below.
 # The stamp names the answer masks and the generator list: shards made before them are remade, and
-# that older run's outputs go first (shard.py refuses to resume a run whose settings changed).
+# that older run's outputs go first (lenext prep refuses to resume a run whose settings changed).
 task-shards: setup shards/sample/.tasks-copy-done
 
 shards/sample/.tasks-copy-done: data/sample/tokenizer.model
 	rm -rf shards/sample/.tasks-done shards/sample/.tasks-answers-done shards/sample/tasks.parts \
 	    shards/sample/tasks.manifest.json shards/sample/tasks_train*
-	$(BIN)/python data_prep/shard.py --format tasks --tasks passkey:2,recall,copy \
+	$(BIN)/lenext prep --format tasks --tasks passkey:2,recall,copy \
 	    --input 'data/sample/slimpajama/chunk*/*.jsonl.zst' --tokenizer data/sample/tokenizer.model \
 	    --out shards/sample --name tasks --task-passes 2 --workers $(NPROC)
 	touch $@
 
 dry-run: setup
-	$(BIN)/python launch/pretrain.py --config configs/exp/tinyllama-1.1b-nope.yaml --dry-run \
+	$(BIN)/lenext train --config configs/exp/tinyllama-1.1b-nope.yaml --dry-run \
 	    --attention.head_scale.enabled=true
 
 # Debian packages of the MPI/Slurm tests (openmpi, slurm-wlm, munge, pmix, shellcheck); a no-op

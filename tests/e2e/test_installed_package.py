@@ -65,7 +65,10 @@ with open(report, "w") as f:
 '''
 
 
-def test_the_installed_package_needs_nothing_from_the_checkout(tmp_path):
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory):
+    """(site, venv): the package's wheel installed into `site`, a fresh venv without .venv's site."""
+    tmp_path = tmp_path_factory.mktemp("installed")
     # 1. a wheel of the package's own files (what a release ships), installed into a folder
     src = tmp_path / "src"
     shutil.copytree(REPO / "lenext_dist", src / "lenext_dist",
@@ -84,6 +87,18 @@ def test_the_installed_package_needs_nothing_from_the_checkout(tmp_path):
     # 2. a fresh interpreter without .venv's site (no .pth files: the editable hook is inactive)
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    return site, venv
+
+
+def _env(tmp_path, site) -> dict:
+    return {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(tmp_path / "home"),
+            "PYTHONPATH": f"{site}{os.pathsep}{DEPS}", "PYTHONNOUSERSITE": "1",
+            "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
+            "TORCH_EXTENSIONS_DIR": str(tmp_path / "torch_extensions"), "MPLCONFIGDIR": str(tmp_path / "mpl")}
+
+
+def test_the_installed_package_needs_nothing_from_the_checkout(installed, tmp_path):
+    site, venv = installed
     work = tmp_path / "work"
     work.mkdir()
     (work / "tiny.yaml").write_text(
@@ -91,10 +106,7 @@ def test_the_installed_package_needs_nothing_from_the_checkout(tmp_path):
         "  ffn_hidden_size: 176, vocab_size: 4096, seq_length: 32}\n"
         "train: {micro_batch_size: 2, global_batch_size: 4}\n")
     (work / "probe.py").write_text(PROBE)
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(tmp_path / "home"),
-           "PYTHONPATH": f"{site}{os.pathsep}{DEPS}", "PYTHONNOUSERSITE": "1",
-           "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
-           "TORCH_EXTENSIONS_DIR": str(tmp_path / "torch_extensions"), "MPLCONFIGDIR": str(tmp_path / "mpl")}
+    env = _env(tmp_path, site)
     commands = [("lenext_dist.cli", ["extend", "--help"]), ("lenext_dist.cli", ["train", "--help"]),
                 ("lenext_dist.train", ["--config", "tiny.yaml", "--dry-run"])]
     report = tmp_path / "report.json"
@@ -110,3 +122,29 @@ def test_the_installed_package_needs_nothing_from_the_checkout(tmp_path):
     out = p.stdout
     assert "Extend a pretrained run to longer contexts" in out and "lenext train --nproc 2" in out
     assert "# dry run (meta device, nothing allocated)" in out and "parameters: 616,768 total" in out
+
+
+def test_the_slurm_job_script_runs_the_installed_package(installed, sample_shards, tmp_path):
+    """launch/slurm/pretrain.sbatch, copied out of the checkout, in a working folder that is not
+    one (a user of the wheel): its checks and the srun line it would run (DRY_RUN) name the
+    package's module, nothing of a checkout."""
+    site, venv = installed
+    work = tmp_path / "work"
+    work.mkdir()
+    script = work / "pretrain.sbatch"
+    shutil.copy(REPO / "launch" / "slurm" / "pretrain.sbatch", script)
+    tok = work / "tokenizer.model"
+    shutil.copy(sample_shards["tokenizer"], tok)
+    blend = ", ".join(f"{{prefix: {b['prefix']}, weight: {b['weight']}}}" for b in sample_shards["blend"])
+    (work / "tiny.yaml").write_text(
+        "name: tiny\nmodel: {num_layers: 2, hidden_size: 64, num_attention_heads: 4, num_query_groups: 2,\n"
+        "  ffn_hidden_size: 176, vocab_size: 4096, seq_length: 32}\n"
+        f"data: {{tokenizer: {tok}, blend: [{blend}]}}\n"
+        "train: {steps: 5, micro_batch_size: 2, global_batch_size: 4}\n")
+    env = {**_env(tmp_path, site), "SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n1", "SLURM_JOB_NUM_NODES": "1",
+           "SLURM_NTASKS_PER_NODE": "2", "SLURM_SUBMIT_DIR": str(work), "PYTHON": str(venv / "bin" / "python"),
+           "CONFIG": "tiny.yaml", "DRY_RUN": "1"}
+    p = subprocess.run(["bash", str(script)], cwd=work, env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    assert f"-m lenext_dist.train --config {work}/tiny.yaml" in p.stdout
+    assert str(REPO) not in p.stdout + p.stderr

@@ -211,17 +211,18 @@ def test_sbatch_dry_run_tasks_mode(cfg):
     assert p.returncode == 0, p.stderr
     assert "master n1:20031; tasks mode, 2 node(s) x 4 rank(s)" in p.stdout
     assert ("srun --nodes=2 --ntasks=8 --ntasks-per-node=4 --cpus-per-task=4 --kill-on-bad-exit=1 --mpi=none "
-            f"{sys.executable} -m lenext_dist.cluster task -- {sys.executable} {REPO}/launch/pretrain.py "
+            f"{sys.executable} -m lenext_dist.cluster task -- {sys.executable} -m lenext_dist.train "
             f"--config {cfg} --optim.lr=1e-3") in p.stdout
     p = _sbatch(_fake_job(CONFIG=str(cfg), SLURM_NTASKS_PER_NODE="4", SRUN_MPI="pmix"))
-    assert p.returncode == 0 and f"--mpi=pmix {sys.executable} {REPO}/launch/pretrain.py" in p.stdout
+    assert p.returncode == 0 and f"--mpi=pmix {sys.executable} -m lenext_dist.train" in p.stdout
 
 
 def test_sbatch_dry_run_node_mode_and_headscale(cfg):
     p = _sbatch(_fake_job(CONFIG=str(cfg), LAUNCH_MODE="node", LAUNCHER="deepspeed", GPUS_PER_NODE="8"))
     assert p.returncode == 0, p.stderr
     assert ("srun --nodes=2 --ntasks=2 --ntasks-per-node=1 --cpus-per-task=32 --kill-on-bad-exit=1 --mpi=none "
-            f"{sys.executable} -m lenext_dist.cluster node --launcher deepspeed --nproc-per-node 8 --") in p.stdout
+            f"{sys.executable} -m lenext_dist.cluster node --launcher deepspeed --nproc-per-node 8 -- "
+            f"--module lenext_dist.train --config {cfg}") in p.stdout
     # headscale.sbatch = pretrain.sbatch with the mode forced (the tiny config has no head scales)
     p = _sbatch(_fake_job(CONFIG=str(cfg), SLURM_NTASKS_PER_NODE="1"), script="headscale.sbatch")
     assert p.returncode == 2 and "train.mode" in p.stderr
@@ -244,7 +245,7 @@ def test_sbatch_finished_run_exits_without_launching(cfg, tmp_path):
     ("no python", {"PYTHON": "/nonexistent/python"}, (), "python '/nonexistent/python' not found"),
     ("python without packages", {"PYTHON": shutil.which("python3") or "/usr/bin/python3",
                                  "PYTHONNOUSERSITE": "1"}, (), "missing python packages"),
-    ("not a checkout", {"REPO": "/tmp"}, (), "not a lenext_dist checkout"),
+    ("no working folder", {"REPO": "/nonexistent"}, (), "REPO='/nonexistent' is not a folder"),
 ])
 def test_sbatch_refuses_with_clear_message(cfg, case, env_extra, args, message):
     env = _fake_job(CONFIG=str(cfg))

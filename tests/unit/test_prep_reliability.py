@@ -169,9 +169,9 @@ def test_symlinks_are_followed_once_and_each_real_file_read_once(tmp_path):
 def test_a_second_run_on_the_same_out_is_refused_while_the_first_holds_it(tmp_path):
     shard(SLIMPAJAMA[:1], tmp_path, "l")
     with RunLock(parts_dir(str(tmp_path), "l"), "test"):
-        with pytest.raises(PrepError, match="another shard.py run is using"):
+        with pytest.raises(PrepError, match="another `lenext prep` run is using"):
             shard(SLIMPAJAMA[:1], tmp_path, "l")
-        with pytest.raises(PrepError, match="another shard.py run is using"):
+        with pytest.raises(PrepError, match="another `lenext prep` run is using"):
             merge(str(tmp_path), "l", "merge")
     # Slurm tasks share the run; the same task twice is refused
     os.makedirs(parts_dir(str(tmp_path), "a"))
