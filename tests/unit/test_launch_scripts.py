@@ -136,13 +136,6 @@ def _ckpt(root: Path, step: int, complete: bool = True, latest: bool = True) -> 
         (root / LATEST).write_text(tag_for(step) + "\n")
 
 
-def test_old_module_name_is_refused_with_the_new_one():
-    p = subprocess.run([sys.executable, "-m", "lenext_dist.launch", "hostnames", "h1"],
-                       capture_output=True, text=True, cwd=REPO)
-    assert p.returncode == 2 and "python -m lenext_dist.cluster" in p.stderr, p.stderr
-    assert "Traceback" not in p.stderr
-
-
 def test_run_state_follows_checkpoint_contract(sample_shards, tmp_path):
     from lenext_dist.config import load_config
 
