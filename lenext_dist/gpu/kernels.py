@@ -1,0 +1,87 @@
+"""Which attention kernel ran, how much memory it took, and what it may take without an L x L.
+
+Which SDPA backend ran is read from torch's own op names under the profiler: `F.scaled_dot_product_
+attention` dispatches to one aten op per backend (torch/_C aten native_functions: the names
+below), recorded on the CPU side, so the same code reports the CPU fused kernel here and
+flash / efficient / cudnn / math on CUDA.
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import torch
+
+SDPA_OPS = {
+    "aten::_scaled_dot_product_flash_attention": "flash",
+    "aten::_scaled_dot_product_efficient_attention": "efficient",
+    "aten::_scaled_dot_product_cudnn_attention": "cudnn",
+    "aten::_scaled_dot_product_attention_math": "math",
+    "aten::_scaled_dot_product_flash_attention_for_cpu": "cpu_fused",
+    "aten::_scaled_dot_product_fused_attention_overrideable": "overrideable",
+}
+"""aten op -> backend name; "math" is the one that materializes [b, h, sq, sk]."""
+FUSED = {"flash", "efficient", "cudnn", "cpu_fused", "flex"}
+
+
+def backends_run(fn: Callable[[], object]) -> dict[str, int]:
+    """Run fn() under the profiler (CPU op events only: cheap) -> {backend: number of SDPA calls}.
+    Forward and backward ops both count (the backward ops are named *_backward and not listed)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        fn()
+    seen: dict[str, int] = {}
+    for ev in prof.events():
+        name = SDPA_OPS.get(ev.name)
+        if name:
+            seen[name] = seen.get(name, 0) + 1
+    return seen
+
+
+def expected_sdpa_backend(dtype: torch.dtype, masked: bool, head_dim: int) -> str:
+    """The backend torch's CUDA dispatcher picks first (aten/src/ATen/native/transformers/cuda/
+    sdp_utils.cpp, priority flash > efficient > math): flash for fp16/bf16, no attn_mask, head dim
+    <= 256 on sm80+; else memory-efficient (any dtype, additive masks); math only if both refuse."""
+    if dtype in (torch.float16, torch.bfloat16) and not masked and head_dim <= 256:
+        return "flash"
+    return "efficient"
+
+
+def attention_budget(b: int, h: int, g: int, L: int, d: int, bytes_per: int) -> int:
+    """Peak bytes a fused attention forward+backward of q [b, h, L, d], k/v [b, g, L, d] may take,
+    with no term in L^2: q, k, v, out, their gradients and the upstream gradient (7), k/v repeated
+    to h heads with their gradients (4, paths.sdpa_call), fp32 copies of q for its scaling
+    (paths.scaled_query: 2 in fp32 = 4 of bf16), working copies inside the kernel (4): 19 tensors
+    of b h L d, plus fp32 row statistics (logsumexp, flex's per-row max) 8 b h L, plus FlexAttention's
+    block mask (b h (L/128)^2 int32 per direction, 4 of them) and 256 MiB for workspaces and
+    allocator rounding. An [h, L, L] bias or a [L, L] mask breaks it at the long lengths."""
+    blocks = math.ceil(L / 128)
+    return (19 * b * h * L * d * bytes_per + 8 * b * h * L * 4 + 4 * b * h * blocks * blocks * 4
+            + 256 * 2**20)
+
+
+def square_bytes(L: int) -> int:
+    """The smallest L x L allocation: a boolean [L, L] mask."""
+    return L * L
+
+
+def largest_allocation(fn: Callable[[], object]) -> tuple[int, int]:
+    """(peak bytes above the start, largest single allocation in bytes) of fn() on the current
+    CUDA device, from the allocator's own trace (torch.cuda.memory._record_memory_history)."""
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    torch.cuda.memory._record_memory_history(max_entries=200_000)
+    try:
+        fn()
+        torch.cuda.synchronize()
+        snap = torch.cuda.memory._snapshot()
+    finally:
+        torch.cuda.memory._record_memory_history(enabled=None)
+    largest = 0
+    for trace in snap.get("device_traces", []):
+        for ev in trace:
+            if ev.get("action") == "alloc":
+                largest = max(largest, int(ev.get("size", 0)))
+    return torch.cuda.max_memory_allocated() - base, largest

@@ -1,0 +1,157 @@
+"""`make gpu-check` on a CPU: the dry plan covers every registered variant, layout and temperature
+schedule and the TinyLlama shape; an NVIDIA device torch cannot use is a one-line exit 1 (a fake
+driver file under --root stands for /proc); SKIPPED only where no NVIDIA device exists."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+DRIVER = ("NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.95.05  Release Build  "
+          "(dvs-builder@U22-I3-AE18-23-3)  Tue Sep 23 09:55:41 UTC 2025\nGCC version:  gcc version 12.2.0\n")
+
+
+def _gpu_check(repo, *args, cuda_hidden=True):
+    env = {**os.environ, "PYTHONPATH": str(repo)}
+    if cuda_hidden:
+        env["CUDA_VISIBLE_DEVICES"] = ""
+    return subprocess.run([sys.executable, "-m", "lenext_dist.gpu", *args], cwd=repo, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def dry(repo, tmp_path_factory):
+    out = tmp_path_factory.mktemp("dry")
+    p = _gpu_check(repo, "--dry", "--out-dir", str(out), "--root", str(out))
+    assert p.returncode == 0, p.stdout + p.stderr
+    (path,) = out.glob("gpu_check-dry-*.json")
+    return json.loads(path.read_text()), path, p.stdout
+
+
+def test_dry_plan_covers_every_registry_entry(dry):
+    from lenext_dist.attention import POSITIONS
+    from lenext_dist.attention.layout import LAYOUTS
+    from lenext_dist.attention.temperature import TEMPERATURES
+    from lenext_dist.config import load_config
+    from lenext_dist.gpu.plan import LONG, SHORT, distinct_variants
+
+    result, _, _ = dry
+    cases = {c["name"]: c for c in result["cases"]}
+    want = ([f"position/{p}" for p in POSITIONS] + [f"layout/{k}" for k in LAYOUTS]
+            + [f"temperature/{k}" for k in TEMPERATURES])
+    assert set(want) <= set(cases), sorted(set(want) - set(cases))
+    for name, c in cases.items():
+        assert "error" not in c["plan"], (name, c["plan"])
+    for kind in ("documents", "window", "chunked"):
+        got = {c["length"] for c in result["cases"] if c["name"].startswith(kind + "/")}
+        assert got == {SHORT, LONG}, kind
+    assert cases[f"documents/nope@{SHORT // 1024}K"]["documents"] > 1
+    for c in result["cases"]:
+        if c["kind"] != "attention":
+            continue
+        plan = c["plan"]
+        assert plan["q"][2] == c["length"] and plan["budget_bytes"] > 0
+        # one kernel per distinct layer of the layout, as the model would build them
+        cfg = load_config(result["config"], ["model.num_layers=4", *c["overrides"]])
+        assert len(plan["kernels"]) == len(distinct_variants(cfg)) == len({tuple(x) for x in plan["layers"]})
+        assert all(k in ("sdpa:flash", "flex") for k in plan["kernels"]), (c["name"], plan["kernels"])
+    # the plain NoPE path takes SDPA; a distance bias and every mask take FlexAttention on CUDA
+    assert cases["position/nope"]["plan"]["kernels"] == ["sdpa:flash"]
+    assert cases["position/alibi"]["plan"]["kernels"] == ["flex"]
+    assert cases[f"window/nope@{LONG // 1024}K"]["plan"]["kernels"] == ["flex"]
+
+
+def test_dry_plan_has_the_real_training_shape(dry):
+    from lenext_dist.config import load_config
+    from lenext_dist.model import parameter_counts
+
+    result, _, _ = dry
+    cfg = load_config(result["config"], [])
+    train = [c for c in result["cases"] if c["kind"] == "train"]
+    assert sorted(c["plan"]["zero_stage"] for c in train) == [1, 2]
+    for c in train:
+        p = c["plan"]
+        assert (p["layers"], p["seq"], p["hidden"]) == (cfg.model.num_layers, cfg.model.seq_length,
+                                                        cfg.model.hidden_size)
+        assert p["layers"] == 22 and p["seq"] == 2048 and p["precision"] == "bf16"
+        assert p["parameters"] == parameter_counts(cfg)["total"]
+        assert p["micro_batches"][0] == p["micro_batch_start"] and p["micro_batches"][-1] == 1
+        assert 0 < p["memory_estimate_bytes"] <= 0.9 * 80 * 2**30
+    exports = {(c["dtype"], c["length"]) for c in result["cases"] if c["kind"] == "export"}
+    L = cfg.model.train_length
+    assert exports == {(d, f * L) for d in ("bf16", "fp32") for f in (1, 8)}
+
+
+def test_dry_plan_writes_json_and_table_with_machine_and_date(dry):
+    result, path, stdout = dry
+    md = path.with_suffix(".md").read_text()
+    m = result["machine"]
+    assert m["torch"] == torch.__version__ and m["date"] in md and "UTC" in m["date"]
+    assert result["mode"] == "dry" and "MFU floor 30%" in md and "metrics.py" in result["mfu_floor_why"]
+    assert all(f"| {c['name']} |" in md for c in result["cases"])
+    assert f"dry plan of {len(result['cases'])} cases" in stdout
+
+
+def test_long_length_makes_the_square_checks_bite(dry):
+    """At the long length an [h, L, L] bias is far over the budget and a single bool [L, L] is
+    larger than any O(L) tensor of the call (q in fp32), so both checks can fail."""
+    result, _, _ = dry
+    (c,) = [c for c in result["cases"] if c["name"].startswith("long/nope")]
+    b, h, L, d = c["plan"]["q"]
+    assert h * L * L * 2 > 4 * c["plan"]["budget_bytes"]
+    assert c["plan"]["square_bytes"] == L * L > 2 * b * h * L * d * 4
+
+
+@pytest.mark.parametrize("fake,evidence", [("proc/driver/nvidia/version", "driver 580.95.05"),
+                                           ("dev/nvidia0", "/dev/nvidia0 exists")])
+@pytest.mark.parametrize("dry_flag", [[], ["--dry"]])
+def test_unusable_gpu_fails_in_one_line(repo, tmp_path, fake, evidence, dry_flag):
+    """An NVIDIA device torch cannot use (here: CUDA hidden from this CPU torch) is exit 1 with one
+    line naming the driver and the wheel's CUDA; nothing is written."""
+    (tmp_path / fake).parent.mkdir(parents=True)
+    (tmp_path / fake).write_text(DRIVER)
+    out = tmp_path / "out"
+    p = _gpu_check(repo, *dry_flag, "--root", str(tmp_path), "--out-dir", str(out))
+    assert p.returncode == 1, p.stdout + p.stderr
+    line, = p.stdout.splitlines()
+    assert line.startswith("gpu-check: FAILED: an NVIDIA device is here") and evidence in line
+    assert f"torch {torch.__version__}" in line and f"wheel CUDA {torch.version.cuda or 'none'}" in line
+    assert not out.exists()
+
+
+def test_skipped_only_without_an_nvidia_device(repo, tmp_path):
+    out = tmp_path / "out"
+    p = _gpu_check(repo, "--root", str(tmp_path), "--out-dir", str(out))
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.startswith("gpu-check: SKIPPED: no NVIDIA device on this host")
+    assert "Nothing was run or measured" in p.stdout and not out.exists()
+
+
+def test_driver_version_and_evidence(tmp_path):
+    from lenext_dist.gpu import probe
+
+    assert probe.driver_version(str(tmp_path)) is None and probe.nvidia_evidence(str(tmp_path)) is None
+    (tmp_path / "proc/driver/nvidia").mkdir(parents=True)
+    (tmp_path / probe.DRIVER_FILE).write_text(DRIVER)
+    assert probe.driver_version(str(tmp_path)) == "580.95.05"
+
+
+def test_backend_names_are_torchs_own_ops():
+    """The profiler's op names tell which SDPA backend ran: the CPU fused kernel by default, the
+    math kernel when it is the only one allowed (the names exist in this torch)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from lenext_dist.gpu.kernels import backends_run
+
+    q = torch.randn(1, 2, 16, 8)
+
+    def call():
+        torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True)
+
+    assert backends_run(call) == {"cpu_fused": 1}
+    with sdpa_kernel([SDPBackend.MATH]):
+        assert backends_run(call) == {"math": 1}
