@@ -117,7 +117,8 @@ def main(argv=None) -> int:
         print(f"gpu-check: dry plan of {len(cases)} cases in {path}")
         return 0 if result["ok"] else 1
     _init_one_rank()
-    ctx = SimpleNamespace(config=args.config, mfu_floor=args.mfu_floor,
+    ctx = SimpleNamespace(config=args.config, mfu_floor=args.mfu_floor, extra=[],
+                          device=torch.device("cuda", torch.cuda.current_device()),
                           deadline=time.monotonic() + args.budget_s)
     for i, case in enumerate(cases):
         print(f"gpu-check: {case.name} ...", flush=True)

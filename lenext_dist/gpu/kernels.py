@@ -8,7 +8,7 @@ flash / efficient / cudnn / math on CUDA.
 from __future__ import annotations
 
 import math
-from typing import Callable
+from typing import Callable, Optional
 
 import torch
 
@@ -66,9 +66,28 @@ def square_bytes(L: int) -> int:
     return L * L
 
 
-def largest_allocation(fn: Callable[[], object]) -> tuple[int, int]:
-    """(peak bytes above the start, largest single allocation in bytes) of fn() on the current
-    CUDA device, from the allocator's own trace (torch.cuda.memory._record_memory_history)."""
+def synchronize(dev: torch.device) -> None:
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+
+
+def reset_peak(dev: torch.device) -> None:
+    if dev.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(dev)
+
+
+def peak_bytes(dev: torch.device) -> Optional[int]:
+    """The allocator's peak on a CUDA device; None elsewhere (the CPU has no allocator stats)."""
+    return torch.cuda.max_memory_allocated(dev) if dev.type == "cuda" else None
+
+
+def largest_allocation(fn: Callable[[], object], dev: torch.device) -> tuple[Optional[int], Optional[int]]:
+    """(peak bytes above the start, largest single allocation in bytes) of fn() on a CUDA device,
+    from the allocator's own trace (torch.cuda.memory._record_memory_history); (None, None) after
+    running fn() elsewhere."""
+    if dev.type != "cuda":
+        fn()
+        return None, None
     torch.cuda.synchronize()
     base = torch.cuda.memory_allocated()
     torch.cuda.reset_peak_memory_stats()

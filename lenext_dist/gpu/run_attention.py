@@ -29,11 +29,10 @@ def _reset_flex_state() -> int:
     return len(getattr(paths, "_flex_broken", []))
 
 
-def one_call(variant, case: plan.Case, shape, dtype) -> dict:
+def one_call(variant, case: plan.Case, shape, dtype, dev: torch.device) -> dict:
     from lenext_dist.attention import Documents, attend, paths
 
     b, h, g, L, d = shape
-    dev = torch.device("cuda", torch.cuda.current_device())
     if isinstance(variant, torch.nn.Module):
         variant = variant.for_layer().to(dev)
     gen = torch.Generator(device=dev).manual_seed(0)
@@ -52,12 +51,12 @@ def one_call(variant, case: plan.Case, shape, dtype) -> dict:
     broken = _reset_flex_state()
     step()  # compiles FlexAttention where it runs
     seen = kernels.backends_run(step)
-    torch.cuda.synchronize()
+    kernels.synchronize(dev)
     t0 = time.perf_counter()
     step()
-    torch.cuda.synchronize()
+    kernels.synchronize(dev)
     ms = 1000 * (time.perf_counter() - t0)
-    peak, largest = kernels.largest_allocation(step)
+    peak, largest = kernels.largest_allocation(step, dev)
     expected = plan.attention_kernel(variant, case.documents, shape, dtype)
     fell_back = len(getattr(paths, "_flex_broken", [])) > broken
     if expected == "flex":
@@ -69,12 +68,13 @@ def one_call(variant, case: plan.Case, shape, dtype) -> dict:
 
 
 def run(case: plan.Case, ctx) -> dict:
-    cfg = plan.case_config(ctx.config, case)
+    cfg = plan.case_config(ctx.config, case, ctx.extra)
     h, g, d = plan.head_shape(cfg)
     shape, dtype = (1, h, g, case.length, d), torch.bfloat16
-    calls = [one_call(v, case, shape, dtype) for v in plan.distinct_variants(cfg)]
-    budget, square = case.plan["budget_bytes"], case.plan["square_bytes"]
-    judged = case.length > plan.SHORT
+    calls = [one_call(v, case, shape, dtype, ctx.device) for v in plan.distinct_variants(cfg)]
+    budget = kernels.attention_budget(*shape[:4], shape[4], 2)
+    square = kernels.square_bytes(case.length)
+    judged = case.length > plan.SHORT and ctx.device.type == "cuda"
     errors = []
     for c in calls:
         fused = c["kernel"] == "flex" or (c["kernel"].startswith("sdpa:") and
@@ -87,6 +87,7 @@ def run(case: plan.Case, ctx) -> dict:
             errors.append(f"an allocation of {c['largest_alloc_bytes'] / 2**20:.0f} MiB >= L x L bytes")
     return {"ok": not errors, "error": "; ".join(errors) if errors else None, "calls": calls,
             "kernel": ", ".join(c["kernel"] for c in calls),
-            "peak_bytes": max(c["peak_bytes"] for c in calls),
-            "largest_alloc_bytes": max(c["largest_alloc_bytes"] for c in calls), "budget_bytes": budget,
+            "peak_bytes": max((c["peak_bytes"] or 0) for c in calls) or None,
+            "largest_alloc_bytes": max((c["largest_alloc_bytes"] or 0) for c in calls) or None,
+            "budget_bytes": budget,
             "memory_judged": judged}

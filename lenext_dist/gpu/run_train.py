@@ -22,13 +22,12 @@ def _with_micro(cfg, b: int):
     return dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, micro_batch_size=b, global_batch_size=b))
 
 
-def measure(cfg, b: int, mfu_floor: float) -> dict:
+def measure(cfg, b: int, mfu_floor: float, dev: torch.device) -> dict:
     from lenext_dist.model import build_model, flops_per_token
     from lenext_dist.train import optim
     from lenext_dist.train.peak import peak_tflops
 
-    dev = torch.device("cuda", torch.cuda.current_device())
-    torch.cuda.reset_peak_memory_stats()
+    kernels.reset_peak(dev)
     engine = optim.build_engine(build_model(cfg), cfg, 1)
     s, v = cfg.model.seq_length, cfg.model.vocab_size
     ids = torch.randint(0, v, (b, s + 1), device=dev)
@@ -44,18 +43,18 @@ def measure(cfg, b: int, mfu_floor: float) -> dict:
     for _ in range(WARMUP):
         step()
     seen = kernels.backends_run(step)  # one step under the profiler: which SDPA backend ran
-    torch.cuda.synchronize()
+    kernels.synchronize(dev)
     t0 = time.perf_counter()
     for _ in range(STEPS):
         loss = step()
-    torch.cuda.synchronize()
+    kernels.synchronize(dev)
     dt = (time.perf_counter() - t0) / STEPS
     tok_s = b * s / dt
-    peak, src = peak_tflops("cuda", torch.bfloat16)
+    peak, src = peak_tflops(dev.type, torch.bfloat16)
     mfu = tok_s * flops_per_token(cfg) / (peak * 1e12)
     out = {"micro_batch": b, "tokens_per_s": round(tok_s), "step_s": round(dt, 4), "mfu": round(mfu, 4),
            "model_tflops": round(tok_s * flops_per_token(cfg) / 1e12, 1), "peak_tflops": peak,
-           "peak_source": src, "peak_bytes": torch.cuda.max_memory_allocated(),
+           "peak_source": src, "peak_bytes": kernels.peak_bytes(dev),
            "loss": float(loss), "sdpa_calls": seen, "kernel": ", ".join(sorted(seen)) or "none seen"}
     fused = set(seen) <= kernels.FUSED and seen
     out["ok"] = bool(mfu >= mfu_floor and fused and out["loss"] == out["loss"])
@@ -66,12 +65,12 @@ def measure(cfg, b: int, mfu_floor: float) -> dict:
 
 
 def run(case: plan.Case, ctx) -> dict:
-    cfg = plan.case_config(ctx.config, case)
-    tp = plan.train_plan(cfg, torch.cuda.get_device_properties(0).total_memory)
+    cfg = plan.case_config(ctx.config, case, ctx.extra)
+    tp = plan.train_plan(cfg, torch.cuda.get_device_properties(ctx.device).total_memory)
     oom = []
     for b in tp["micro_batches"]:
         try:
-            return {**measure(_with_micro(cfg, b), b, ctx.mfu_floor), "out_of_memory_at": oom,
+            return {**measure(_with_micro(cfg, b), b, ctx.mfu_floor, ctx.device), "out_of_memory_at": oom,
                     "shape": {k: tp[k] for k in ("layers", "hidden", "heads", "seq", "parameters",
                                                  "zero_stage", "precision")}}
         except torch.cuda.OutOfMemoryError:

@@ -155,3 +155,60 @@ def test_backend_names_are_torchs_own_ops():
     assert backends_run(call) == {"cpu_fused": 1}
     with sdpa_kernel([SDPBackend.MATH]):
         assert backends_run(call) == {"math": 1}
+
+
+# ---- the CUDA runners' logic, run on the CPU with a small width ----------------------------------
+
+SMALL = ["model.hidden_size=128", "model.num_attention_heads=4", "model.num_query_groups=2",
+         "model.ffn_hidden_size=256", "model.vocab_size=512"]
+
+
+def _ctx(repo):
+    import time
+    from types import SimpleNamespace
+
+    return SimpleNamespace(config=str(repo / "configs/exp/tinyllama-1.1b-nope.yaml"), mfu_floor=0.0,
+                           extra=SMALL, device=torch.device("cpu"), deadline=time.monotonic() + 600)
+
+
+def test_attention_runner_names_the_kernel_that_ran(repo):
+    """NoPE takes SDPA (the CPU's fused kernel here); ALiBi, planned on FlexAttention for CUDA,
+    takes the chunked path on a CPU under autograd: reported as no fused kernel, a failure."""
+    from lenext_dist.gpu import run_attention
+    from lenext_dist.gpu.plan import Case
+
+    nope = run_attention.run(Case("position/nope", "attention", 64, ["attention.position=nope"]), _ctx(repo))
+    assert nope["ok"] and nope["kernel"] == "sdpa:cpu_fused" and not nope["memory_judged"]
+    (call,) = nope["calls"]
+    assert call["expected"] == "sdpa:flash" and call["sdpa_calls"] == {"cpu_fused": 1}
+    alibi = run_attention.run(Case("position/alibi", "attention", 64, ["attention.position=alibi"]), _ctx(repo))
+    assert not alibi["ok"] and alibi["calls"][0]["expected"] == "flex"
+    assert "no fused kernel: chunked" in alibi["error"]
+
+
+def test_export_runner_compares_training_and_export_logits(repo, megatron_1rank):
+    from lenext_dist.gpu import run_export
+    from lenext_dist.gpu.plan import Case
+
+    r = run_export.run(Case("export/fp32@1x", "export", 64, ["train.precision=fp32"], dtype="fp32"), _ctx(repo))
+    assert r["ok"], r
+    assert 0 <= r["rel_diff"] <= r["tolerance"] and r["max_abs_diff"] >= 0
+
+
+def test_train_runner_measures_a_deepspeed_step(repo, megatron_1rank, monkeypatch):
+    """The measurement of a ZeRO-2 bf16 step (a real DeepSpeed engine on the CPU accelerator):
+    tokens/s, MFU by the PaLM formula against the measured peak, the SDPA backend seen."""
+    from lenext_dist.gpu import run_train
+    from lenext_dist.gpu.plan import Case, case_config
+    from lenext_dist.train.loop import skip_deepspeed_shm_op
+
+    monkeypatch.setenv("LOCAL_RANK", "0")  # as the check's _init_one_rank sets it
+    skip_deepspeed_shm_op()
+    case = Case("train/zero2", "train", 64, ["train.precision=bf16", "parallel.zero_stage=2"])
+    cfg = case_config(_ctx(repo).config, case, [*SMALL, "model.num_layers=2", "model.seq_length=64"])
+    r = run_train.measure(run_train._with_micro(cfg, 2), 2, 0.0, torch.device("cpu"))
+    assert r["ok"], r
+    assert r["sdpa_calls"] == {"cpu_fused": 2}  # 2 layers, the one profiled step
+    assert r["tokens_per_s"] > 0 and 0 < r["mfu"] and r["micro_batch"] == 2
+    high = run_train.measure(run_train._with_micro(cfg, 2), 2, 10.0, torch.device("cpu"))
+    assert not high["ok"] and "< floor 1000%" in high["error"]
