@@ -1,8 +1,4 @@
-"""`python -m lenext_dist.gpu`: the first-hour GPU check (see __init__.py and docs/cluster.md).
-
-Exit status: 0 when every case passed (or, with no NVIDIA device on the host, SKIPPED: nothing
-measured); 1 when a case failed, or an NVIDIA device is here but torch cannot use it.
-"""
+"""`python -m lenext_dist.gpu`: the first-hour GPU check (what each case measures: __init__.py)."""
 from __future__ import annotations
 
 import argparse
@@ -26,8 +22,23 @@ BUDGET_S = 480.0
 """8 minutes on one H100: the cases after the budget is spent are reported as not run (failed)."""
 
 
+HELP = """Check a GPU node in minutes: training throughput, attention kernels and memory, export parity.
+
+Measures the TinyLlama-1.1B step (ZeRO-2 and ZeRO-1, MFU against a floor), every attention
+variant, layout and temperature schedule with document masks, windows and chunked attention at
+2K and 32K (kernel, peak memory, no L x L allocation), and training vs export logits; writes a
+JSON and a markdown table with the machine, versions and date. Exit 1 when a case fails or an
+NVIDIA device is here but torch cannot use it; SKIPPED (exit 0) only with no NVIDIA device.
+See docs/cluster.md (GPU check).
+
+example:
+  python -m lenext_dist.gpu                      # on the GPU node (make gpu-check)
+  python -m lenext_dist.gpu --dry --out-dir /tmp  # the plan, on any machine
+"""
+
+
 def parse(argv):
-    ap = argparse.ArgumentParser(prog="python -m lenext_dist.gpu", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m lenext_dist.gpu", description=HELP,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dry", action="store_true", help="build and write the plan (every case, its "
                     "shapes, kernel and memory estimate) without running anything on a GPU")

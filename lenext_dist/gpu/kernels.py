@@ -88,19 +88,22 @@ def largest_allocation(fn: Callable[[], object], dev: torch.device) -> tuple[Opt
     if dev.type != "cuda":
         fn()
         return None, None
-    torch.cuda.synchronize()
-    base = torch.cuda.memory_allocated()
-    torch.cuda.reset_peak_memory_stats()
-    torch.cuda.memory._record_memory_history(max_entries=200_000)
+    torch.cuda.synchronize(dev)
+    base = torch.cuda.memory_allocated(dev)
+    torch.cuda.reset_peak_memory_stats(dev)
+    # sizes only: no stack capture per allocation (context=None), which would slow the call down
+    torch.cuda.memory._record_memory_history(enabled="all", context=None, max_entries=1_000_000)
     try:
+        # entries already in the trace (a previous recording may survive) are not this call's
+        before = [len(t) for t in torch.cuda.memory._snapshot().get("device_traces", [])]
         fn()
-        torch.cuda.synchronize()
-        snap = torch.cuda.memory._snapshot()
+        torch.cuda.synchronize(dev)
+        traces = torch.cuda.memory._snapshot().get("device_traces", [])
     finally:
         torch.cuda.memory._record_memory_history(enabled=None)
     largest = 0
-    for trace in snap.get("device_traces", []):
-        for ev in trace:
+    for i, trace in enumerate(traces):
+        for ev in trace[before[i] if i < len(before) else 0:]:
             if ev.get("action") == "alloc":
                 largest = max(largest, int(ev.get("size", 0)))
-    return torch.cuda.max_memory_allocated() - base, largest
+    return torch.cuda.max_memory_allocated(dev) - base, largest

@@ -4,7 +4,7 @@ A case is data: what to build (config overrides, length, documents), the kernel 
 CUDA and a memory estimate, so `--dry` can print and write the whole plan on a CPU and the CUDA
 runners (run_train.py, run_attention.py, run_export.py) read the same objects.
 
-Kinds, in the order they run (the 8-minute budget runs out at the end, not at the start):
+Kinds (build_plan gives the order they run in: train, export, long attention, 2K attention):
 1. train: the TinyLlama-1.1B NoPE step at its real shape (--config: 22 layers, seq 2048, bf16)
    under DeepSpeed ZeRO-2 and ZeRO-1, the largest micro-batch that fits (searched down on OOM).
 2. attention: forward+backward of one attention call per distinct layer variant, q [1, h, L, d]
@@ -201,4 +201,7 @@ def train_plan(cfg, device_bytes: Optional[int] = None) -> dict:
 
 
 def build_plan(config: Optional[str], long: int = LONG) -> list[Case]:
-    return fill_plan(config, train_cases() + attention_cases(long) + export_cases())
+    """In the order they run: the training step, export parity, then attention, the long cases
+    (where an L x L would show) before the 2K sweep, so a spent budget drops the cheapest evidence."""
+    attention = sorted(attention_cases(long), key=lambda c: -c.length)
+    return fill_plan(config, train_cases() + export_cases() + attention)

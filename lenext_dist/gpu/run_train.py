@@ -73,7 +73,9 @@ def run(case: plan.Case, ctx) -> dict:
             return {**measure(_with_micro(cfg, b), b, ctx.mfu_floor, ctx.device), "out_of_memory_at": oom,
                     "shape": {k: tp[k] for k in ("layers", "hidden", "heads", "seq", "parameters",
                                                  "zero_stage", "precision")}}
-        except torch.cuda.OutOfMemoryError:
+        except (torch.cuda.OutOfMemoryError, RuntimeError) as e:  # DeepSpeed's hooks may re-wrap it
+            if "out of memory" not in str(e).lower():
+                raise
             oom.append(b)
         gc.collect()  # the failed engine's tensors go before the next, smaller try
         torch.cuda.empty_cache()

@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import importlib.metadata as md
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -76,18 +75,19 @@ def closure(roots, env: dict, stop=()) -> dict[str, str]:
     return seen
 
 
-def project_dependencies(pyproject: Path) -> list[str]:
+def project(repo: Path) -> dict:
+    """pyproject.toml's [project] table (its dependencies and version: their one home)."""
     try:
         import tomllib
     except ModuleNotFoundError:  # Python 3.10
         import tomli as tomllib
-    return tomllib.loads(pyproject.read_text())["project"]["dependencies"]
+    return tomllib.loads((repo / "pyproject.toml").read_text())["project"]
 
 
 def plan(pyver: str, repo: Path) -> dict[str, str]:
     """{name: version} to carry (this package excluded: it is built from `repo`)."""
     env = marker_env(pyver)
-    roots = [n for n in requirements(project_dependencies(repo / "pyproject.toml"), env)
+    roots = [n for n in requirements(project(repo)["dependencies"], env)
              if canonicalize_name(n) not in NOT_NEEDED]
     node = closure(NODE_HAS, env, stop=set(CARRY_ANYWAY))
     for name in CARRY_ANYWAY:
@@ -117,22 +117,31 @@ def build(pyver: str, out: Path, repo: Path) -> dict:
     for old in out.glob(f"{ours}-*.whl"):
         old.unlink()  # this package changes with the tree: always rebuilt
     _pip("wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(out), str(repo))
-    version = re.search(r'^version\s*=\s*"([^"]+)"', (repo / "pyproject.toml").read_text(), re.M).group(1)
-    lines = [f"{n}=={v}" for n, v in carry.items()] + [f"{ours}=={version}"]
+    lines = [f"{n}=={v}" for n, v in carry.items()] + [f"{ours}=={project(repo)['version']}"]
     (out / "requirements.txt").write_text(
         "# make gpu-check installs exactly these, --no-deps, beside the node's torch\n" + "\n".join(lines) + "\n")
-    wanted = {canonicalize_name(n) for n in [*carry, ours]}
-    for whl in out.glob("*.whl"):  # wheels of versions no longer carried
+    keep = {f"{canonicalize_name(line.split('==')[0])}=={line.split('==')[1]}" for line in lines}
+    for whl in out.glob("*.whl"):  # wheels of versions no longer carried (an earlier build)
         name, ver = whl.name.split("-")[:2]
-        if canonicalize_name(name) not in wanted or f"{canonicalize_name(name)}=={ver}" not in {
-                f"{canonicalize_name(line.split('==')[0])}=={line.split('==')[1]}" for line in lines}:
+        if f"{canonicalize_name(name)}=={ver}" not in keep:
             whl.unlink()
     size = sum(f.stat().st_size for f in out.iterdir() if f.is_file())
     return {"packages": lines, "bytes": size}
 
 
+HELP = """Build the wheels a GPU node without network lacks (it keeps its own torch), at most 64 MiB.
+
+Binary wheels for the node's Python of what this package needs beyond the node's packages,
+DeepSpeed built to a py3 wheel, and this package; requirements.txt names them. On the node,
+`make gpu-check` installs them offline beside its torch. See docs/cluster.md (GPU check).
+
+example:
+  python -m lenext_dist.gpu.wheelhouse --python-version 3.12 --out wheelhouse/py3.12
+"""
+
+
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m lenext_dist.gpu.wheelhouse", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m lenext_dist.gpu.wheelhouse", description=HELP,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--python-version", default="3.12", help="the node's Python (default 3.12)")
     ap.add_argument("--out", required=True, help="the wheelhouse folder (gitignored: wheelhouse/)")
