@@ -58,14 +58,16 @@ def one_call(variant, case: plan.Case, shape, dtype, dev: torch.device) -> dict:
     ms = 1000 * (time.perf_counter() - t0)
     peak, largest = kernels.largest_allocation(step, dev)
     expected = plan.attention_kernel(variant, case.documents, shape, dtype)
-    fell_back = len(getattr(paths, "_flex_broken", [])) > broken
-    if expected == "flex":
-        kernel = "chunked (flex fell back)" if fell_back or seen else "flex"
+    broken_now = getattr(paths, "_flex_broken", [])
+    out = {"expected": expected, "sdpa_calls": seen, "ms": round(ms, 2), "peak_bytes": peak,
+           "largest_alloc_bytes": largest}
+    if expected == "flex":  # FlexAttention runs no SDPA op; the chunked path is SDPA per chunk
+        out["kernel"] = "chunked" if seen or len(broken_now) > broken else "flex"
+        if len(broken_now) > broken:  # it was tried and failed (paths.py warns once, process-wide)
+            out["flex_error"] = f"{type(broken_now[-1]).__name__}: {broken_now[-1]}"[:300]
     else:
-        kernel = "sdpa:" + "+".join(sorted(seen)) if seen else "none seen"
-    return {"expected": expected, "kernel": kernel, "sdpa_calls": seen, "ms": round(ms, 2),
-            "peak_bytes": peak, "largest_alloc_bytes": largest}
-
+        out["kernel"] = "sdpa:" + "+".join(sorted(seen)) if seen else "none seen"
+    return out
 
 def run(case: plan.Case, ctx) -> dict:
     cfg = plan.case_config(ctx.config, case, ctx.extra)

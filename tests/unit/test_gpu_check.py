@@ -183,7 +183,26 @@ def test_attention_runner_names_the_kernel_that_ran(repo):
     assert call["expected"] == "sdpa:flash" and call["sdpa_calls"] == {"cpu_fused": 1}
     alibi = run_attention.run(Case("position/alibi", "attention", 64, ["attention.position=alibi"]), _ctx(repo))
     assert not alibi["ok"] and alibi["calls"][0]["expected"] == "flex"
-    assert "no fused kernel: chunked" in alibi["error"]
+    assert "no fused kernel: chunked (expected flex)" in alibi["error"]
+
+
+def test_every_planned_attention_case_runs_its_calls(repo):
+    """Each attention case of the plan, at a small length on the CPU: one call per distinct layer
+    variant runs forward+backward and reports its kernel; SDPA-planned calls ran the fused CPU op,
+    FlexAttention-planned ones the chunked path (no FlexAttention backward on a CPU)."""
+    import dataclasses
+
+    from lenext_dist.gpu import plan, run_attention
+
+    for case in plan.attention_cases(256):
+        case = dataclasses.replace(case, length=128 if case.length == plan.SHORT else 256)
+        r = run_attention.run(case, _ctx(repo))
+        assert r["calls"] and len(r["calls"]) == len(plan.distinct_variants(
+            plan.case_config(_ctx(repo).config, case, SMALL))), case.name
+        for call in r["calls"]:
+            want = {"sdpa:flash": "sdpa:cpu_fused", "flex": "chunked"}[call["expected"]]
+            assert call["kernel"] == want, (case.name, call)
+        assert r["ok"] == all(c["expected"] == "sdpa:flash" for c in r["calls"]), case.name
 
 
 def test_export_runner_compares_training_and_export_logits(repo, megatron_1rank):
