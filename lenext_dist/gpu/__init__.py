@@ -12,5 +12,6 @@ One module per concern:
   attention-memory budget that excludes L x L;
 - run_train.py, run_attention.py, run_export.py: the measurements on CUDA, one per case kind;
 - report.py: one JSON + a markdown table under benchmarks/results/gpu/;
-- wheelhouse.py: the wheels a node without network lacks (`make wheelhouse`).
+- wheelhouse.py: the wheels a node without network lacks (`make wheelhouse`);
+- launch_case.py: `--launch CONFIG`, a short multi-GPU training launched as `lenext train` does.
 """

@@ -231,3 +231,10 @@ def test_train_runner_measures_a_deepspeed_step(repo, megatron_1rank, monkeypatc
     assert r["tokens_per_s"] > 0 and 0 < r["mfu"] and r["micro_batch"] == 2
     high = run_train.measure(run_train._with_micro(cfg, 2), 2, 10.0, torch.device("cpu"))
     assert not high["ok"] and "< floor 1000%" in high["error"]
+
+
+def test_make_gpu_check_without_a_wheelhouse_says_how_to_make_one(repo, tmp_path):
+    p = subprocess.run(["make", "--no-print-directory", "gpu-check", f"WHEELHOUSE={tmp_path / 'none'}",
+                        f"GPU_SITE={tmp_path / 'site'}"], cwd=repo, capture_output=True, text=True, timeout=60)
+    assert p.returncode != 0 and not (tmp_path / "site").exists()
+    assert p.stdout.startswith(f"gpu-check: no {tmp_path / 'none'}/requirements.txt: run 'make wheelhouse PYVER=")
