@@ -118,6 +118,10 @@ def main(argv=None) -> int:
               f"/{probe.DEVICE_NODE}, no nvidia-smi). Nothing was run or measured; `--dry` writes the plan.")
         return 0
     cases = [c for c in plan.build_plan(args.config, args.long) if args.only in c.name]
+    if not cases:  # an empty check would pass without measuring anything
+        print(f"gpu-check: --only {args.only!r} matches no case (names: train/, export/, position/, "
+              "layout/, temperature/, documents/, window/, chunked/, long/; --dry lists them all)")
+        return 1
     result = {"mode": "dry" if args.dry else "run", "machine": probe.machine(), "config": args.config,
               "mfu_floor": args.mfu_floor, "mfu_floor_why": MFU_FLOOR_WHY, "budget_s": args.budget_s,
               "cases": [c.as_dict() for c in cases]}
@@ -127,7 +131,12 @@ def main(argv=None) -> int:
         print(report.markdown(result), end="")
         print(f"gpu-check: dry plan of {len(cases)} cases in {path}")
         return 0 if result["ok"] else 1
-    _init_one_rank()
+    try:
+        _init_one_rank()
+    except Exception as e:  # noqa: BLE001 - a broken NCCL/driver setup is this check's finding
+        print(f"gpu-check: FAILED: could not start one NCCL rank on GPU 0 ({type(e).__name__}: "
+              f"{str(e).splitlines()[0] if str(e) else ''})")
+        return 1
     ctx = SimpleNamespace(config=args.config, mfu_floor=args.mfu_floor, extra=[],
                           device=torch.device("cuda", torch.cuda.current_device()),
                           deadline=time.monotonic() + args.budget_s)

@@ -131,6 +131,12 @@ def test_skipped_only_without_an_nvidia_device(repo, tmp_path):
     assert "Nothing was run or measured" in p.stdout and not out.exists()
 
 
+def test_only_matching_nothing_is_a_failure(repo, tmp_path):
+    p = _gpu_check(repo, "--dry", "--only", "no-such-case", "--root", str(tmp_path), "--out-dir", str(tmp_path / "o"))
+    assert p.returncode == 1 and p.stdout.startswith("gpu-check: --only 'no-such-case' matches no case")
+    assert not (tmp_path / "o").exists()
+
+
 def test_driver_version_and_evidence(tmp_path):
     from lenext_dist.gpu import probe
 
