@@ -29,7 +29,7 @@ def run(case: plan.Case, ctx) -> dict:
     cfg = plan.case_config(ctx.config, case, ctx.extra)
     dev = ctx.device
     dtype = torch.bfloat16 if case.dtype == "bf16" else torch.float32
-    ref = build_model(cfg, device=dev).to(dev).eval()
+    ref = build_model(cfg, device=dev).to(dev, dtype).eval()  # as DeepSpeed casts it for training
     state = {k: v.float().cpu() for k, v in ref.state_dict().items() if torch.is_tensor(v)}
     hf_state = megatron_to_hf(state, Shape.from_run_config(cfg))
     c, m = float(cfg.attention.scale_c), cfg.model

@@ -211,13 +211,28 @@ def test_every_planned_attention_case_runs_its_calls(repo):
         assert r["ok"] == all(c["expected"] == "sdpa:flash" for c in r["calls"]), case.name
 
 
-def test_export_runner_compares_training_and_export_logits(repo, megatron_1rank):
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_export_runner_compares_training_and_export_logits(repo, megatron_1rank, monkeypatch, dtype):
+    """The in-memory export matches the megatron logits; a wrong weight in the export fails it."""
+    from lenext_dist.convert import keymap
     from lenext_dist.gpu import run_export
     from lenext_dist.gpu.plan import Case
 
-    r = run_export.run(Case("export/fp32@1x", "export", 64, ["train.precision=fp32"], dtype="fp32"), _ctx(repo))
+    case = Case(f"export/{dtype}@1x", "export", 64, [f"train.precision={dtype}"], dtype=dtype)
+    r = run_export.run(case, _ctx(repo))
     assert r["ok"], r
     assert 0 <= r["rel_diff"] <= r["tolerance"] and r["max_abs_diff"] >= 0
+    convert = keymap.megatron_to_hf
+
+    def one_layer_off(state, shape):
+        out = convert(state, shape)
+        name = next(k for k in out if k.endswith("mlp.down_proj.weight"))
+        out[name] = out[name] * 1.5
+        return out
+
+    monkeypatch.setattr(keymap, "megatron_to_hf", one_layer_off)
+    bad = run_export.run(case, _ctx(repo))
+    assert not bad["ok"] and bad["rel_diff"] > bad["tolerance"] and "logits differ" in bad["error"]
 
 
 def test_train_runner_measures_a_deepspeed_step(repo, megatron_1rank, monkeypatch):
