@@ -11,7 +11,7 @@ PYTEST_ARGS ?=
 # Where DeepSpeed JIT-builds its ops (cpu_adam for ZeRO-Offload): per checkout, never shared.
 export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.cache/torch_extensions
 
-.PHONY: setup system-deps demo demo-text kv-shards shards task-shards lint test test-fast mutation dry-run bench study study-quick study-layouts gpu-check clean
+.PHONY: setup system-deps demo demo-text kv-shards shards task-shards lint test test-fast mutation dry-run bench study study-quick study-layouts wheelhouse gpu-site gpu-check clean
 
 setup: $(VENV)/.installed
 
@@ -144,11 +144,28 @@ bench: setup
 	$(BIN)/pip install -q --no-deps mistral-common  # the 32K Mistral v1 model of bench_data_prep
 	$(BIN)/python benchmarks/run_all.py
 
-# What CPU tests cannot see, on this machine's GPUs (variants x HeadScale in bf16, ZeRO-2 on all
-# GPUs, fp32/bf16 evaluation at 8x L, TinyLlama-shape MFU) -> runs/gpu-check/gpu_check.json.
-# Without a CUDA device it prints a skip and exits 0. The sample shards feed its ZeRO-2 launch.
-gpu-check: setup shards
-	$(BIN)/python -m lenext_dist.gpu_check --out runs/gpu-check/gpu_check.json
+# The first GPU hour (docs/cluster.md#gpu-check-make-gpu-check). Here, with network: `make wheelhouse`
+# builds wheelhouse/py$(PYVER)/, the wheels a node with its own torch lacks (DeepSpeed, megatron-core,
+# transformers, this package, ...), <= 64 MiB. On the node: `make gpu-check` installs them with
+# --no-index --no-deps into $(GPU_SITE) beside the node's torch (never replacing it) and runs the
+# check (<= 8 minutes on one H100) -> benchmarks/results/gpu/*.json + .md. GPU_CHECK_ARGS=--dry
+# writes the plan without a GPU; an NVIDIA device that torch cannot use is a one-line exit 1.
+PYVER      ?= 3.12
+WHEELHOUSE ?= wheelhouse/py$(PYVER)
+GPU_PY     ?= python3
+GPU_SITE   ?= .cache/gpu-site
+GPU_CHECK_ARGS ?=
+wheelhouse: setup
+	$(BIN)/python -m lenext_dist.gpu.wheelhouse --python-version $(PYVER) --out $(WHEELHOUSE)
+
+gpu-site:
+	@test -f $(WHEELHOUSE)/requirements.txt || { echo "gpu-check: no $(WHEELHOUSE)/requirements.txt: \
+	run 'make wheelhouse PYVER=$(PYVER)' where there is network, then copy wheelhouse/ here"; exit 1; }
+	$(GPU_PY) -m pip install -q --disable-pip-version-check --no-index --no-deps --upgrade \
+	    --find-links $(WHEELHOUSE) --target $(GPU_SITE) -r $(WHEELHOUSE)/requirements.txt
+
+gpu-check: gpu-site
+	PYTHONPATH=$(abspath $(GPU_SITE)) $(GPU_PY) -m lenext_dist.gpu $(GPU_CHECK_ARGS)
 
 clean:
 	rm -rf runs shards .pytest_cache

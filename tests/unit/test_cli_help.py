@@ -78,6 +78,18 @@ def _probe():
     return main
 
 
+def _gpu_check():
+    from lenext_dist.gpu.cli import main
+
+    return main
+
+
+def _wheelhouse():
+    from lenext_dist.gpu.wheelhouse import main
+
+    return main
+
+
 # (the command as a user types it, the main to call, its argv before --help)
 COMMANDS = [
     ("lenext", _lenext, []),
@@ -108,6 +120,8 @@ COMMANDS = [
     ("python -m experiments.nope_length", _nope_length, []),
     ("python -m experiments.nope_length.probe", _probe, []),
     ("python -m experiments.nope_layouts", _nope_layouts, []),
+    ("python -m lenext_dist.gpu", _gpu_check, []),
+    ("python -m lenext_dist.gpu.wheelhouse", _wheelhouse, []),
 ]
 
 

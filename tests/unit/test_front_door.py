@@ -105,17 +105,17 @@ def test_the_headscale_search_is_launched_like_lenext_train(monkeypatch, tmp_pat
 
 
 def test_gpu_check_zero2_launches_like_lenext_train(monkeypatch, tmp_path):
-    """The GPU check's ZeRO-2 section: --config from the working directory (no path into a
+    """The GPU check's --launch ZeRO-2 case: its config from the working directory (no path into a
     checkout), its data checked first, then the one launch command."""
     from types import SimpleNamespace
 
-    from lenext_dist import gpu_check
+    from lenext_dist.gpu import launch_case as gpu_check
     from lenext_dist.cluster import run_state
 
     monkeypatch.setattr(gpu_check.torch.cuda, "device_count", lambda: 2)
     monkeypatch.chdir(tmp_path)
     r = gpu_check.check_zero2(tmp_path / "z", "missing.yaml")
-    assert not r["ok"] and "--config missing.yaml not found" in r["error"]
+    assert not r["ok"] and "--launch missing.yaml not found" in r["error"]
     cfg = tmp_path / "c.yaml"
     cfg.write_text("data: {tokenizer: nowhere.model}\n")
     r = gpu_check.check_zero2(tmp_path / "z", str(cfg))

@@ -92,7 +92,7 @@ def test_training_is_launched_from_one_module():
     found = sorted(str(p.relative_to(REPO)) for p in PKG.rglob("*.py")
                    if "deepspeed.launcher.runner" in p.read_text())
     assert found == ["lenext_dist/train/launch.py"]
-    for user in ("extend/search.py", "gpu_check.py", "train/cli.py"):
+    for user in ("extend/search.py", "gpu/launch_case.py", "train/cli.py"):
         assert "launch_command(" in (PKG / user).read_text(), user
 
 

@@ -1,0 +1,6 @@
+"""`python -m lenext_dist.gpu ...` (what `make gpu-check` runs)."""
+import sys
+
+from .cli import main
+
+sys.exit(main())

@@ -1,0 +1,82 @@
+"""The TinyLlama-1.1B step at its real shape under a DeepSpeed engine on one GPU (CUDA only).
+
+The micro-batch search starts where dryrun.memory_estimate fits 90% of the device and steps down
+on out-of-memory (the engine and its buffers are freed before the next try). MFU follows
+lenext_dist/train/metrics.py: tokens/s x flops_per_token (PaLM 6N + 12 L H Q T, model/counts.py)
+over the device's dense bf16 peak (train/peak.py).
+"""
+from __future__ import annotations
+
+import dataclasses
+import gc
+import time
+
+import torch
+
+from . import kernels, plan
+
+WARMUP, STEPS = 3, 8
+
+
+def _with_micro(cfg, b: int):
+    return dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, micro_batch_size=b, global_batch_size=b))
+
+
+def measure(cfg, b: int, mfu_floor: float, dev: torch.device) -> dict:
+    from lenext_dist.model import build_model, flops_per_token
+    from lenext_dist.train import optim
+    from lenext_dist.train.peak import peak_tflops
+
+    kernels.reset_peak(dev)
+    engine = optim.build_engine(build_model(cfg), cfg, 1)
+    s, v = cfg.model.seq_length, cfg.model.vocab_size
+    ids = torch.randint(0, v, (b, s + 1), device=dev)
+    batch = dict(input_ids=ids[:, :-1], position_ids=torch.arange(s, device=dev).expand(b, s),
+                 attention_mask=None, labels=ids[:, 1:])
+
+    def step():
+        loss = engine(**batch).float().mean()
+        engine.backward(loss)
+        engine.step()
+        return loss
+
+    for _ in range(WARMUP):
+        step()
+    seen = kernels.backends_run(step)  # one step under the profiler: which SDPA backend ran
+    kernels.synchronize(dev)
+    t0 = time.perf_counter()
+    for _ in range(STEPS):
+        loss = step()
+    kernels.synchronize(dev)
+    dt = (time.perf_counter() - t0) / STEPS
+    tok_s = b * s / dt
+    peak, src = peak_tflops(dev.type, torch.bfloat16)
+    mfu = tok_s * flops_per_token(cfg) / (peak * 1e12)
+    out = {"micro_batch": b, "tokens_per_s": round(tok_s), "step_s": round(dt, 4), "mfu": round(mfu, 4),
+           "model_tflops": round(tok_s * flops_per_token(cfg) / 1e12, 1), "peak_tflops": peak,
+           "peak_source": src, "peak_bytes": kernels.peak_bytes(dev),
+           "loss": float(loss), "sdpa_calls": seen, "kernel": ", ".join(sorted(seen)) or "none seen"}
+    fused = set(seen) <= kernels.FUSED and seen
+    out["ok"] = bool(mfu >= mfu_floor and fused and out["loss"] == out["loss"])
+    if not out["ok"]:
+        out["error"] = (f"MFU {100 * mfu:.1f}% < floor {100 * mfu_floor:.0f}%" if mfu < mfu_floor else
+                        f"SDPA backends {seen}: not all fused" if not fused else "loss is NaN")
+    return out  # the engine goes with this frame, before a next try builds another
+
+
+def run(case: plan.Case, ctx) -> dict:
+    cfg = plan.case_config(ctx.config, case, ctx.extra)
+    tp = plan.train_plan(cfg, torch.cuda.get_device_properties(ctx.device).total_memory)
+    oom = []
+    for b in tp["micro_batches"]:
+        try:
+            return {**measure(_with_micro(cfg, b), b, ctx.mfu_floor, ctx.device), "out_of_memory_at": oom,
+                    "shape": {k: tp[k] for k in ("layers", "hidden", "heads", "seq", "parameters",
+                                                 "zero_stage", "precision")}}
+        except (torch.cuda.OutOfMemoryError, RuntimeError) as e:  # DeepSpeed's hooks may re-wrap it
+            if "out of memory" not in str(e).lower():
+                raise
+            oom.append(b)
+        gc.collect()  # the failed engine's tensors go before the next, smaller try
+        torch.cuda.empty_cache()
+    return {"ok": False, "error": f"out of memory at every micro-batch {oom}", "out_of_memory_at": oom}
