@@ -39,8 +39,8 @@ from .ruler_tasks import LM_EVAL_SAMPLES, RULER, check_samples, quiet_import, re
 def hf_tokenizer(spm_path: str, out_dir: str, bos: bool = False) -> str:
     """A folder AutoTokenizer loads (tokenizer.json + config) encoding as SentencePiece
     `spm_path`; ValueError when no tokenizer.json reproduces it. (transformers' own conversion
-    of a LlamaTokenizer folder is not used: it disagrees on whitespace, and a folder saved by
-    LlamaTokenizer loaded with a 3-token vocabulary here.)"""
+    is not used: it disagrees on whitespace runs, and transformers 5's
+    `LlamaTokenizer(vocab_file=...)` has a 3-token vocabulary and encodes text to no tokens.)"""
     from pathlib import Path
 
     from lenext_dist.convert.tokenizer_json import write_stock_tokenizer
