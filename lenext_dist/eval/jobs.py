@@ -407,7 +407,8 @@ class RulerJob(EvalJob):
         preflight(self.tokenizer_path, self.tasks, self.lengths)  # refuses before the model loads
         model, L, meta = self._setup()
         res = evaluate_ruler(model, self.tokenizer_path, self.tasks, self.lengths, samples=self.samples,
-                             seed=self.seed, bos=self.bos, progress=not self.no_progress)
+                             seed=self.seed, bos=self.bos, progress=not self.no_progress,
+                             batch_size=self.batch_size)
         res = {**meta, **res, "tokenizer": os.path.abspath(self.tokenizer_path)}
         for c in res["cells"]:
             print(f"{c['task']:>16}  length {c['length']:>6}  score {c['score']:.3f}  "

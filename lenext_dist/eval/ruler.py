@@ -67,7 +67,8 @@ def preflight(spm_path: str, tasks: Sequence[str], lengths: Sequence[int]) -> No
 
 
 def evaluate_ruler(model: nn.Module, spm_path: str, tasks: Sequence[str], lengths: Sequence[int], *,
-                   samples: int, seed: int = 0, bos: bool = False, progress: bool = True) -> dict:
+                   samples: int, seed: int = 0, bos: bool = False, progress: bool = True,
+                   batch_size: int = 1) -> dict:
     """The tokenizer folder lm-eval sizes prompts with, the tasks loaded at `lengths`, run_ruler."""
     import tempfile
 
@@ -79,7 +80,7 @@ def evaluate_ruler(model: nn.Module, spm_path: str, tasks: Sequence[str], length
         hf_tok = get_tokenizer(hf_tokenizer(spm_path, tok_dir, bos=bos))
         task_objs = load_tasks(tasks, lengths, tok_dir, seed, progress)
         return run_ruler(model, load_tokenizer(spm_path), task_objs, lengths, samples=samples,
-                         bos=bos, progress=progress, hf_tok=hf_tok)
+                         bos=bos, progress=progress, hf_tok=hf_tok, batch_size=batch_size)
 
 
 def load_tasks(names: Sequence[str], lengths: Sequence[int], tokenizer_dir: str, seed: int,
@@ -109,12 +110,31 @@ def _cut(text: str, until: Sequence[str]) -> str:
     return text
 
 
+def generate(model: nn.Module, prompts: Sequence[list], n_new: int, *, batch_size: int = 1,
+             eos: int = -1, bar=None) -> list[list[int]]:
+    """Greedy answers of `n_new` tokens, cut at EOS, one per prompt; prompts of equal length share
+    a batch of at most `batch_size` (no padding, as in eval/passkey.py)."""
+    device = next(model.parameters()).device
+    out: list = [None] * len(prompts)
+    by_len: dict[int, list[int]] = {}
+    for i, p in enumerate(prompts):
+        by_len.setdefault(len(p), []).append(i)
+    for group in by_len.values():
+        for j in range(0, len(group), batch_size):
+            chunk = group[j:j + batch_size]
+            ids = torch.tensor([prompts[i] for i in chunk], device=device)  # [b, s]
+            for i, new in zip(chunk, greedy_generate(model, ids, n_new).cpu().tolist()):
+                out[i] = new[:new.index(eos)] if eos in new else new
+            if bar is not None:
+                bar.update(len(chunk))
+    return out
+
+
 def run_ruler(model: nn.Module, sp, task_objs: dict, lengths: Sequence[int], *, samples: int,
-              bos: bool = False, progress: bool = True, hf_tok=None) -> dict:
+              bos: bool = False, progress: bool = True, hf_tok=None, batch_size: int = 1) -> dict:
     """Score per (task, length) over the first `samples` samples of that length. hf_tok: the
     tokenizer lm-eval sized the prompts with; the first prompt of every cell is checked to
     encode to the same ids as SentencePiece (else the lengths are not the lengths asked)."""
-    device = next(model.parameters()).device
     head = [sp.bos_id()] if bos and sp.bos_id() >= 0 else []
     plan = {}
     for name, task in task_objs.items():
@@ -139,30 +159,25 @@ def run_ruler(model: nn.Module, sp, task_objs: dict, lengths: Sequence[int], *, 
                                                    for i in v))
         by_doc = {inst.doc_id: inst for inst in task.instances}
         for length in lengths:
-            scores, base, tokens = [], [], []
-            for i in plan[name, length]:
-                inst = by_doc[i]
-                ctx, gen = inst.args
-                n_new = int(gen.get("max_gen_toks", 128))
-                ids = head + sp.encode(ctx)
-                if hf_tok is not None and i == plan[name, length][0] and hf_tok(ctx).input_ids != ids:
-                    raise ValueError(f"{name} at {length}: the Hugging Face tokenizer lm-eval sized "
-                                     "the prompt with encodes it differently from SentencePiece")
-                new = greedy_generate(model, torch.tensor([ids], device=device), n_new)[0].tolist()
-                if sp.eos_id() in new:
-                    new = new[:new.index(sp.eos_id())]
+            insts = [by_doc[i] for i in plan[name, length]]
+            gen = insts[0].args[1]  # the task's generation settings (the same for every sample)
+            n_new = int(gen.get("max_gen_toks", 128))
+            prompts = [head + sp.encode(inst.args[0]) for inst in insts]
+            if hf_tok is not None and hf_tok(insts[0].args[0]).input_ids != prompts[0]:
+                raise ValueError(f"{name} at {length}: the Hugging Face tokenizer lm-eval sized "
+                                 "the prompt with encodes it differently from SentencePiece")
+            news = generate(model, prompts, n_new, batch_size=batch_size, eos=sp.eos_id(), bar=bar)
+            scores, base = [], []
+            for inst, ids, new in zip(insts, prompts, news):
                 out = _cut(sp.decode(new), gen.get("until") or [])
-                key = str(length)
-                s = float(task.process_results(inst.doc, [out])[key])
-                b = float(task.process_results(inst.doc, [sp.decode(copy_baseline(ids, n_new))])[key])
-                scores.append(s)
-                base.append(b)
-                tokens.append(len(ids) + n_new)
+                key = str(length)  # process_results scores a sample under its own length
+                scores.append(float(task.process_results(inst.doc, [out])[key]))
+                base.append(float(task.process_results(
+                    inst.doc, [sp.decode(copy_baseline(ids, n_new))])[key]))
                 if len(examples) < 3 * len(task_objs) * len(lengths):
                     examples.append({"task": name, "length": length, "answers": list(inst.doc["outputs"]),
-                                     "output": out, "score": s})
-                if bar is not None:
-                    bar.update(1)
+                                     "output": out, "score": scores[-1]})
+            tokens = [len(ids) + n_new for ids in prompts]
             cells.append({"task": name, "length": length, "samples": len(scores),
                           "score": float(np.mean(scores)), "baseline": float(np.mean(base)),
                           "tokens": [min(tokens), max(tokens)]})

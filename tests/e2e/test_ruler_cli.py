@@ -21,8 +21,8 @@ def test_ruler_scores_by_task_and_length_and_the_report_shows_them(tmp_path):
     model = save_tiny_lenext(str(tmp_path / "tiny-nope"), train_length=256)
     out = tmp_path / "results"
     p = run([sys.executable, "-m", "lenext_dist", "eval", "ruler", "--model", model, "--out", str(out),
-             "--lengths", str(LENGTH), "--tasks", ",".join(TASKS), "--samples", "2", "--threads", "1",
-             "--device", "cpu"], timeout=900)
+             "--lengths", str(LENGTH), "--tasks", ",".join(TASKS), "--samples", "2", "--batch-size", "2",
+             "--threads", "1", "--device", "cpu"], timeout=900)
     res = json.loads((out / "ruler.json").read_text())
     assert res["kind"] == "ruler" and res["tasks"] == TASKS and res["lengths"] == [LENGTH]
     assert [(c["task"], c["length"], c["samples"]) for c in res["cells"]] == [(t, LENGTH, 2) for t in TASKS]

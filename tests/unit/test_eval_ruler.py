@@ -101,3 +101,23 @@ def test_every_task_has_an_lm_eval_config():
 
     known = set(TaskManager().all_tasks)
     assert {t.lm_eval_name for t in RULER.values()} <= known
+
+
+def test_answers_are_the_same_batched_or_one_by_one():
+    """--batch-size batches prompts of equal length (no padding): each row's greedy answer is the
+    one it gets alone, cut at EOS."""
+    import numpy as np
+
+    from lenext_dist.eval.ruler import generate
+    from tiny_models import one_thread, tiny_lenext
+
+    model = tiny_lenext(train_length=64)
+    rng = np.random.default_rng(0)
+    prompts = [rng.integers(3, 4096, n).tolist() for n in (40, 40, 40, 33)]
+    with one_thread():
+        alone = [generate(model, [p], 6)[0] for p in prompts]
+        batched = generate(model, prompts, 6, batch_size=2)
+        assert batched == alone and all(len(a) == 6 for a in alone)
+        eos = alone[0][2]
+        cut = generate(model, prompts[:1], 6, eos=eos)[0]
+        assert cut == alone[0][:alone[0].index(eos)]
