@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import os
 import random
 from typing import Sequence
 
@@ -45,6 +46,11 @@ def hf_tokenizer(spm_path: str, out_dir: str, bos: bool = False) -> str:
 
     from lenext_dist.convert.tokenizer_json import write_stock_tokenizer
 
+    from .data import load_tokenizer
+
+    load_tokenizer(spm_path)  # a missing file: the one-line error of every eval kind
+    if os.path.isdir(spm_path):
+        spm_path = os.path.join(spm_path, "tokenizer.model")
     _, note = write_stock_tokenizer(Path(out_dir), Path(spm_path), bos=bos)
     if not (Path(out_dir) / "tokenizer.json").exists():
         raise ValueError(f"{spm_path}: lm-eval's RULER needs a Hugging Face tokenizer; {note}")
@@ -59,7 +65,7 @@ def preflight(spm_path: str, tasks: Sequence[str], lengths: Sequence[int]) -> No
     require_lm_eval()
     from lm_eval.tasks.ruler.common_utils import get_tokenizer
 
-    with tempfile.TemporaryDirectory(prefix="lenext_ruler_tok_") as tok_dir:
+    with tempfile.TemporaryDirectory(prefix="lenext_ruler_tok_") as tok_dir, quiet_import():
         short = too_short(get_tokenizer(hf_tokenizer(spm_path, tok_dir)), tasks, lengths)
     if short:
         raise ValueError(f"too short for lm-eval's generators: {'; '.join(short)}: drop the task "
@@ -91,7 +97,7 @@ def load_tasks(names: Sequence[str], lengths: Sequence[int], tokenizer_dir: str,
 
     random.seed(seed)
     np.random.seed(seed)
-    with quiet_import(progress), contextlib.redirect_stdout(io.StringIO()):  # vt prints its search
+    with quiet_import(progress):
         tm = TaskManager(metadata={"max_seq_lengths": list(lengths), "tokenizer": tokenizer_dir})
         loaded = tm.load([RULER[n].lm_eval_name for n in names])["tasks"]
     by_lm = {t.config.task: t for t in loaded.values()}

@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import io
 import logging
-import os
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -148,27 +148,24 @@ def check_samples(name: str, length: int, docs) -> None:
 
 @contextlib.contextmanager
 def quiet_import(progress: bool = True):
-    """Import lm-eval's RULER modules offline and quietly: nltk's punkt_tab download at import is
-    skipped (only the essay haystack, refused here, splits sentences), lm-eval's per-task advice
-    logs are silenced and, without progress, so are its generators' tqdm bars."""
+    """Import and run lm-eval's RULER generators offline and quietly: nltk's punkt_tab download at
+    import is skipped (only the essay haystack, refused here, splits sentences), lm-eval's
+    per-task advice logs are silenced, vt's prints of its size search dropped and, without
+    progress, its generators' tqdm bars (written to stderr; logging keeps its own stream)."""
     import nltk
 
-    saved = nltk.download, os.environ.get("TQDM_DISABLE")
+    saved = nltk.download
     nltk.download = lambda *a, **k: False
-    if not progress:
-        os.environ["TQDM_DISABLE"] = "1"
     log = logging.getLogger("lm_eval")
     level = log.level
     log.setLevel(logging.ERROR)
     try:
-        yield
+        with contextlib.redirect_stdout(io.StringIO()), (
+                contextlib.nullcontext() if progress else contextlib.redirect_stderr(io.StringIO())):
+            yield
     finally:
-        nltk.download = saved[0]
+        nltk.download = saved
         log.setLevel(level)
-        if saved[1] is None:
-            os.environ.pop("TQDM_DISABLE", None)
-        else:
-            os.environ["TQDM_DISABLE"] = saved[1]
 
 
 def require_lm_eval() -> None:
