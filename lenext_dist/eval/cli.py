@@ -1,4 +1,4 @@
-"""`lenext eval {ppl,passkey,tasks,entropy,scale-sweep}`: load a model directory, run one evaluation,
+"""`lenext eval {ppl,passkey,tasks,entropy,scale-sweep,ruler}`: load a model directory, run one evaluation,
 write JSON (+ PNG) into --out. Every JSON records the exact protocol, the model (path, config,
 attention layout, scales) and the data (files, sha256, token counts).
 
@@ -8,6 +8,7 @@ Output files in --out (default results/<model dir name>):
   tasks      tasks[_c<C>].json, tasks[_c<C>].png
   entropy    entropy[_c<C>]_<N>.json, .png, .npz (full [layers, heads, N] array)
   scale-sweep  scale_sweep.json, scale_sweep.png, scale_sweep_losses.npz
+  ruler      ruler[_c<C>].json
 ([_c<C>] stands for every eval-time option given: _c<C>_w<W>_<ntk|yarn|pi><s>_t-<schedule>.)
 
 Each subcommand's flags are written from the fields of its typed job in eval/jobs.py (one
@@ -33,6 +34,7 @@ DESCRIPTION = """Measure a Hugging Face model folder at one or more lengths; wri
   tasks        retrieval in the training task formats, by length (documents right)
   entropy      attention entropy per position, head and layer
   scale-sweep  the best uniform attention scale per position, and its log fit
+  ruler        lm-eval's offline RULER tasks by length (needs lm_eval[ruler])
 
 Every kind takes --model DIR (required), --out DIR (default results/<model name>) and the
 eval-time changes --scale-c C, --window W, --rope-scaling pi|ntk|yarn with --rope-factor S,
@@ -44,7 +46,7 @@ EPILOG = """examples:
   lenext eval passkey --model hf/tiny-nope --lengths 128,256,512 --scale-c 1.5
 
 Outputs in --out: ppl_<protocol>.json/.png, passkey.json/.png, tasks.json/.png,
-entropy_<N>.json/.png/.npz, scale_sweep.json/.png/.npz; an eval-time change adds a suffix
+entropy_<N>.json/.png/.npz, scale_sweep.json/.png/.npz, ruler.json; an eval-time change adds a suffix
 (_c1.5, _w128, _ntk4, _t-log_fit-a0.3). Manual: docs/evaluation.md"""
 
 
@@ -91,6 +93,13 @@ def build_parser(parser: Optional[argparse.ArgumentParser] = None) -> argparse.A
           "position for each c of a grid; the fit c(s) = 1 + a ln s beyond the training length.",
           "lenext eval scale-sweep --model hf/tiny-nope --data data/sample/heldout/books.jsonl.zst "
           "--length 1024 --c-min 0.8 --c-max 2.0 --c-step 0.05")
+    _kind(sub, "ruler", "lm-eval's offline RULER tasks by length",
+          "RULER (lm-eval's ruler tasks) at each of --lengths.\n\nThe offline tasks (niah_single_1, "
+          "niah_multikey_2/3, vt, cwe, fwe): prompts made and scored\nby lm-eval with the export's "
+          "tokenizer, answers decoded greedily; beside each score a\nno-retrieval baseline. Tasks "
+          "that download data, and lengths a task cannot fill, are refused.",
+          "lenext eval ruler --model hf/tiny-nope --lengths 1024,2048 --tasks niah_single_1,vt "
+          "--samples 20")
     return ap
 
 

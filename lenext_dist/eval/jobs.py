@@ -28,6 +28,7 @@ from lenext_dist.flags import check_fields, from_args, option
 from .model_io import load_model, model_info, write_json
 from .options import (DTYPES, PROTOCOLS, ROPE_SCALINGS, TASK_NAMES, depths, ints, nonneg_int, paths,
                       pos_float, pos_int, task_names, temperature, temperature_section)
+from .ruler_tasks import LM_EVAL_SAMPLES, OFFLINE, ruler_task_names
 
 
 class EvalError(UserError, ValueError):
@@ -377,8 +378,46 @@ class ScaleSweepJob(DataJob):
                 stem + "_losses.npz"]
 
 
+@dataclass(kw_only=True)
+class RulerJob(EvalJob):
+    """lm-eval's offline RULER tasks by length (`lenext eval ruler`; eval/ruler.py)."""
+    kind: ClassVar[str] = "ruler"
+    lengths: list[int] = option(None, ints, "RULER lengths (lm-eval's max_seq_lengths), e.g. 1024,2048",
+                                required=True)
+    tasks: list[str] = option(None, ruler_task_names, f"comma-separated, from {','.join(OFFLINE)} "
+                              "(default: all of them)")
+    samples: int = option(20, pos_int, f"samples per (task, length), at most {LM_EVAL_SAMPLES}")
+    seed: int = option(0, nonneg_int, "seed of lm-eval's sample generators")
+
+    def __post_init__(self) -> None:
+        if self.tasks is None:
+            self.tasks = list(OFFLINE)
+        super().__post_init__()
+        if self.samples > LM_EVAL_SAMPLES:
+            raise EvalError(f"lenext eval ruler: argument --samples: lm-eval makes {LM_EVAL_SAMPLES} "
+                            f"per (task, length), got {self.samples}")
+
+    @property
+    def stem(self) -> Path:
+        return self.out_dir / f"ruler{self.suffix}"
+
+    def _run(self) -> list[str]:
+        from .ruler import evaluate_ruler, preflight
+
+        preflight(self.tokenizer_path, self.tasks, self.lengths)  # refuses before the model loads
+        model, L, meta = self._setup()
+        res = evaluate_ruler(model, self.tokenizer_path, self.tasks, self.lengths, samples=self.samples,
+                             seed=self.seed, bos=self.bos, progress=not self.no_progress,
+                             batch_size=self.batch_size)
+        res = {**meta, **res, "tokenizer": os.path.abspath(self.tokenizer_path)}
+        for c in res["cells"]:
+            print(f"{c['task']:>16}  length {c['length']:>6}  score {c['score']:.3f}  "
+                  f"(no-retrieval baseline {c['baseline']:.3f}, {c['samples']} samples)")
+        return [write_json(res, str(self.stem) + ".json")]
+
+
 JOBS: dict[str, type[EvalJob]] = {j.kind: j for j in (PplJob, PasskeyJob, TasksJob, EntropyJob,
-                                                      ScaleSweepJob)}
+                                                      ScaleSweepJob, RulerJob)}
 
 
 def job_from_args(args: argparse.Namespace) -> EvalJob:

@@ -1,9 +1,9 @@
 """`lenext report --runs DIR... --out report.md`: one markdown report of result folders.
 
 A result folder is what `lenext eval ... --out DIR` writes (ppl_*.json, passkey*.json, tasks*.json,
-entropy*.json, scale_sweep.json and their PNGs). The report has one table per kind (PPL per length
-per run/protocol/scale; context use and extrapolation penalty; passkey accuracy per length;
-task-format accuracy per task and length;
+entropy*.json, scale_sweep.json, ruler*.json and their PNGs). The report has one table per kind (PPL
+per length per run/protocol/scale; context use and extrapolation penalty; passkey accuracy per
+length; task-format accuracy per task and length; RULER score per task and length;
 attention entropy; scale-sweep fits) and embeds every PNG by a path relative to the report.
 
 Public API: `collect`, `render`, `write_report`, `main`.
@@ -156,6 +156,23 @@ def render(runs: list[dict], out_path: str, title: str = "lenext evaluation repo
                "as retrieval only above it.", ""]
         md += _table(["run", "task"] + [str(x) for x in lengths], rows)
 
+    ru = [(r, j) for r in runs for f, j in r["results"] if j["kind"] == "ruler"]
+    if ru:
+        lengths = sorted({x for _, j in ru for x in j["lengths"]})
+        rows = []
+        for r, j in ru:
+            cell = {(c["task"], c["length"]): c for c in j["cells"]}
+            for task in j["tasks"]:
+                rows.append([_label(r, j), task] + [
+                    f"{_fmt(c['score'], 2)} ({_fmt(c['baseline'], 2)})"
+                    if (c := cell.get((task, x))) else "-" for x in lengths]
+                    + [str(cell[task, j["lengths"][0]]["samples"])])
+        md += ["## RULER (lm-eval)", "", "lm-eval's RULER tasks (prompts and scoring by its task "
+               "code, our greedy decoding): the share of the answers found in the output, by "
+               "length; in brackets a rule that reads no question (the prompt's last tokens as the "
+               "answer), scored the same way: a score counts as retrieval only above it.", ""]
+        md += _table(["run", "task"] + [str(x) for x in lengths] + ["samples"], rows)
+
     en = [(r, j) for r in runs for f, j in r["results"] if j["kind"] == "entropy"]
     if en:
         rows = [[_label(r, j), str(j["length"]), str(j["samples"]), _fmt(j.get("mean_at_L")),
@@ -195,8 +212,8 @@ def write_report(runs: Sequence[str], out: str, title: Optional[str] = None) -> 
 def build_parser(parser: Optional[argparse.ArgumentParser] = None) -> argparse.ArgumentParser:
     ap = parser or argparse.ArgumentParser(prog="lenext report")
     ap.description = ("Collect the results of `lenext eval` into one markdown report.\n\n"
-                      "Tables of perplexity, context use and extrapolation penalty, passkey and "
-                      "task-format retrieval,\nattention entropy and scale-sweep fits, by run and "
+                      "Tables of perplexity, context use and extrapolation penalty, passkey, "
+                      "task-format retrieval and RULER,\nattention entropy and scale-sweep fits, by run and "
                       "length, with every plot linked.")
     ap.epilog = ("example:\n  lenext report --runs results/nope results/rope --out results/report.md\n\n"
                  "Manual: docs/evaluation.md")

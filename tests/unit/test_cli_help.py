@@ -106,6 +106,7 @@ COMMANDS = [
     ("lenext eval tasks", _lenext, ["eval", "tasks"]),
     ("lenext eval entropy", _lenext, ["eval", "entropy"]),
     ("lenext eval scale-sweep", _lenext, ["eval", "scale-sweep"]),
+    ("lenext eval ruler", _lenext, ["eval", "ruler"]),
     ("lenext report", _lenext, ["report"]),
     ("lenext extend", _lenext, ["extend"]),
     ("python data_prep/shard.py", _shard, []),

@@ -37,6 +37,7 @@ def test_custom_export_still_loads_its_shipped_code(tmp_path):
     '{"kind": "ppl", "protocol": "last-stride"}',  # no results
     '{"kind": "passkey", "lengths": [64], "accuracy_by_length": 3}',  # not a list
     '{"kind": "scale_sweep", "length": 64, "train_length": 32, "grid": [], "fit": {}}',
+    '{"kind": "ruler", "lengths": [1024], "tasks": ["vt"], "cells": [{"task": "vt"}]}',  # no length
 ])
 def test_report_on_a_malformed_result_names_the_file(tmp_path, capsys, text):
     (tmp_path / "r").mkdir()
