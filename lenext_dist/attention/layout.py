@@ -209,11 +209,17 @@ def refusal(specs: list[Spec], scaling: str = "none", fraction: float = 1.0) -> 
 
 
 def summary(attn_cfg, num_layers: int) -> str:
-    """'' for a uniform layout, else ' (layout nope_every: rope, nope, rope, nope)' (log lines)."""
+    """' (layout nope_every: rope, nope, rope, nope)' ('' for a uniform layout), then QK-norm and
+    a partial rotation when set: ', qk_norm l2 on rope layers, rope fraction 0.25' (log lines)."""
+    from .qknorm import describe as qk_describe  # qknorm reads the layout: imported late
+
     kind = layout_kind(attn_cfg)
-    if kind == "uniform":
-        return ""
-    return f" (layout {kind}: {describe(labels(layer_specs(attn_cfg, num_layers)))})"
+    out = "" if kind == "uniform" else \
+        f" (layout {kind}: {describe(labels(layer_specs(attn_cfg, num_layers)))})"
+    qk = qk_describe(cfg_get(attn_cfg, "qk_norm"))
+    fraction = float(cfg_get(attn_cfg, "rope", "fraction", default=1.0))
+    extra = [x for x in (qk, f"rope fraction {fraction:g}" if fraction != 1.0 else "") if x]
+    return out + "".join(f", {x}" for x in extra)
 
 
 class _LayerView:

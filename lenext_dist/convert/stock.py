@@ -43,6 +43,10 @@ from typing import Callable, Optional
 
 from torch import Tensor
 
+import torch
+
+from lenext_dist.attention.qknorm import LEARNED, layer_kinds
+from lenext_dist.attention.rope import rotary_dims
 from lenext_dist.attention.temperature import applies, llama4_options
 
 from .keymap import HF_HEAD_SCALE, HF_Q_PROJ
@@ -108,7 +112,8 @@ def _with_scaling(cfg, common: dict) -> tuple[dict, dict]:
     """(rope_parameters of attention.rope, common kwargs with the extended length when scaled)."""
     a, m = cfg.attention, cfg.model
     r = a.rope
-    params = ROPE_PARAMETERS[r.scaling](r, m.head_dim, m.train_length)
+    # the rotated dims: int(fraction d) under partial RoPE (transformers' partial_rotary_factor)
+    params = ROPE_PARAMETERS[r.scaling](r, rotary_dims(m.head_dim, r.fraction), m.train_length)
     if r.scaling != "none":  # the extended length, informational (factor is given explicitly)
         common = {**common, "max_position_embeddings": int(m.train_length * r.factor)}
     return params, common
@@ -152,6 +157,37 @@ def _rope_refuse(cfg) -> Optional[str]:
     return None
 
 
+def _refuse_qk_norm(cfg, arch: str) -> Optional[str]:
+    q = cfg.attention.qk_norm
+    if q.kind != "none":
+        return (f"{arch} has no QK-norm (attention.qk_norm {q.kind!r} on {q.layers} layers; "
+                "stock forms: Llama4ForCausalLM for l2 on the RoPE layers, Qwen3ForCausalLM for "
+                "rms on every RoPE layer)")
+    return None
+
+
+def _refuse_partial(cfg, arch: str) -> Optional[str]:
+    f = cfg.attention.rope.fraction
+    if f != 1.0:
+        return (f"{arch} rotates every dim of a head (attention.rope.fraction {f}; the stock form "
+                "of partial RoPE is GlmForCausalLM, every layer RoPE without QK-norm or window)")
+    return None
+
+
+def _qk_norm_eps(cfg, arch: str) -> Optional[str]:
+    """The stock qk norms use config.rms_norm_eps (model.norm_epsilon)."""
+    eps = cfg.attention.qk_norm.eps
+    if eps is not None and eps != cfg.model.norm_epsilon:
+        return (f"{arch}'s QK-norm epsilon is rms_norm_eps: attention.qk_norm.eps {eps} differs "
+                f"from model.norm_epsilon {cfg.model.norm_epsilon}")
+    return None
+
+
+def _plain(arch: str, refuse: Callable[..., Optional[str]]) -> Callable[..., Optional[str]]:
+    """`refuse` after the refusals of a form without QK-norm and partial RoPE."""
+    return lambda cfg: _refuse_qk_norm(cfg, arch) or _refuse_partial(cfg, arch) or refuse(cfg)
+
+
 def _llama_refuse(cfg) -> Optional[str]:
     if len(set(cfg.layer_windows)) > 1:  # Mistral's sliding_window is on every layer
         return "RoPE layers with different windows (attention.layout) have no Llama/Mistral form"
@@ -159,11 +195,23 @@ def _llama_refuse(cfg) -> Optional[str]:
 
 
 def _llama4_claims(cfg) -> bool:
-    return any(c is not None for c in cfg.layer_chunks) or cfg.attention.temperature.kind == "llama4"
+    return (any(c is not None for c in cfg.layer_chunks) or cfg.attention.temperature.kind == "llama4"
+            or cfg.attention.qk_norm.kind == "l2")
 
 
 def _llama4_refuse(cfg) -> Optional[str]:
-    a, t = cfg.attention, cfg.attention.temperature
+    a, t, q = cfg.attention, cfg.attention.temperature, cfg.attention.qk_norm
+    arch = "Llama4ForCausalLM"
+    if q.kind == "rms":
+        return (f"{arch}'s QK-norm is weightless (attention.qk_norm.kind l2), not 'rms' (a "
+                "learned weight: Qwen3ForCausalLM, every layer RoPE)")
+    normed = [k is not None for k in layer_kinds(a, cfg.model.num_layers)]
+    if q.kind == "l2" and normed != [x == "rope" for x in cfg.layer_positions]:
+        return (f"{arch} normalizes q and k on exactly its RoPE layers (use_qk_norm and not a "
+                "NoPE layer): attention.qk_norm.layers rope")
+    why = _qk_norm_eps(cfg, arch) or _refuse_partial(cfg, arch)
+    if why:
+        return why
     if a.window is not None:
         return "Llama4ForCausalLM has no sliding window (attention.window)"
     if a.rope.scaling != "none":
@@ -181,9 +229,10 @@ def _llama4_refuse(cfg) -> Optional[str]:
 def _llama4_config(cfg, common: dict):
     """Llama4ForCausalLM (transformers modeling_llama4): `no_rope_layers[i]` 1 = RoPE, explicit
     `layer_types` ("chunked_attention" on the chunked RoPE layers), dense MLP layers
-    (`moe_layers` [], so every layer is Llama4TextMLP of `intermediate_size_mlp`), no qk L2 norm
-    (our layers have none), the temperature on the NoPE layers when attention.temperature is
-    llama4."""
+    (`moe_layers` [], so every layer is Llama4TextMLP of `intermediate_size_mlp`), `use_qk_norm`
+    as trained (attention.qk_norm l2 on the RoPE layers: Llama4TextL2Norm there, eps rms_norm_eps;
+    it normalizes after RoPE, ours before: the same function, see attention/qknorm.py), the
+    temperature on the NoPE layers when attention.temperature is llama4."""
     from transformers import Llama4TextConfig
 
     a, m, t = cfg.attention, cfg.model, cfg.attention.temperature
@@ -192,7 +241,8 @@ def _llama4_config(cfg, common: dict):
     common = {k: v for k, v in common.items() if k != "mlp_bias"}  # Llama 4 has no such field
     return Llama4TextConfig(
         **common, head_dim=m.head_dim, intermediate_size_mlp=m.ffn_hidden_size, moe_layers=[],
-        use_qk_norm=False, no_rope_layers=[int(x == "rope") for x in cfg.layer_positions],
+        use_qk_norm=a.qk_norm.kind == "l2",
+        no_rope_layers=[int(x == "rope") for x in cfg.layer_positions],
         attention_chunk_size=a.chunked,
         layer_types=["full_attention" if c is None else "chunked_attention" for c in cfg.layer_chunks],
         attn_temperature_tuning=t.kind == "llama4", floor_scale=int(floor_scale),
@@ -222,18 +272,105 @@ def _llama4_weights(state: dict, cfg) -> dict:
     return out
 
 
+def _qwen3_claims(cfg) -> bool:
+    return cfg.attention.qk_norm.kind == "rms"
+
+
+def _qwen3_refuse(cfg) -> Optional[str]:
+    arch = "Qwen3ForCausalLM"
+    if not all(layer_kinds(cfg.attention, cfg.model.num_layers)):
+        return f"{arch} normalizes q and k on every layer (attention.qk_norm.layers all)"
+    if cfg.attention.window is not None:
+        return f"{arch} with a sliding window (attention.window) is not verified"
+    return _qk_norm_eps(cfg, arch) or _refuse_partial(cfg, arch) or _rope_refuse(cfg)
+
+
+def _qwen3_config(cfg, common: dict):
+    """Qwen3ForCausalLM (transformers modeling_qwen3): Llama + `q_norm` / `k_norm`
+    (Qwen3RMSNorm(head_dim), eps rms_norm_eps) on every layer's q and k per head, before RoPE,
+    as our `rms` QK-norm; the same weight names."""
+    from transformers import Qwen3Config
+
+    m = cfg.model
+    params, common = _with_scaling(cfg, common)
+    common = {k: v for k, v in common.items() if k != "mlp_bias"}  # Qwen3 has no such field
+    return Qwen3Config(**common, head_dim=m.head_dim, rope_parameters=params,
+                       use_sliding_window=False, layer_types=["full_attention"] * m.num_layers)
+
+
+def _glm_claims(cfg) -> bool:
+    return cfg.attention.rope.fraction != 1.0
+
+
+def _glm_refuse(cfg) -> Optional[str]:
+    if cfg.attention.window is not None:
+        return "GlmForCausalLM has no sliding window (attention.window)"
+    return _refuse_qk_norm(cfg, "GlmForCausalLM") or _rope_refuse(cfg)
+
+
+def _glm_config(cfg, common: dict):
+    """GlmForCausalLM (transformers modeling_glm): Llama-shaped (RMSNorm pre-norm, SwiGLU with a
+    fused gate_up_proj, GQA) with partial RoPE: the first r = int(head_dim
+    partial_rotary_factor) dims rotate, as ours, in interleaved pairs (2i, 2i + 1) (its
+    `rotate_half` over x[..., 0::2], x[..., 1::2]): the weights are permuted to that (`_glm_weights`)."""
+    from transformers import GlmConfig
+
+    a, m = cfg.attention, cfg.model
+    params, common = _with_scaling(cfg, common)
+    common = {k: v for k, v in common.items() if k != "mlp_bias"}  # GLM has no such field
+    return GlmConfig(**common, head_dim=m.head_dim,
+                     rope_parameters={**params, "partial_rotary_factor": float(a.rope.fraction)})
+
+
+def _interleave_pairs(w: Tensor, heads: int, head_dim: int, rotary: int) -> Tensor:
+    """Rows of q/k_proj [heads d, H] from our rotate-half pairs (i, i + r/2) of the first r dims
+    to interleaved pairs (2i, 2i + 1) (GLM's and Meta's layout): new row 2i = old i, new 2i + 1 =
+    old i + r/2, per head; rows r..d-1 (not rotated) stay. q.k is unchanged (the same
+    permutation on both)."""
+    half = rotary // 2
+    perm = [j for i in range(half) for j in (i, i + half)] + list(range(rotary, head_dim))
+    return w.view(heads, head_dim, -1)[:, perm].reshape(w.shape).contiguous()
+
+
+def _glm_weights(state: dict, cfg) -> dict:
+    """GLM's fused `mlp.gate_up_proj` ([gate; up], chunked in that order by GlmMLP) and its
+    interleaved RoPE pairs on q_proj / k_proj."""
+    m = cfg.model
+    r = rotary_dims(m.head_dim, cfg.attention.rope.fraction)
+    out = {}
+    for k, v in state.items():
+        if k.endswith(".mlp.up_proj.weight"):
+            continue
+        if k.endswith(".mlp.gate_proj.weight"):
+            up = state[k.replace("gate_proj", "up_proj")]
+            out[k.replace("gate_proj", "gate_up_proj")] = torch.cat((v, up), dim=0).contiguous()
+        elif k.endswith(("self_attn.q_proj.weight", "self_attn.k_proj.weight")):
+            heads = m.num_attention_heads if ".q_proj." in k else m.kv_heads
+            out[k] = _interleave_pairs(v, heads, m.head_dim, r)
+        else:
+            out[k] = v
+    return out
+
+
 _LLAMA4 = StockForm("Llama4ForCausalLM", _llama4_config, _llama4_refuse, claims=_llama4_claims,
                     weights=_llama4_weights, temperatures=("none", "uniform", "llama4"))
 
+_SMOLLM3 = StockForm("SmolLM3ForCausalLM", _smollm3_config, _plain("SmolLM3ForCausalLM", _rope_refuse))
+_QWEN3 = StockForm("Qwen3ForCausalLM", _qwen3_config, _qwen3_refuse, claims=_qwen3_claims)
+_GLM = StockForm("GlmForCausalLM", _glm_config, _glm_refuse, claims=_glm_claims,
+                 weights=_glm_weights)
+
 STOCK_FORMS: dict[frozenset, tuple[StockForm, ...]] = {
-    frozenset({"nope"}): (_LLAMA4, StockForm("SmolLM3ForCausalLM", _smollm3_config, _rope_refuse)),
-    frozenset({"rope"}): (_LLAMA4, StockForm("LlamaForCausalLM", _rope_config, _llama_refuse)),
-    frozenset({"nope", "rope"}): (_LLAMA4, StockForm("SmolLM3ForCausalLM", _smollm3_config,
-                                                     _rope_refuse)),
+    frozenset({"nope"}): (_LLAMA4, _SMOLLM3),
+    frozenset({"rope"}): (_LLAMA4, _QWEN3, _GLM,
+                          StockForm("LlamaForCausalLM", _rope_config,
+                                    _plain("LlamaForCausalLM", _llama_refuse))),
+    frozenset({"nope", "rope"}): (_LLAMA4, _SMOLLM3),
 }
 """The set of position variants a run's layers use (attention.layout over attention.position,
 `RunConfig.layer_positions`) -> its stock forms, the first that claims the run wins (Llama 4 for
-chunked attention or its temperature). Sets without an entry are refused."""
+chunked attention, its temperature or its l2 QK-norm; Qwen3 for rms QK-norm; GLM for partial
+RoPE). Sets without an entry are refused."""
 
 
 def stock_form(cfg) -> Optional[StockForm]:
@@ -246,7 +383,7 @@ _INFERENCE_IRRELEVANT = ("impl", "chunk_size", "kerple", "sandwich", "xpos")
 """Attention fields that do not change the function of a NoPE/RoPE model: kernel choices, and
 the option sections of variants that have no stock form (refused by name first)."""
 _HANDLED = ("position", "scale_c", "head_scale", "rope", "window", "chunked", "temperature",
-            "layout")
+            "layout", "qk_norm")
 
 
 def refusal(cfg) -> Optional[str]:
@@ -298,11 +435,40 @@ def folded_scales(cfg, scales: Tensor) -> Tensor:
 
 def stock_state(cfg, hf_state: dict, scales: Tensor) -> dict:
     """The HF Llama-named state as the run's stock form stores it: scales folded into q_proj
-    (`folded_scales`), then the form's names and layouts."""
+    (`folded_scales`; into q_norm.weight on QK-normed layers, `fold_into_qk_norm`), then the
+    form's names and layouts. ValueError when a scale has nowhere to go."""
     m = cfg.model
-    folded = fold_head_scales(hf_state, folded_scales(cfg, scales), m.num_attention_heads,
-                              m.head_dim)
+    state, rest = fold_into_qk_norm(cfg, hf_state, folded_scales(cfg, scales))
+    folded = fold_head_scales(state, rest, m.num_attention_heads, m.head_dim)
     return stock_form(cfg).weights(folded, cfg)
+
+
+def fold_into_qk_norm(cfg, hf_state: dict, scales: Tensor) -> tuple[dict, Tensor]:
+    """A QK-normed layer normalizes q after q_proj, undoing a scale folded into q_proj: its scale
+    goes into q_norm.weight instead (rms: y = w * norm(q), so c y = (c w) * norm(q)), which one
+    weight [d] shared by the heads can carry only when the layer's heads share it; the weightless
+    l2 norm has no place at all (scales must be 1 there). -> (state, the scales [layers, heads]
+    still to fold into q_proj: 1 on the normed layers)."""
+    from .keymap import HF_QK_NORM
+
+    kinds = layer_kinds(cfg.attention, cfg.model.num_layers)
+    if not any(kinds):
+        return hf_state, scales
+    out, rest = dict(hf_state), scales.clone()
+    for i, kind in enumerate(kinds):
+        if kind is None:
+            continue
+        row = scales[i]
+        if kind in LEARNED and bool((row == row[0]).all()):
+            key = HF_QK_NORM.format(i=i, qk="q")
+            out[key] = (out[key].float() * float(row[0])).to(out[key].dtype)
+        elif not bool((row == 1.0).all()):
+            where = ("one q_norm weight shared by the heads cannot carry per-head scales"
+                     if kind in LEARNED else "the weightless l2 norm has no weight to carry them")
+            raise ValueError(f"layer {i}'s head scales {row.tolist()} cannot be folded into a "
+                             f"stock form: its QK-norm undoes a scaled q_proj and {where}")
+        rest[i] = 1.0
+    return out, rest
 
 
 def fold_head_scales(hf_state: dict, scales: Tensor, num_heads: int, head_dim: int) -> dict:
@@ -334,7 +500,9 @@ def build_stock_config(cfg, *, scales: Tensor, scale_c: float, head_scale_source
         "layer_windows": cfg.layer_windows, "layer_chunks": cfg.layer_chunks,
         "temperature": dataclasses.asdict(a.temperature),
         "rope": dataclasses.asdict(a.rope), "window": a.window, "scale_c": float(scale_c),
-        "head_scale_source": head_scale_source, "head_scales_folded_into": "q_proj",
+        "head_scale_source": head_scale_source, "qk_norm": dataclasses.asdict(a.qk_norm),
+        "head_scales_folded_into": ("q_proj" if not any(layer_kinds(a, m.num_layers)) else
+                                    "q_proj, q_norm.weight on the QK-normed layers"),
         "head_scales_summary": {"min": float(scales.min()), "max": float(scales.max()),
                                 "mean": float(scales.mean())},
         "head_scales": scales.tolist(), "train_length": m.train_length,
@@ -365,4 +533,4 @@ def provenance(config) -> Optional[dict]:
 
 
 __all__ = ["STOCK_FORMS", "ROPE_PARAMETERS", "StockForm", "PROVENANCE", "refusal",
-           "fold_head_scales", "folded_scales", "stock_state", "build_stock_config", "provenance"]
+           "fold_head_scales", "fold_into_qk_norm", "folded_scales", "stock_state", "build_stock_config", "provenance"]

@@ -132,6 +132,11 @@ def test_layers_through_the_layout():
         ["l2", None, "l2", None]  # Llama 4: RoPE layers only
     assert layer_kinds(NS(**vars(irope), qk_norm=NS(kind="rms", layers="all")), 4) == ["rms"] * 4
     assert layer_kinds(NS(position="rope"), 3) == [None] * 3  # exports made before QK-norm
+    from lenext_dist.attention.layout import summary  # the run header's attention line
+
+    cfg = NS(**vars(irope), qk_norm=NS(kind="l2", layers="rope"), rope=NS(fraction=0.5))
+    assert summary(cfg, 4) == " (layout irope: rope + chunked 4, nope, rope + chunked 4, nope), " \
+        "qk_norm l2 on rope layers, rope fraction 0.5"
 
 
 @pytest.mark.parametrize("overrides,match", [
