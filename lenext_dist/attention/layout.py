@@ -211,12 +211,14 @@ def refusal(specs: list[Spec], scaling: str = "none", fraction: float = 1.0) -> 
 def summary(attn_cfg, num_layers: int) -> str:
     """' (layout nope_every: rope, nope, rope, nope)' ('' for a uniform layout), then QK-norm and
     a partial rotation when set: ', qk_norm l2 on rope layers, rope fraction 0.25' (log lines)."""
-    from .qknorm import describe as qk_describe  # qknorm reads the layout: imported late
-
     kind = layout_kind(attn_cfg)
     out = "" if kind == "uniform" else \
         f" (layout {kind}: {describe(labels(layer_specs(attn_cfg, num_layers)))})"
-    qk = qk_describe(cfg_get(attn_cfg, "qk_norm"))
+    qk_kind = cfg_get(attn_cfg, "qk_norm", "kind", default="none")  # qknorm.py's section
+    eps = cfg_get(attn_cfg, "qk_norm", "eps")
+    qk = "" if qk_kind == "none" else (
+        f"qk_norm {qk_kind}{'' if eps is None else f' (eps {eps:g})'} on "
+        f"{cfg_get(attn_cfg, 'qk_norm', 'layers', default='all')} layers")
     fraction = float(cfg_get(attn_cfg, "rope", "fraction", default=1.0))
     extra = [x for x in (qk, f"rope fraction {fraction:g}" if fraction != 1.0 else "") if x]
     return out + "".join(f", {x}" for x in extra)

@@ -123,12 +123,3 @@ def layer_norms(attn_cfg, *, num_layers: int, head_dim: int, norm_eps: float
             out.append((norm, norm))
     return out
 
-
-def describe(section) -> str:
-    """'rms (eps 1e-05) on rope layers' (log lines), '' for none."""
-    kind = cfg_get(section, "kind", default="none")
-    if kind == "none":
-        return ""
-    eps = cfg_get(section, "eps")
-    return (f"qk_norm {kind}{'' if eps is None else f' (eps {eps:g})'} on "
-            f"{cfg_get(section, 'layers', default='all')} layers")

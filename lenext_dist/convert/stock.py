@@ -19,17 +19,19 @@ the same function (DESIGN.md section 10):
     layers, global NoPE layers scaled by its temperature) -> Llama4ForCausalLM (text model, dense
                     MLPs: `moe_layers` [], `intermediate_size_mlp`; `no_rope_layers`,
                     `attention_chunk_size` C on exactly the RoPE layers, `attn_temperature_tuning`
-                    with floor_scale and attn_scale; q/k rows permuted to Meta's RoPE pair layout)
+                    with floor_scale and attn_scale; q/k rows permuted to Meta's RoPE pair layout);
+                    also for Llama 4's weightless QK-norm on exactly the RoPE layers (`use_qk_norm`)
+    {rope} with attention.qk_norm `rms` on every layer -> Qwen3ForCausalLM (q_norm / k_norm)
+    {rope} with attention.rope.fraction < 1 -> GlmForCausalLM (partial_rotary_factor, its
+                    interleaved pairs, fused gate_up_proj)
 
 Every other set (ALiBi, KERPLE, Sandwich, XPOS in any layer, and any variant added later) has
 no entry and is refused by `refusal()`, as are the options no stock form expresses (temperature
 schedules other than a foldable uniform c and Llama 4's own, any other non-default attention
 field).
 
-Scales: a uniform c or HeadScale's m_h multiplies head h's logits m_h / sqrt(d) q.k; with
-q = W_q x that is q' = (m_h W_q[h]) x, so the scales fold into q_proj's rows of head h
-(`fold_head_scales`). RoPE rotations are linear, so the fold commutes with them. A `uniform`
-temperature c folds the same way into the layers it scales (`folded_scales`).
+Scales fold into q_proj (or q_norm.weight on QK-normed layers), and each form's weight layout is
+applied, in stock_weights.py; RoPE settings map to transformers' rope_parameters in stock_rope.py.
 
 The config records what was folded in under `lenext_provenance` (a field every stock loader
 ignores): the variant, the layout and each layer's variant, rope settings, window, c, the per-head
@@ -43,50 +45,16 @@ from typing import Callable, Optional
 
 from torch import Tensor
 
-import torch
+from lenext_dist.attention.qknorm import layer_kinds
+from lenext_dist.attention.temperature import llama4_options
 
-from lenext_dist.attention.qknorm import LEARNED, layer_kinds
-from lenext_dist.attention.rope import rotary_dims
-from lenext_dist.attention.temperature import applies, llama4_options
-
-from .keymap import HF_HEAD_SCALE, HF_Q_PROJ
+from .stock_rope import ROPE_PARAMETERS, with_scaling
+from .stock_weights import (fold_head_scales, fold_into_qk_norm, folded_scales, glm_weights,
+                            llama4_weights)
 
 STOCK_FORMAT = 1
 PROVENANCE = "lenext_provenance"
 """The config.json field of a stock export that records what was folded in (one home)."""
-
-# ------------------------------------------------------------------ RoPE scalings -> HF
-
-
-def _rope_none(r, head_dim: int, train_length: int) -> dict:
-    return {"rope_type": "default", "rope_theta": float(r.base)}
-
-
-def _rope_pi(r, head_dim: int, train_length: int) -> dict:
-    # HF "linear": inv_freq / factor, our PI: base_inv_freq / factor (same expression)
-    return {"rope_type": "linear", "rope_theta": float(r.base), "factor": float(r.factor)}
-
-
-def _rope_ntk(r, head_dim: int, train_length: int) -> dict:
-    # static NTK-aware = plain RoPE with base * s^(d/(d-2)); HF's "dynamic" is another method
-    # (base recomputed from the running sequence length), so the base is folded instead
-    d = head_dim
-    return {"rope_type": "default", "rope_theta": float(r.base * r.factor ** (d / (d - 2)))}
-
-
-def _rope_yarn(r, head_dim: int, train_length: int) -> dict:
-    # transformers' _compute_yarn_parameters with our defaults (beta 32/1, truncate, mscale
-    # 0.1 ln s + 1 on cos and sin) and original length = the training length L
-    return {"rope_type": "yarn", "rope_theta": float(r.base), "factor": float(r.factor),
-            "original_max_position_embeddings": int(train_length), "beta_fast": 32.0,
-            "beta_slow": 1.0, "truncate": True}
-
-
-ROPE_PARAMETERS: dict[str, Callable[..., dict]] = {
-    "none": _rope_none, "pi": _rope_pi, "ntk": _rope_ntk, "yarn": _rope_yarn}
-"""attention.rope.scaling (a name of lenext_dist.attention.rope.SCALINGS) -> transformers 5.23
-`rope_parameters` giving the same inv_freq and cos/sin multiplier (tested against HF's own
-functions); a scaling missing here is refused for stock."""
 
 # ------------------------------------------------------------------ the forms
 
@@ -108,17 +76,6 @@ class StockForm:
     """attention.temperature kinds it expresses (uniform: folded into q_proj)."""
 
 
-def _with_scaling(cfg, common: dict) -> tuple[dict, dict]:
-    """(rope_parameters of attention.rope, common kwargs with the extended length when scaled)."""
-    a, m = cfg.attention, cfg.model
-    r = a.rope
-    # the rotated dims: int(fraction d) under partial RoPE (transformers' partial_rotary_factor)
-    params = ROPE_PARAMETERS[r.scaling](r, rotary_dims(m.head_dim, r.fraction), m.train_length)
-    if r.scaling != "none":  # the extended length, informational (factor is given explicitly)
-        common = {**common, "max_position_embeddings": int(m.train_length * r.factor)}
-    return params, common
-
-
 def _smollm3_config(cfg, common: dict):
     """SmolLM3ForCausalLM: `no_rope_layers[i]` 1 = RoPE layer, 0 = NoPE layer (modeling_smollm3:
     `self.use_rope`); the window W as `use_sliding_window` + `sliding_window` W with explicit
@@ -127,7 +84,7 @@ def _smollm3_config(cfg, common: dict):
     from transformers import SmolLM3Config
 
     a = cfg.attention
-    params, common = _with_scaling(cfg, common)  # NoPE-only: unused, but the module is built
+    params, common = with_scaling(cfg, common)  # NoPE-only: unused, but the module is built
     return SmolLM3Config(
         **common, no_rope_layers=[int(x == "rope") for x in cfg.layer_positions],
         use_sliding_window=a.window is not None, sliding_window=a.window,
@@ -142,7 +99,7 @@ def _rope_config(cfg, common: dict):
     from transformers import LlamaConfig, MistralConfig
 
     a, m = cfg.attention, cfg.model
-    params, common = _with_scaling(cfg, common)
+    params, common = with_scaling(cfg, common)
     if a.window is not None:
         common = {**common, "architectures": ["MistralForCausalLM"]}
         return MistralConfig(**common, head_dim=m.head_dim, rope_parameters=params,
@@ -237,7 +194,7 @@ def _llama4_config(cfg, common: dict):
 
     a, m, t = cfg.attention, cfg.model, cfg.attention.temperature
     floor_scale, attn_scale = llama4_options(t)
-    params, common = _with_scaling(cfg, common)
+    params, common = with_scaling(cfg, common)
     common = {k: v for k, v in common.items() if k != "mlp_bias"}  # Llama 4 has no such field
     return Llama4TextConfig(
         **common, head_dim=m.head_dim, intermediate_size_mlp=m.ffn_hidden_size, moe_layers=[],
@@ -248,28 +205,6 @@ def _llama4_config(cfg, common: dict):
         attn_temperature_tuning=t.kind == "llama4", floor_scale=int(floor_scale),
         attn_scale=attn_scale,
         rope_parameters=params)
-
-
-def _meta_pairs(w: Tensor, heads: int, head_dim: int) -> Tensor:
-    """Rows of q/k_proj [heads d, H] from our rotate-half RoPE pairs (i, i + d/2) to Meta's
-    complex pairs (2i, 2i + 1) (modeling_llama4.apply_rotary_emb views the last dim as d/2
-    complex numbers): new row 2i = old i, new 2i + 1 = old i + d/2, per head."""
-    half = head_dim // 2
-    perm = [j for i in range(half) for j in (i, i + half)]
-    return w.view(heads, head_dim, -1)[:, perm].reshape(w.shape).contiguous()
-
-
-def _llama4_weights(state: dict, cfg) -> dict:
-    """Llama 4's names (`feed_forward` for `mlp`) and pair layout on its RoPE layers."""
-    m = cfg.model
-    out = {k.replace(".mlp.", ".feed_forward."): v for k, v in state.items()}
-    for i, x in enumerate(cfg.layer_positions):
-        if x != "rope":
-            continue
-        for proj, heads in (("q_proj", m.num_attention_heads), ("k_proj", m.kv_heads)):
-            k = f"model.layers.{i}.self_attn.{proj}.weight"
-            out[k] = _meta_pairs(out[k], heads, m.head_dim)
-    return out
 
 
 def _qwen3_claims(cfg) -> bool:
@@ -292,7 +227,7 @@ def _qwen3_config(cfg, common: dict):
     from transformers import Qwen3Config
 
     m = cfg.model
-    params, common = _with_scaling(cfg, common)
+    params, common = with_scaling(cfg, common)
     common = {k: v for k, v in common.items() if k != "mlp_bias"}  # Qwen3 has no such field
     return Qwen3Config(**common, head_dim=m.head_dim, rope_parameters=params,
                        use_sliding_window=False, layer_types=["full_attention"] * m.num_layers)
@@ -316,49 +251,19 @@ def _glm_config(cfg, common: dict):
     from transformers import GlmConfig
 
     a, m = cfg.attention, cfg.model
-    params, common = _with_scaling(cfg, common)
+    params, common = with_scaling(cfg, common)
     common = {k: v for k, v in common.items() if k != "mlp_bias"}  # GLM has no such field
     return GlmConfig(**common, head_dim=m.head_dim,
                      rope_parameters={**params, "partial_rotary_factor": float(a.rope.fraction)})
 
 
-def _interleave_pairs(w: Tensor, heads: int, head_dim: int, rotary: int) -> Tensor:
-    """Rows of q/k_proj [heads d, H] from our rotate-half pairs (i, i + r/2) of the first r dims
-    to interleaved pairs (2i, 2i + 1) (GLM's and Meta's layout): new row 2i = old i, new 2i + 1 =
-    old i + r/2, per head; rows r..d-1 (not rotated) stay. q.k is unchanged (the same
-    permutation on both)."""
-    half = rotary // 2
-    perm = [j for i in range(half) for j in (i, i + half)] + list(range(rotary, head_dim))
-    return w.view(heads, head_dim, -1)[:, perm].reshape(w.shape).contiguous()
-
-
-def _glm_weights(state: dict, cfg) -> dict:
-    """GLM's fused `mlp.gate_up_proj` ([gate; up], chunked in that order by GlmMLP) and its
-    interleaved RoPE pairs on q_proj / k_proj."""
-    m = cfg.model
-    r = rotary_dims(m.head_dim, cfg.attention.rope.fraction)
-    out = {}
-    for k, v in state.items():
-        if k.endswith(".mlp.up_proj.weight"):
-            continue
-        if k.endswith(".mlp.gate_proj.weight"):
-            up = state[k.replace("gate_proj", "up_proj")]
-            out[k.replace("gate_proj", "gate_up_proj")] = torch.cat((v, up), dim=0).contiguous()
-        elif k.endswith(("self_attn.q_proj.weight", "self_attn.k_proj.weight")):
-            heads = m.num_attention_heads if ".q_proj." in k else m.kv_heads
-            out[k] = _interleave_pairs(v, heads, m.head_dim, r)
-        else:
-            out[k] = v
-    return out
-
-
 _LLAMA4 = StockForm("Llama4ForCausalLM", _llama4_config, _llama4_refuse, claims=_llama4_claims,
-                    weights=_llama4_weights, temperatures=("none", "uniform", "llama4"))
+                    weights=llama4_weights, temperatures=("none", "uniform", "llama4"))
 
 _SMOLLM3 = StockForm("SmolLM3ForCausalLM", _smollm3_config, _plain("SmolLM3ForCausalLM", _rope_refuse))
 _QWEN3 = StockForm("Qwen3ForCausalLM", _qwen3_config, _qwen3_refuse, claims=_qwen3_claims)
 _GLM = StockForm("GlmForCausalLM", _glm_config, _glm_refuse, claims=_glm_claims,
-                 weights=_glm_weights)
+                 weights=glm_weights)
 
 STOCK_FORMS: dict[frozenset, tuple[StockForm, ...]] = {
     frozenset({"nope"}): (_LLAMA4, _SMOLLM3),
@@ -423,16 +328,6 @@ def refusal(cfg) -> Optional[str]:
 # ------------------------------------------------------------------ weights
 
 
-def folded_scales(cfg, scales: Tensor) -> Tensor:
-    """The per-head scales [layers, heads] a stock export folds into q_proj: the run's (uniform
-    c or learned m_h) times a `uniform` temperature's c on the layers it scales."""
-    t = cfg.attention.temperature
-    if t.kind != "uniform":
-        return scales
-    rows = [float(t.c) if applies(t, x) else 1.0 for x in cfg.layer_positions]
-    return scales * scales.new_tensor(rows).view(-1, 1)
-
-
 def stock_state(cfg, hf_state: dict, scales: Tensor) -> dict:
     """The HF Llama-named state as the run's stock form stores it: scales folded into q_proj
     (`folded_scales`; into q_norm.weight on QK-normed layers, `fold_into_qk_norm`), then the
@@ -441,48 +336,6 @@ def stock_state(cfg, hf_state: dict, scales: Tensor) -> dict:
     state, rest = fold_into_qk_norm(cfg, hf_state, folded_scales(cfg, scales))
     folded = fold_head_scales(state, rest, m.num_attention_heads, m.head_dim)
     return stock_form(cfg).weights(folded, cfg)
-
-
-def fold_into_qk_norm(cfg, hf_state: dict, scales: Tensor) -> tuple[dict, Tensor]:
-    """A QK-normed layer normalizes q after q_proj, undoing a scale folded into q_proj: its scale
-    goes into q_norm.weight instead (rms: y = w * norm(q), so c y = (c w) * norm(q)), which one
-    weight [d] shared by the heads can carry only when the layer's heads share it; the weightless
-    l2 norm has no place at all (scales must be 1 there). -> (state, the scales [layers, heads]
-    still to fold into q_proj: 1 on the normed layers)."""
-    from .keymap import HF_QK_NORM
-
-    kinds = layer_kinds(cfg.attention, cfg.model.num_layers)
-    if not any(kinds):
-        return hf_state, scales
-    out, rest = dict(hf_state), scales.clone()
-    for i, kind in enumerate(kinds):
-        if kind is None:
-            continue
-        row = scales[i]
-        if kind in LEARNED and bool((row == row[0]).all()):
-            key = HF_QK_NORM.format(i=i, qk="q")
-            out[key] = (out[key].float() * float(row[0])).to(out[key].dtype)
-        elif not bool((row == 1.0).all()):
-            where = ("one q_norm weight shared by the heads cannot carry per-head scales"
-                     if kind in LEARNED else "the weightless l2 norm has no weight to carry them")
-            raise ValueError(f"layer {i}'s head scales {row.tolist()} cannot be folded into a "
-                             f"stock form: its QK-norm undoes a scaled q_proj and {where}")
-        rest[i] = 1.0
-    return out, rest
-
-
-def fold_head_scales(hf_state: dict, scales: Tensor, num_heads: int, head_dim: int) -> dict:
-    """Multiply q_proj rows of head h of layer l by scales[l, h] (fp32 product, then stored in
-    the weight's dtype) and drop the `self_attn.head_scale` entries. q_proj.weight [h d, H]."""
-    drop = {HF_HEAD_SCALE.format(i=i) for i in range(len(scales))}
-    out = {k: v for k, v in hf_state.items() if k not in drop}
-    for i, row in enumerate(scales):
-        k = HF_Q_PROJ.format(i=i)
-        w = out[k]
-        hidden = w.shape[-1]
-        folded = w.float().view(num_heads, head_dim, hidden) * row.float().view(-1, 1, 1)
-        out[k] = folded.reshape(num_heads * head_dim, hidden).to(w.dtype).contiguous()
-    return out
 
 
 # ------------------------------------------------------------------ config
@@ -532,5 +385,5 @@ def provenance(config) -> Optional[dict]:
     return getattr(config, PROVENANCE, None)
 
 
-__all__ = ["STOCK_FORMS", "ROPE_PARAMETERS", "StockForm", "PROVENANCE", "refusal",
+__all__ = ["STOCK_FORMS", "ROPE_PARAMETERS", "StockForm", "PROVENANCE", "refusal", "stock_form",
            "fold_head_scales", "fold_into_qk_norm", "folded_scales", "stock_state", "build_stock_config", "provenance"]
