@@ -411,6 +411,11 @@ def set_position(model: nn.Module, position: Optional[str] = None, *,
     Unknown names raise ValueError (the config is left unchanged). A variant with learned state
     (KERPLE) keeps its per-layer parameters when the variant class is unchanged."""
     cfg = model.config
+    if "qk_norm" in options or "fraction" in (rope or {}):
+        # trained into the weights (a norm's learned w, which dims carry position): not an
+        # eval-time knob; the layers would otherwise keep the trained ones silently
+        raise ValueError("attention qk_norm and rope.fraction are part of how the model was "
+                         "trained; they cannot change at evaluation (export another checkpoint)")
     old = (cfg.position, cfg.rope, cfg.attention_options)
     cfg.position = cfg.position if position is None else position
     cfg.rope = {**cfg.rope, **(rope or {})}

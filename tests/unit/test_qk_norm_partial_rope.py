@@ -215,6 +215,7 @@ def megatron_and_hf(cfg, init_megatron):
 @pytest.mark.parametrize("name", list(CASES))
 def test_megatron_equals_the_hf_export(megatron_1rank, name):
     from lenext_dist.attention import document_ids
+    from lenext_dist.hf.modeling_lenext import set_position
     from lenext_dist.model.counts import parameter_counts
 
     cfg = case_cfg(**CASES[name])
@@ -244,6 +245,10 @@ def test_megatron_equals_the_hf_export(megatron_1rank, name):
         pre = hf(input_ids=x[:, :-3], use_cache=True)
         step = hf(input_ids=x[:, -3:], past_key_values=pre.past_key_values, use_cache=True)
         full = hf(input_ids=x, use_cache=False).logits
+        with pytest.raises(ValueError, match="cannot change at evaluation"):  # trained, not a knob
+            set_position(hf, qk_norm={"kind": "none"})
+        with pytest.raises(ValueError, match="cannot change at evaluation"):
+            set_position(hf, rope={"fraction": 1.0})
         torch.testing.assert_close(step.logits, full[:, -3:], atol=1e-4, rtol=1e-4)
         # the norm is the function: the same weights without it give other logits
         plain = dict(CASES[name], qk_norm=QKNormConfig())

@@ -81,7 +81,12 @@ def test_stock_equals_custom(exports, fresh_process, name):
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_verify_stock_against_megatron(exports, name):
+    """The stock folder against the megatron model of its checkpoint at 1x and 4x L."""
+    import torch
+
     assert verify(exports[name][1]) <= 1e-4
+    x = torch.randint(0, 4096, (2, 4 * L), generator=torch.Generator().manual_seed(5))
+    assert verify(exports[name][1], tokens=x) <= 1e-4
 
 
 def test_llama4_without_its_qk_norm_is_another_function(exports, tmp_path):
