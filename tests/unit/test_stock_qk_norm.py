@@ -141,3 +141,31 @@ def test_scales_a_qk_norm_undoes_are_refused(tmp_path, megatron_1rank, attn, wha
         export(ckpt, tmp_path / "out", fmt="stock")
     assert not (tmp_path / "out").exists()
     export(ckpt, tmp_path / "custom")  # the custom export carries them
+
+
+@pytest.mark.parametrize("name", ["llama4_qk_norm", "qwen3_rms"])
+def test_eval_time_scales_reach_a_qk_normed_stock_export(exports, name):
+    """`lenext eval --scale-c` re-folds scales into a stock export: on a QK-normed layer into
+    q_norm.weight (Qwen3) or the attention scaling (Llama 4's weightless norm), not into q_proj,
+    which the norm would undo; stock and custom then agree again, and restore_scales undoes it."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from lenext_dist.eval import adapter
+
+    _, stock_dir, custom_dir = exports[name]
+    stock = AutoModelForCausalLM.from_pretrained(stock_dir, dtype=torch.float32).eval()
+    custom = AutoModelForCausalLM.from_pretrained(custom_dir, trust_remote_code=True,
+                                                  dtype=torch.float32).eval()
+    x = torch.randint(0, 4096, (2, 2 * L), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        before = stock(input_ids=x).logits
+        with adapter.restore_scales(stock), adapter.restore_scales(custom):
+            for model in (stock, custom):
+                adapter.set_uniform_scale(model, 1.7)
+            torch.testing.assert_close(adapter.head_scales(stock), adapter.head_scales(custom))
+            a, b = stock(input_ids=x).logits, custom(input_ids=x).logits
+            assert (a - b).abs().max() <= 1e-4 and (a - before).abs().max() > 1e-2
+        torch.testing.assert_close(stock(input_ids=x).logits, before, atol=1e-5, rtol=1e-5)
+        with pytest.raises(ValueError, match="QK-norm or partial RoPE"):  # entropy: custom only
+            adapter.capture_qk(stock, x, lambda *args: None)
