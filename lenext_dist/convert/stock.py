@@ -200,7 +200,9 @@ def _llama4_config(cfg, common: dict):
         **common, head_dim=m.head_dim, intermediate_size_mlp=m.ffn_hidden_size, moe_layers=[],
         use_qk_norm=a.qk_norm.kind == "l2",
         no_rope_layers=[int(x == "rope") for x in cfg.layer_positions],
-        attention_chunk_size=a.chunked,
+        # no chunked layer (QK-norm alone claims Llama 4): transformers builds the chunked mask
+        # anyway and needs a size; its default stays, unused (every layer full_attention)
+        **({} if a.chunked is None else {"attention_chunk_size": a.chunked}),
         layer_types=["full_attention" if c is None else "chunked_attention" for c in cfg.layer_chunks],
         attn_temperature_tuning=t.kind == "llama4", floor_scale=int(floor_scale),
         attn_scale=attn_scale,

@@ -23,6 +23,8 @@ CASES = {
     "llama4_qk_norm": dict(position="rope", layers=4, layout=LayoutConfig(kind="irope", every=2),
                            chunked=6, temperature=LLAMA4_T,
                            qk_norm=QKNormConfig(kind="l2", layers="rope")),
+    # every layer RoPE under the weightless norm, no chunks: Llama 4's attention alone
+    "llama4_l2_every_layer": dict(position="rope", groups=None, qk_norm=QKNormConfig(kind="l2")),
     # Qwen3: RMSNorm on q and k of every layer, a uniform c folded into q_norm.weight, PI
     "qwen3_rms": dict(position="rope", scale_c=1.3, rope=RopeConfig(scaling="pi", factor=2.0),
                       qk_norm=QKNormConfig(kind="rms")),
@@ -31,8 +33,8 @@ CASES = {
     "glm_partial": dict(position="rope", rope=RopeConfig(fraction=0.5, scaling="yarn", factor=4.0),
                         learned=True, tie=True),
 }
-EXPECTED = {"llama4_qk_norm": "Llama4ForCausalLM", "qwen3_rms": "Qwen3ForCausalLM",
-            "glm_partial": "GlmForCausalLM"}
+EXPECTED = {"llama4_qk_norm": "Llama4ForCausalLM", "llama4_l2_every_layer": "Llama4ForCausalLM",
+            "qwen3_rms": "Qwen3ForCausalLM", "glm_partial": "GlmForCausalLM"}
 
 
 @pytest.fixture(scope="module")
