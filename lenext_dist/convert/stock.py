@@ -50,7 +50,7 @@ from lenext_dist.attention.temperature import llama4_options
 
 from .stock_rope import ROPE_PARAMETERS, with_scaling
 from .stock_weights import (fold_head_scales, fold_into_qk_norm, folded_scales, glm_weights,
-                            llama4_weights)
+                            meta_pairs as _meta_pairs)
 
 STOCK_FORMAT = 1
 PROVENANCE = "lenext_provenance"
@@ -209,6 +209,19 @@ def _llama4_config(cfg, common: dict):
         rope_parameters=params)
 
 
+def _llama4_weights(state: dict, cfg) -> dict:
+    """Llama 4's names (`feed_forward` for `mlp`) and pair layout on its RoPE layers."""
+    m = cfg.model
+    out = {k.replace(".mlp.", ".feed_forward."): v for k, v in state.items()}
+    for i, x in enumerate(cfg.layer_positions):
+        if x != "rope":
+            continue
+        for proj, heads in (("q_proj", m.num_attention_heads), ("k_proj", m.kv_heads)):
+            k = f"model.layers.{i}.self_attn.{proj}.weight"
+            out[k] = _meta_pairs(out[k], heads, m.head_dim)
+    return out
+
+
 def _qwen3_claims(cfg) -> bool:
     return cfg.attention.qk_norm.kind == "rms"
 
@@ -260,7 +273,7 @@ def _glm_config(cfg, common: dict):
 
 
 _LLAMA4 = StockForm("Llama4ForCausalLM", _llama4_config, _llama4_refuse, claims=_llama4_claims,
-                    weights=llama4_weights, temperatures=("none", "uniform", "llama4"))
+                    weights=_llama4_weights, temperatures=("none", "uniform", "llama4"))
 
 _SMOLLM3 = StockForm("SmolLM3ForCausalLM", _smollm3_config, _plain("SmolLM3ForCausalLM", _rope_refuse))
 _QWEN3 = StockForm("Qwen3ForCausalLM", _qwen3_config, _qwen3_refuse, claims=_qwen3_claims)

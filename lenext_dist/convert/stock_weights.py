@@ -81,19 +81,6 @@ def meta_pairs(w: Tensor, heads: int, head_dim: int) -> Tensor:
     return w.view(heads, head_dim, -1)[:, perm].reshape(w.shape).contiguous()
 
 
-def llama4_weights(state: dict, cfg) -> dict:
-    """Llama 4's names (`feed_forward` for `mlp`) and pair layout on its RoPE layers."""
-    m = cfg.model
-    out = {k.replace(".mlp.", ".feed_forward."): v for k, v in state.items()}
-    for i, x in enumerate(cfg.layer_positions):
-        if x != "rope":
-            continue
-        for proj, heads in (("q_proj", m.num_attention_heads), ("k_proj", m.kv_heads)):
-            k = f"model.layers.{i}.self_attn.{proj}.weight"
-            out[k] = meta_pairs(out[k], heads, m.head_dim)
-    return out
-
-
 def interleave_pairs(w: Tensor, heads: int, head_dim: int, rotary: int) -> Tensor:
     """Rows of q/k_proj [heads d, H] from our rotate-half pairs (i, i + r/2) of the first r dims
     to interleaved pairs (2i, 2i + 1) (GLM's and Meta's layout): new row 2i = old i, new 2i + 1 =
