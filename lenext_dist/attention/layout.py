@@ -22,9 +22,11 @@ the model code only ever sees a list of variants.
 
 A layout function returns (name, local) per layer; attention.window and attention.chunked apply to
 the local layers (every layer, except the global ones of local_global and irope). Everything else
-of `attention` applies to every layer (rope settings: RoPE layers rotate with attention.rope and
-its PI/NTK/YaRN scaling, NoPE layers ignore it), except attention.temperature, whose `layers`
-picks the layers it scales (temperature.py; by default the NoPE ones).
+of `attention` applies to every layer (rope settings: RoPE layers rotate with attention.rope, its
+PI/NTK/YaRN scaling and its rotary fraction, NoPE layers ignore it), except
+attention.temperature, whose `layers` picks the layers it scales (temperature.py; by default the
+NoPE ones), and attention.qk_norm, whose `layers` picks the layers it normalizes (qknorm.py: all,
+or the RoPE ones as Llama 4).
 
 `layer_variants(attn_cfg, num_layers=, head_dim=, train_length=, num_heads=)` builds the list:
 one variant object per distinct (name, window, chunked), shared by the layers that run it (a RoPE cos/sin
@@ -188,13 +190,17 @@ def describe(names: list[str]) -> str:
     return ", ".join(out)
 
 
-def refusal(specs: list[Spec], scaling: str = "none") -> Optional[str]:
-    """Why these layers (`layer_specs`) cannot run with attention.rope.scaling `scaling`, or
-    None."""
+def refusal(specs: list[Spec], scaling: str = "none", fraction: float = 1.0) -> Optional[str]:
+    """Why these layers (`layer_specs`) cannot run with attention.rope.scaling `scaling` and
+    attention.rope.fraction `fraction`, or None."""
     names = [x for x, *_ in specs]
-    if scaling != "none" and not any(POSITIONS[x].rope_scalings for x in names):
+    rotary = any(POSITIONS[x].rope_scalings for x in names)
+    if scaling != "none" and not rotary:
         return (f"attention.rope.scaling {scaling!r} scales a RoPE rotation; no layer "
                 f"({describe(names)}) has one (use rope.scaling 'none')")
+    if fraction != 1.0 and not rotary:
+        return (f"attention.rope.fraction {fraction} rotates part of each head with RoPE; no layer "
+                f"({describe(names)}) runs RoPE (use rope.fraction 1.0)")
     learned = sorted({x for x in names if POSITIONS[x].learned})
     if learned and len(set(specs)) > 1:
         return (f"attention.layout: learned variants {learned} in a non-uniform layout are not "
@@ -203,11 +209,19 @@ def refusal(specs: list[Spec], scaling: str = "none") -> Optional[str]:
 
 
 def summary(attn_cfg, num_layers: int) -> str:
-    """'' for a uniform layout, else ' (layout nope_every: rope, nope, rope, nope)' (log lines)."""
+    """' (layout nope_every: rope, nope, rope, nope)' ('' for a uniform layout), then QK-norm and
+    a partial rotation when set: ', qk_norm l2 on rope layers, rope fraction 0.25' (log lines)."""
     kind = layout_kind(attn_cfg)
-    if kind == "uniform":
-        return ""
-    return f" (layout {kind}: {describe(labels(layer_specs(attn_cfg, num_layers)))})"
+    out = "" if kind == "uniform" else \
+        f" (layout {kind}: {describe(labels(layer_specs(attn_cfg, num_layers)))})"
+    qk_kind = cfg_get(attn_cfg, "qk_norm", "kind", default="none")  # qknorm.py's section
+    eps = cfg_get(attn_cfg, "qk_norm", "eps")
+    qk = "" if qk_kind == "none" else (
+        f"qk_norm {qk_kind}{'' if eps is None else f' (eps {eps:g})'} on "
+        f"{cfg_get(attn_cfg, 'qk_norm', 'layers', default='all')} layers")
+    fraction = float(cfg_get(attn_cfg, "rope", "fraction", default=1.0))
+    extra = [x for x in (qk, f"rope fraction {fraction:g}" if fraction != 1.0 else "") if x]
+    return out + "".join(f", {x}" for x in extra)
 
 
 class _LayerView:
@@ -235,7 +249,8 @@ def layer_variants(attn_cfg, *, num_layers: int, head_dim: int, train_length: in
         v = build_position(attn_cfg, head_dim=head_dim, train_length=train_length,
                            num_heads=num_heads)
         return [v] * num_layers
-    why = refusal(specs, cfg_get(attn_cfg, "rope", "scaling", default="none"))
+    why = refusal(specs, cfg_get(attn_cfg, "rope", "scaling", default="none"),
+                  float(cfg_get(attn_cfg, "rope", "fraction", default=1.0)))
     if why:
         raise ValueError(why)
     rope = getattr(attn_cfg, "rope", None)

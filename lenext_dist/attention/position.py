@@ -57,7 +57,7 @@ class PositionVariant(nn.Module):
 
     name: str = "base"
     needs_num_heads: bool = False  # from_config needs num_heads (a per-head bias or parameter)
-    rope_scalings: bool = False  # honours rope.scaling (PI/NTK/YaRN); others refuse it, not ignore it
+    rope_scalings: bool = False  # honours rope.scaling (PI/NTK/YaRN) and rope.fraction; others refuse them
     learned: bool = False  # has trained parameters (one set per layer, `for_layer`)
 
     def __init__(self):

@@ -47,6 +47,10 @@ def build_position(attn_cfg, *, head_dim: int, train_length: int,
         # e.g. --rope-scaling yarn on a NoPE export: the numbers would be the unscaled model's
         raise ValueError(f"rope.scaling={scaling!r} scales a RoPE rotation; position "
                          f"{attn_cfg.position!r} has none to scale (use rope.scaling 'none')")
+    fraction = float(cfg_get(attn_cfg, "rope", "fraction", default=1.0))
+    if fraction != 1.0 and not cls.rope_scalings:
+        raise ValueError(f"rope.fraction={fraction} rotates part of each head with RoPE; position "
+                         f"{attn_cfg.position!r} has no RoPE rotation (use rope.fraction 1.0)")
     variant = cls.from_config(attn_cfg, head_dim=head_dim, train_length=train_length,
                               num_heads=num_heads)
     return variant.configure(attn_cfg, train_length=train_length)

@@ -18,6 +18,13 @@ with cos/sin of width d (the d/2 angles repeated twice). Scalings (s = attention
          Same formulas and defaults as transformers' `_compute_yarn_parameters` (truncate=True),
          with original_max_position_embeddings = the training length L.
 
+Partial RoPE (`attention.rope.fraction` f, megatron's rotary_percent, transformers'
+partial_rotary_factor): only the first r = int(f d) dims of each head rotate, as above with d
+replaced by r (theta_i = base^(-2i/r), pairs (i, i + r/2), i < r/2); dims r..d-1 pass unchanged
+(GPT-NeoX / megatron `apply_rotary_pos_emb_bshd`: t[..., :rot_dim] rotated, t[..., rot_dim:]
+concatenated back). The scalings below then see r as their dim (as transformers' rope functions
+do: dim = int(head_dim * partial_rotary_factor)).
+
 Scalings are entries of `SCALINGS` (name -> function returning (inv_freq [d/2] fp32, mscale)).
 cos/sin are computed in fp32 and cast to the input dtype before the multiply (as HF Llama does).
 """
@@ -29,7 +36,7 @@ from typing import Callable, Optional, Union
 import torch
 from torch import Tensor
 
-from .position import PositionVariant
+from .position import PositionVariant, cfg_get
 
 
 def _base_inv_freq(dim: int, base: float) -> Tensor:
@@ -87,6 +94,25 @@ def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return x * cos + rotate_half(x) * sin
 
 
+def apply_partial_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """x [b, h, s, d]; cos, sin [s, r] (r < d) -> x with its first r dims rotated, the rest as is."""
+    r = cos.shape[-1]
+    return torch.cat((apply_rotary(x[..., :r], cos, sin), x[..., r:]), dim=-1)
+
+
+def rotary_dims(head_dim: int, fraction: float = 1.0) -> int:
+    """r = int(fraction * head_dim), the dims a (partial) RoPE rotates (transformers'
+    `int(head_dim * partial_rotary_factor)`); ValueError naming attention.rope.fraction unless r is
+    even and >= 2."""
+    if not 0.0 < fraction <= 1.0:
+        raise ValueError(f"attention.rope.fraction must be in (0, 1], got {fraction}")
+    r = int(head_dim * fraction)
+    if r < 2 or r % 2:
+        raise ValueError(f"attention.rope.fraction {fraction} of head dim {head_dim} rotates {r} "
+                         "dims; RoPE rotates pairs: pick a fraction giving an even count >= 2")
+    return r
+
+
 class RoPE(PositionVariant):
     """RoPE on q and k inside core attention (megatron's own RotaryEmbedding stays off)."""
 
@@ -94,30 +120,32 @@ class RoPE(PositionVariant):
     rope_scalings = True
 
     def __init__(self, head_dim: int, base: float = 10000.0, scaling: str = "none",
-                 factor: float = 1.0, train_length: int = 2048):
+                 factor: float = 1.0, train_length: int = 2048, fraction: float = 1.0):
         super().__init__()
-        if head_dim % 2:
-            raise ValueError(f"RoPE needs an even head dim, got {head_dim}")
+        rotary_dim = rotary_dims(head_dim, fraction)
         if scaling not in SCALINGS:
             raise ValueError(f"unknown rope scaling {scaling!r}; known: {sorted(SCALINGS)}")
         self.head_dim, self.base, self.scaling, self.factor = head_dim, base, scaling, factor
+        self.fraction, self.rotary_dim = fraction, rotary_dim
         self.train_length = train_length
-        inv_freq, self.mscale = SCALINGS[scaling](head_dim, base, factor, train_length)
-        self.inv_freq = inv_freq  # [d/2] fp32, on CPU; moved lazily with the cos/sin cache
-        self._cache: tuple | None = None  # (key, cos [s, d], sin [s, d])
+        inv_freq, self.mscale = SCALINGS[scaling](rotary_dim, base, factor, train_length)
+        self.inv_freq = inv_freq  # [r/2] fp32, on CPU; moved lazily with the cos/sin cache
+        self._cache: tuple | None = None  # (key, cos [s, r], sin [s, r])
 
     @classmethod
     def from_config(cls, attn_cfg, *, head_dim: int, train_length: int,
                     num_heads: Optional[int] = None) -> "RoPE":
         r = attn_cfg.rope
         return cls(head_dim, base=r.base, scaling=r.scaling, factor=r.factor,
-                   train_length=train_length)
+                   train_length=train_length,
+                   fraction=float(cfg_get(attn_cfg, "rope", "fraction", default=1.0)))
 
     def cos_sin(self, positions: Union[Tensor, int], length: int, device: torch.device,
                 dtype: torch.dtype) -> tuple[Tensor, Tensor]:
-        """(cos, sin), each [length, d] in `dtype` on `device`, for `positions`: a tensor [length]
-        (any values, fractional allowed) or an int start (positions start..start+length-1);
-        positions [b, length] (inside packed documents) give [b, 1, length, d].
+        """(cos, sin), each [length, r] in `dtype` on `device` (r = rotary_dim: d unless partial),
+        for `positions`: a tensor [length] (any values, fractional allowed) or an int start
+        (positions start..start+length-1); positions [b, length] (inside packed documents) give
+        [b, 1, length, r].
 
         The int form is cached for the last (start, length, device, dtype): every layer of a
         forward pass asks for the same range, so the [s, d/2] fp32 outer product is paid once per
@@ -130,10 +158,10 @@ class RoPE(PositionVariant):
             pos = torch.arange(positions, positions + length, device=device)
         else:
             key, pos = None, positions.to(device)
-        angles = pos.to(torch.float32)[..., None] * self.inv_freq.to(device)  # [(b,) s, d/2]
-        emb = torch.cat((angles, angles), dim=-1)  # [(b,) s, d] fp32
+        angles = pos.to(torch.float32)[..., None] * self.inv_freq.to(device)  # [(b,) s, r/2]
+        emb = torch.cat((angles, angles), dim=-1)  # [(b,) s, r] fp32
         if emb.dim() == 3:
-            emb = emb.unsqueeze(1)  # [b, 1, s, d]: broadcast over heads
+            emb = emb.unsqueeze(1)  # [b, 1, s, r]: broadcast over heads
         cos = (emb.cos() * self.mscale).to(dtype)
         sin = (emb.sin() * self.mscale).to(dtype)
         if key is not None:
@@ -142,8 +170,12 @@ class RoPE(PositionVariant):
 
     def rotate(self, q: Tensor, k: Tensor, positions: Union[Tensor, int]) -> tuple[Tensor, Tensor]:
         cos, sin = self.cos_sin(positions, q.shape[2], q.device, q.dtype)
-        return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        if self.rotary_dim == self.head_dim:
+            return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        return apply_partial_rotary(q, cos, sin), apply_partial_rotary(k, cos, sin)
 
     def extra_repr(self) -> str:
+        partial = "" if self.fraction == 1.0 else f", fraction={self.fraction} ({self.rotary_dim} dims)"
         return (f"{super().extra_repr()}, head_dim={self.head_dim}, base={self.base}, "
-                f"scaling={self.scaling}, factor={self.factor}, train_length={self.train_length}")
+                f"scaling={self.scaling}, factor={self.factor}, train_length={self.train_length}"
+                + partial)

@@ -1,5 +1,5 @@
 """Typed run configuration: dataclasses (schema), strict YAML loading, the DeepSpeed JSON."""
-from .attention import (AttentionConfig, HeadScaleConfig, KerpleConfig, LayoutConfig, RopeConfig,
+from .attention import (AttentionConfig, HeadScaleConfig, KerpleConfig, LayoutConfig, QKNormConfig, RopeConfig,
                         SandwichConfig, TemperatureConfig, XposConfig)
 from .checks import ConfigError
 from .schema import (BlendItem, CheckpointConfig, DataConfig, LoggingConfig, ModelConfig, OptimConfig,
@@ -11,6 +11,6 @@ from .deepspeed import deepspeed_config
 __all__ = [
     "AttentionConfig", "BlendItem", "CheckpointConfig", "ConfigError", "DataConfig", "HeadScaleConfig",
     "KerpleConfig", "LayoutConfig", "LoggingConfig", "ModelConfig", "OptimConfig", "ParallelConfig", "RopeConfig",
-    "RunConfig", "SandwichConfig", "TemperatureConfig", "TrainConfig", "XposConfig", "load_config", "save_config",
-    "split_cli_overrides", "to_dict", "deepspeed_config",
+    "QKNormConfig", "RunConfig", "SandwichConfig", "TemperatureConfig", "TrainConfig", "XposConfig", "load_config",
+    "save_config", "split_cli_overrides", "to_dict", "deepspeed_config",
 ]

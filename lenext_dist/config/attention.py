@@ -20,10 +20,37 @@ class RopeConfig:
     """Length extension applied at evaluation time (PI / NTK-aware / YaRN)."""
     factor: float = 1.0
     """Extension factor s = target length / training length, for `scaling`."""
+    fraction: float = 1.0
+    """Partial RoPE: the fraction of each head's dims that rotate (megatron's rotary_percent,
+    transformers' partial_rotary_factor): the first int(fraction * head_dim) dims (an even count),
+    the others pass unrotated; 1.0 = every dim."""
 
     def __post_init__(self):
         _check(self.base > 1.0, "attention.rope.base", "must be > 1")
         _check(self.factor >= 1.0, "attention.rope.factor", "must be >= 1")
+        _check(0.0 < self.fraction <= 1.0, "attention.rope.fraction", "must be in (0, 1]")
+
+
+@dataclass
+class QKNormConfig:
+    """QK-norm: each head's q and k normalized over the head dim before the rotation, the
+    temperature and the head scale (lenext_dist/attention/qknorm.py)."""
+
+    kind: Literal["none", "rms", "l2"] = "none"
+    """`rms` (RMSNorm with a learned weight [head_dim] on q and one on k, per layer: Qwen3's
+    q_norm/k_norm) or `l2` (Llama 4's weightless x / rms(x)); `none` = off."""
+    layers: Literal["all", "rope"] = "all"
+    """The layers it normalizes: `all`, or `rope` (the layers running RoPE only, as Llama 4)."""
+    eps: Optional[float] = None
+    """Epsilon inside the rsqrt; null = model.norm_epsilon (transformers' rms_norm_eps)."""
+
+    def __post_init__(self):
+        from lenext_dist.attention import qknorm  # late, as in AttentionConfig
+
+        try:
+            qknorm.check(self)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
 
 
 @dataclass
@@ -197,6 +224,9 @@ class AttentionConfig:
     temperature: TemperatureConfig = field(default_factory=TemperatureConfig)
     """A per-position temperature schedule (uniform c, log fit, Llama 4, Qwen log-n, SSMax) on the
     NoPE layers (or all)."""
+    qk_norm: QKNormConfig = field(default_factory=QKNormConfig)
+    """QK-norm (RMSNorm or Llama 4's weightless norm of q and k per head) on every layer or the
+    RoPE layers."""
     impl: Literal["auto", "chunked", "flex", "sdpa_mask", "eager"] = "auto"
     """Kernel for variants with a bias or a window/block mask; auto = FlexAttention on CUDA and for
     long (>= 1024) evaluation passes on CPU, else chunked SDPA (see benchmarks/bench_attention_paths.py)."""
@@ -219,6 +249,9 @@ class AttentionConfig:
             _check(self.rope.scaling == "none" or registry.POSITIONS[self.position].rope_scalings,
                    "attention.rope.scaling", f"{self.rope.scaling!r} scales a RoPE rotation; "
                    f"position {self.position!r} has none")
+            _check(self.rope.fraction == 1.0 or registry.POSITIONS[self.position].rope_scalings,
+                   "attention.rope.fraction", f"{self.rope.fraction} rotates part of each head "
+                   f"with RoPE; position {self.position!r} has no RoPE rotation")
         if self.window is not None:
             _check(self.window >= 1, "attention.window", "must be >= 1 (or null)")
         if self.chunked is not None:

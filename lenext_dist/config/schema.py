@@ -341,9 +341,16 @@ class RunConfig:
             specs = layout.layer_specs(a, self.model.num_layers)
         except ValueError as e:
             raise ConfigError(str(e)) from None
-        why = layout.refusal(specs, a.rope.scaling)
+        why = layout.refusal(specs, a.rope.scaling, a.rope.fraction)
         if why:
             raise ConfigError(why)
+        if a.rope.fraction != 1.0:
+            from lenext_dist.attention.rope import rotary_dims
+
+            try:
+                rotary_dims(self.model.head_dim, a.rope.fraction)
+            except ValueError as e:
+                raise ConfigError(str(e)) from None
 
     @property
     def layer_positions(self) -> list[str]:

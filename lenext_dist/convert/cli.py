@@ -16,7 +16,9 @@ DESCRIPTION = (
     "--format custom (default) ships the project's modeling code: every position "
     "variant; load it with\ntrust_remote_code=True. --format stock writes a standard "
     "transformers model that needs no remote\ncode (NoPE -> SmolLM3ForCausalLM, "
-    "RoPE -> LlamaForCausalLM or MistralForCausalLM); other variants\nare refused. "
+    "RoPE -> LlamaForCausalLM or MistralForCausalLM, iRoPE and\nLlama 4's QK-norm -> "
+    "Llama4ForCausalLM, RMS QK-norm -> Qwen3ForCausalLM, partial RoPE ->\nGlmForCausalLM); "
+    "other variants are refused. "
     "--verify reloads the export and compares its logits with the checkpoint's.")
 
 
@@ -42,7 +44,8 @@ def build_parser(p: Optional[argparse.ArgumentParser] = None) -> argparse.Argume
     p.add_argument("--format", default="custom", choices=["custom", "stock"],
                    help="custom: model_type lenext + our modeling code (default, every variant); "
                         "stock: a transformers architecture without remote code, scales folded "
-                        "into q_proj (NoPE[+window] -> SmolLM3, RoPE[+PI/NTK/YaRN] -> Llama)")
+                        "into q_proj (NoPE[+window] -> SmolLM3, RoPE[+PI/NTK/YaRN] -> Llama, "
+                        "iRoPE / l2 QK-norm -> Llama 4, rms QK-norm -> Qwen3, partial RoPE -> GLM)")
     g = p.add_mutually_exclusive_group()
     g.add_argument("--scale-c", type=float,
                    help="export a uniform softmax scale c for every head (lambda = c/sqrt(d))")

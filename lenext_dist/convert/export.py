@@ -47,8 +47,8 @@ from .tokenizer_json import write_stock_tokenizer
 from lenext_dist.attention.names import HEAD_SCALE_KEY
 from lenext_dist.dtypes import TORCH_NAMES, canonical, torch_dtype
 
-from .keymap import (HF_HEAD_SCALE, IGNORED, MEGATRON_HEAD_SCALE, Shape, expected_shapes,
-                     megatron_to_hf)
+from .keymap import (HF_HEAD_SCALE, IGNORED, MEGATRON_HEAD_SCALE, MEGATRON_QK_NORM, Shape,
+                     expected_shapes, megatron_to_hf)
 from .outdir import OutputError, _inside, check_out, staged
 
 HF_DIR = Path(__file__).resolve().parents[1] / "hf"
@@ -93,6 +93,17 @@ def head_scales_from(path: Union[str, Path], num_layers: int, num_heads: int) ->
 _LAYER = re.compile(r"^decoder\.layers\.(\d+)\.")
 
 
+def qk_norm_keys(cfg, state: dict) -> list[str]:
+    """The learned QK-norm weights the run's config gives its layers (attention.qk_norm `rms`)
+    that `state` lacks (a norm left at its init would be exported silently otherwise)."""
+    from lenext_dist.attention.qknorm import LEARNED, layer_kinds
+
+    kinds = layer_kinds(cfg.attention, cfg.model.num_layers)
+    want = [MEGATRON_QK_NORM.format(i=i, qk=qk) for i, kind in enumerate(kinds) if kind in LEARNED
+            for qk in "qk"]
+    return [k for k in want if k not in state]
+
+
 def check_weights(state: dict, cfg, step_dir: Path) -> None:
     """Every tensor against the shape the step's config.yaml gives it, before anything is
     written: a disagreement (a hand-edited or copied config.yaml) would export a folder that
@@ -112,6 +123,7 @@ def check_weights(state: dict, cfg, step_dir: Path) -> None:
     else:
         optional = MEGATRON_HEAD_SCALE.split("{i}")[1]
         missing = [k for k in want if k not in state and not k.endswith(optional)]
+        missing += qk_norm_keys(cfg, state)
         if missing:
             problem = f"the weights lack {missing[0]}" + (f" (and {len(missing) - 1} more)"
                                                           if len(missing) > 1 else "")
@@ -336,7 +348,10 @@ def _stock_payload(out: Path, cfg, hf_state: dict, scales: Tensor, tok_path: Opt
     """A stock transformers architecture (stock.STOCK_FORMS): scales folded into q_proj (in
     fp32, before the cast), no code files, tokenizer.json when it reproduces SentencePiece."""
     m = cfg.model
-    folded = stock.stock_state(cfg, hf_state, scales)
+    try:
+        folded = stock.stock_state(cfg, hf_state, scales)
+    except ValueError as e:  # a scale a QK-normed layer cannot carry
+        raise ExportError(f"no stock export: {e}; export it with --format custom") from None
     tensors = {k: v.to(torch_dtype(dtype)).contiguous() for k, v in folded.items()}
     tok, note = (write_stock_tokenizer(out, tok_path, bos=cfg.data.bos) if tok_path
                  else (None, "no tokenizer shipped"))

@@ -10,6 +10,8 @@ Layouts (DESIGN.md section 8, checked by tests against real megatron modules):
   otherwise the uniform scale is config (attention.scale_c) and the exporter fills it.
 - `core_attention.position.<name>`: learned state of a position variant (KERPLE's r1, r2), one
   set per layer, same relative name on both sides (`self_attn.position.<name>`).
+- `core_attention.{q,k}_norm.weight` [d]: QK-norm's learned weights (attention.qk_norm `rms`), on
+  the layers it normalizes; `self_attn.{q,k}_norm.weight` on the HF side.
 - `output_layer.weight` is absent with tied embeddings (lm_head is then tied in HF too).
 - `*._extra_state` entries (Transformer Engine metadata; None in the local spec) are dropped.
 """
@@ -98,6 +100,11 @@ HF_HEAD_SCALE = "model.layers.{i}.self_attn." + HEAD_SCALE
 MEGATRON_HEAD_SCALE = "decoder.layers.{i}.self_attention." + HEAD_SCALE_KEY
 """The training checkpoint's learned per-head multipliers [h] (absent for a uniform scale)."""
 
+MEGATRON_QK_NORM = "decoder.layers.{i}.self_attention.core_attention.{qk}_norm.weight"
+"""QK-norm's learned weight [head_dim] of q (qk = q) or k (qk = k), rms kind only."""
+HF_QK_NORM = "model.layers.{i}.self_attn.{qk}_norm.weight"
+"""The same on the HF side (Qwen3's names: the stock Qwen3 export keeps them)."""
+
 KEYMAP: tuple[Rule, ...] = (
     Rule("embedding.word_embeddings.weight", ("model.embed_tokens.weight",)),
     Rule("decoder.layers.{i}.input_layernorm.weight", ("model.layers.{i}.input_layernorm.weight",)),
@@ -109,6 +116,10 @@ KEYMAP: tuple[Rule, ...] = (
     Rule(MEGATRON_HEAD_SCALE, (HF_HEAD_SCALE,), optional=True),
     Rule("decoder.layers.{i}.self_attention.core_attention.position.{name}",
          ("model.layers.{i}.self_attn.position.{name}",), optional=True),
+    Rule(MEGATRON_QK_NORM.format(i="{i}", qk="q"), (HF_QK_NORM.format(i="{i}", qk="q"),),
+         optional=True),
+    Rule(MEGATRON_QK_NORM.format(i="{i}", qk="k"), (HF_QK_NORM.format(i="{i}", qk="k"),),
+         optional=True),
     Rule("decoder.layers.{i}.pre_mlp_layernorm.weight",
          ("model.layers.{i}.post_attention_layernorm.weight",)),
     Rule("decoder.layers.{i}.mlp.linear_fc1.weight",
@@ -233,5 +244,5 @@ def hf_to_megatron(state: dict, s: Shape) -> dict[str, Tensor]:
 
 
 __all__ = ["Shape", "Rule", "KEYMAP", "SHAPES", "expected_shapes", "HF_Q_PROJ", "HF_HEAD_SCALE",
-           "MEGATRON_HEAD_SCALE", "megatron_to_hf", "hf_to_megatron", "split_qkv",
+           "MEGATRON_HEAD_SCALE", "MEGATRON_QK_NORM", "HF_QK_NORM", "megatron_to_hf", "hf_to_megatron", "split_qkv",
            "merge_qkv", "split_gate_up", "merge_gate_up"]

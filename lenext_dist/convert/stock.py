@@ -19,17 +19,19 @@ the same function (DESIGN.md section 10):
     layers, global NoPE layers scaled by its temperature) -> Llama4ForCausalLM (text model, dense
                     MLPs: `moe_layers` [], `intermediate_size_mlp`; `no_rope_layers`,
                     `attention_chunk_size` C on exactly the RoPE layers, `attn_temperature_tuning`
-                    with floor_scale and attn_scale; q/k rows permuted to Meta's RoPE pair layout)
+                    with floor_scale and attn_scale; q/k rows permuted to Meta's RoPE pair layout);
+                    also for Llama 4's weightless QK-norm on exactly the RoPE layers (`use_qk_norm`)
+    {rope} with attention.qk_norm `rms` on every layer -> Qwen3ForCausalLM (q_norm / k_norm)
+    {rope} with attention.rope.fraction < 1 -> GlmForCausalLM (partial_rotary_factor, its
+                    interleaved pairs, fused gate_up_proj)
 
 Every other set (ALiBi, KERPLE, Sandwich, XPOS in any layer, and any variant added later) has
 no entry and is refused by `refusal()`, as are the options no stock form expresses (temperature
 schedules other than a foldable uniform c and Llama 4's own, any other non-default attention
 field).
 
-Scales: a uniform c or HeadScale's m_h multiplies head h's logits m_h / sqrt(d) q.k; with
-q = W_q x that is q' = (m_h W_q[h]) x, so the scales fold into q_proj's rows of head h
-(`fold_head_scales`). RoPE rotations are linear, so the fold commutes with them. A `uniform`
-temperature c folds the same way into the layers it scales (`folded_scales`).
+Scales fold into q_proj (or q_norm.weight on QK-normed layers), and each form's weight layout is
+applied, in stock_weights.py; RoPE settings map to transformers' rope_parameters in stock_rope.py.
 
 The config records what was folded in under `lenext_provenance` (a field every stock loader
 ignores): the variant, the layout and each layer's variant, rope settings, window, c, the per-head
@@ -43,46 +45,16 @@ from typing import Callable, Optional
 
 from torch import Tensor
 
-from lenext_dist.attention.temperature import applies, llama4_options
+from lenext_dist.attention.qknorm import layer_kinds
+from lenext_dist.attention.temperature import llama4_options
 
-from .keymap import HF_HEAD_SCALE, HF_Q_PROJ
+from .stock_rope import ROPE_PARAMETERS, with_scaling
+from .stock_weights import (fold_head_scales, fold_into_qk_norm, folded_scales, glm_weights,
+                            meta_pairs as _meta_pairs)
 
 STOCK_FORMAT = 1
 PROVENANCE = "lenext_provenance"
 """The config.json field of a stock export that records what was folded in (one home)."""
-
-# ------------------------------------------------------------------ RoPE scalings -> HF
-
-
-def _rope_none(r, head_dim: int, train_length: int) -> dict:
-    return {"rope_type": "default", "rope_theta": float(r.base)}
-
-
-def _rope_pi(r, head_dim: int, train_length: int) -> dict:
-    # HF "linear": inv_freq / factor, our PI: base_inv_freq / factor (same expression)
-    return {"rope_type": "linear", "rope_theta": float(r.base), "factor": float(r.factor)}
-
-
-def _rope_ntk(r, head_dim: int, train_length: int) -> dict:
-    # static NTK-aware = plain RoPE with base * s^(d/(d-2)); HF's "dynamic" is another method
-    # (base recomputed from the running sequence length), so the base is folded instead
-    d = head_dim
-    return {"rope_type": "default", "rope_theta": float(r.base * r.factor ** (d / (d - 2)))}
-
-
-def _rope_yarn(r, head_dim: int, train_length: int) -> dict:
-    # transformers' _compute_yarn_parameters with our defaults (beta 32/1, truncate, mscale
-    # 0.1 ln s + 1 on cos and sin) and original length = the training length L
-    return {"rope_type": "yarn", "rope_theta": float(r.base), "factor": float(r.factor),
-            "original_max_position_embeddings": int(train_length), "beta_fast": 32.0,
-            "beta_slow": 1.0, "truncate": True}
-
-
-ROPE_PARAMETERS: dict[str, Callable[..., dict]] = {
-    "none": _rope_none, "pi": _rope_pi, "ntk": _rope_ntk, "yarn": _rope_yarn}
-"""attention.rope.scaling (a name of lenext_dist.attention.rope.SCALINGS) -> transformers 5.23
-`rope_parameters` giving the same inv_freq and cos/sin multiplier (tested against HF's own
-functions); a scaling missing here is refused for stock."""
 
 # ------------------------------------------------------------------ the forms
 
@@ -104,16 +76,6 @@ class StockForm:
     """attention.temperature kinds it expresses (uniform: folded into q_proj)."""
 
 
-def _with_scaling(cfg, common: dict) -> tuple[dict, dict]:
-    """(rope_parameters of attention.rope, common kwargs with the extended length when scaled)."""
-    a, m = cfg.attention, cfg.model
-    r = a.rope
-    params = ROPE_PARAMETERS[r.scaling](r, m.head_dim, m.train_length)
-    if r.scaling != "none":  # the extended length, informational (factor is given explicitly)
-        common = {**common, "max_position_embeddings": int(m.train_length * r.factor)}
-    return params, common
-
-
 def _smollm3_config(cfg, common: dict):
     """SmolLM3ForCausalLM: `no_rope_layers[i]` 1 = RoPE layer, 0 = NoPE layer (modeling_smollm3:
     `self.use_rope`); the window W as `use_sliding_window` + `sliding_window` W with explicit
@@ -122,7 +84,7 @@ def _smollm3_config(cfg, common: dict):
     from transformers import SmolLM3Config
 
     a = cfg.attention
-    params, common = _with_scaling(cfg, common)  # NoPE-only: unused, but the module is built
+    params, common = with_scaling(cfg, common)  # NoPE-only: unused, but the module is built
     return SmolLM3Config(
         **common, no_rope_layers=[int(x == "rope") for x in cfg.layer_positions],
         use_sliding_window=a.window is not None, sliding_window=a.window,
@@ -137,7 +99,7 @@ def _rope_config(cfg, common: dict):
     from transformers import LlamaConfig, MistralConfig
 
     a, m = cfg.attention, cfg.model
-    params, common = _with_scaling(cfg, common)
+    params, common = with_scaling(cfg, common)
     if a.window is not None:
         common = {**common, "architectures": ["MistralForCausalLM"]}
         return MistralConfig(**common, head_dim=m.head_dim, rope_parameters=params,
@@ -152,6 +114,37 @@ def _rope_refuse(cfg) -> Optional[str]:
     return None
 
 
+def _refuse_qk_norm(cfg, arch: str) -> Optional[str]:
+    q = cfg.attention.qk_norm
+    if q.kind != "none":
+        return (f"{arch} has no QK-norm (attention.qk_norm {q.kind!r} on {q.layers} layers; "
+                "stock forms: Llama4ForCausalLM for l2 on the RoPE layers, Qwen3ForCausalLM for "
+                "rms on every RoPE layer)")
+    return None
+
+
+def _refuse_partial(cfg, arch: str) -> Optional[str]:
+    f = cfg.attention.rope.fraction
+    if f != 1.0:
+        return (f"{arch} rotates every dim of a head (attention.rope.fraction {f}; the stock form "
+                "of partial RoPE is GlmForCausalLM, every layer RoPE without QK-norm or window)")
+    return None
+
+
+def _qk_norm_eps(cfg, arch: str) -> Optional[str]:
+    """The stock qk norms use config.rms_norm_eps (model.norm_epsilon)."""
+    eps = cfg.attention.qk_norm.eps
+    if eps is not None and eps != cfg.model.norm_epsilon:
+        return (f"{arch}'s QK-norm epsilon is rms_norm_eps: attention.qk_norm.eps {eps} differs "
+                f"from model.norm_epsilon {cfg.model.norm_epsilon}")
+    return None
+
+
+def _plain(arch: str, refuse: Callable[..., Optional[str]]) -> Callable[..., Optional[str]]:
+    """`refuse` after the refusals of a form without QK-norm and partial RoPE."""
+    return lambda cfg: _refuse_qk_norm(cfg, arch) or _refuse_partial(cfg, arch) or refuse(cfg)
+
+
 def _llama_refuse(cfg) -> Optional[str]:
     if len(set(cfg.layer_windows)) > 1:  # Mistral's sliding_window is on every layer
         return "RoPE layers with different windows (attention.layout) have no Llama/Mistral form"
@@ -159,11 +152,23 @@ def _llama_refuse(cfg) -> Optional[str]:
 
 
 def _llama4_claims(cfg) -> bool:
-    return any(c is not None for c in cfg.layer_chunks) or cfg.attention.temperature.kind == "llama4"
+    return (any(c is not None for c in cfg.layer_chunks) or cfg.attention.temperature.kind == "llama4"
+            or cfg.attention.qk_norm.kind == "l2")
 
 
 def _llama4_refuse(cfg) -> Optional[str]:
-    a, t = cfg.attention, cfg.attention.temperature
+    a, t, q = cfg.attention, cfg.attention.temperature, cfg.attention.qk_norm
+    arch = "Llama4ForCausalLM"
+    if q.kind == "rms":
+        return (f"{arch}'s QK-norm is weightless (attention.qk_norm.kind l2), not 'rms' (a "
+                "learned weight: Qwen3ForCausalLM, every layer RoPE)")
+    normed = [k is not None for k in layer_kinds(a, cfg.model.num_layers)]
+    if q.kind == "l2" and normed != [x == "rope" for x in cfg.layer_positions]:
+        return (f"{arch} normalizes q and k on exactly its RoPE layers (use_qk_norm and not a "
+                "NoPE layer): attention.qk_norm.layers rope")
+    why = _qk_norm_eps(cfg, arch) or _refuse_partial(cfg, arch)
+    if why:
+        return why
     if a.window is not None:
         return "Llama4ForCausalLM has no sliding window (attention.window)"
     if a.rope.scaling != "none":
@@ -181,32 +186,27 @@ def _llama4_refuse(cfg) -> Optional[str]:
 def _llama4_config(cfg, common: dict):
     """Llama4ForCausalLM (transformers modeling_llama4): `no_rope_layers[i]` 1 = RoPE, explicit
     `layer_types` ("chunked_attention" on the chunked RoPE layers), dense MLP layers
-    (`moe_layers` [], so every layer is Llama4TextMLP of `intermediate_size_mlp`), no qk L2 norm
-    (our layers have none), the temperature on the NoPE layers when attention.temperature is
-    llama4."""
+    (`moe_layers` [], so every layer is Llama4TextMLP of `intermediate_size_mlp`), `use_qk_norm`
+    as trained (attention.qk_norm l2 on the RoPE layers: Llama4TextL2Norm there, eps rms_norm_eps;
+    it normalizes after RoPE, ours before: the same function, see attention/qknorm.py), the
+    temperature on the NoPE layers when attention.temperature is llama4."""
     from transformers import Llama4TextConfig
 
     a, m, t = cfg.attention, cfg.model, cfg.attention.temperature
     floor_scale, attn_scale = llama4_options(t)
-    params, common = _with_scaling(cfg, common)
+    params, common = with_scaling(cfg, common)
     common = {k: v for k, v in common.items() if k != "mlp_bias"}  # Llama 4 has no such field
     return Llama4TextConfig(
         **common, head_dim=m.head_dim, intermediate_size_mlp=m.ffn_hidden_size, moe_layers=[],
-        use_qk_norm=False, no_rope_layers=[int(x == "rope") for x in cfg.layer_positions],
-        attention_chunk_size=a.chunked,
+        use_qk_norm=a.qk_norm.kind == "l2",
+        no_rope_layers=[int(x == "rope") for x in cfg.layer_positions],
+        # no chunked layer (QK-norm alone claims Llama 4): transformers builds the chunked mask
+        # anyway and needs a size; its default stays, unused (every layer full_attention)
+        **({} if a.chunked is None else {"attention_chunk_size": a.chunked}),
         layer_types=["full_attention" if c is None else "chunked_attention" for c in cfg.layer_chunks],
         attn_temperature_tuning=t.kind == "llama4", floor_scale=int(floor_scale),
         attn_scale=attn_scale,
         rope_parameters=params)
-
-
-def _meta_pairs(w: Tensor, heads: int, head_dim: int) -> Tensor:
-    """Rows of q/k_proj [heads d, H] from our rotate-half RoPE pairs (i, i + d/2) to Meta's
-    complex pairs (2i, 2i + 1) (modeling_llama4.apply_rotary_emb views the last dim as d/2
-    complex numbers): new row 2i = old i, new 2i + 1 = old i + d/2, per head."""
-    half = head_dim // 2
-    perm = [j for i in range(half) for j in (i, i + half)]
-    return w.view(heads, head_dim, -1)[:, perm].reshape(w.shape).contiguous()
 
 
 def _llama4_weights(state: dict, cfg) -> dict:
@@ -222,18 +222,75 @@ def _llama4_weights(state: dict, cfg) -> dict:
     return out
 
 
+def _qwen3_claims(cfg) -> bool:
+    return cfg.attention.qk_norm.kind == "rms"
+
+
+def _qwen3_refuse(cfg) -> Optional[str]:
+    arch = "Qwen3ForCausalLM"
+    if not all(layer_kinds(cfg.attention, cfg.model.num_layers)):
+        return f"{arch} normalizes q and k on every layer (attention.qk_norm.layers all)"
+    if cfg.attention.window is not None:
+        return f"{arch} with a sliding window (attention.window) is not verified"
+    return _qk_norm_eps(cfg, arch) or _refuse_partial(cfg, arch) or _rope_refuse(cfg)
+
+
+def _qwen3_config(cfg, common: dict):
+    """Qwen3ForCausalLM (transformers modeling_qwen3): Llama + `q_norm` / `k_norm`
+    (Qwen3RMSNorm(head_dim), eps rms_norm_eps) on every layer's q and k per head, before RoPE,
+    as our `rms` QK-norm; the same weight names."""
+    from transformers import Qwen3Config
+
+    m = cfg.model
+    params, common = with_scaling(cfg, common)
+    common = {k: v for k, v in common.items() if k != "mlp_bias"}  # Qwen3 has no such field
+    return Qwen3Config(**common, head_dim=m.head_dim, rope_parameters=params,
+                       use_sliding_window=False, layer_types=["full_attention"] * m.num_layers)
+
+
+def _glm_claims(cfg) -> bool:
+    return cfg.attention.rope.fraction != 1.0
+
+
+def _glm_refuse(cfg) -> Optional[str]:
+    if cfg.attention.window is not None:
+        return "GlmForCausalLM has no sliding window (attention.window)"
+    return _refuse_qk_norm(cfg, "GlmForCausalLM") or _rope_refuse(cfg)
+
+
+def _glm_config(cfg, common: dict):
+    """GlmForCausalLM (transformers modeling_glm): Llama-shaped (RMSNorm pre-norm, SwiGLU with a
+    fused gate_up_proj, GQA) with partial RoPE: the first r = int(head_dim
+    partial_rotary_factor) dims rotate, as ours, in interleaved pairs (2i, 2i + 1) (its
+    `rotate_half` over x[..., 0::2], x[..., 1::2]): the weights are permuted to that (`_glm_weights`)."""
+    from transformers import GlmConfig
+
+    a, m = cfg.attention, cfg.model
+    params, common = with_scaling(cfg, common)
+    common = {k: v for k, v in common.items() if k != "mlp_bias"}  # GLM has no such field
+    return GlmConfig(**common, head_dim=m.head_dim,
+                     rope_parameters={**params, "partial_rotary_factor": float(a.rope.fraction)})
+
+
 _LLAMA4 = StockForm("Llama4ForCausalLM", _llama4_config, _llama4_refuse, claims=_llama4_claims,
                     weights=_llama4_weights, temperatures=("none", "uniform", "llama4"))
 
+_SMOLLM3 = StockForm("SmolLM3ForCausalLM", _smollm3_config, _plain("SmolLM3ForCausalLM", _rope_refuse))
+_QWEN3 = StockForm("Qwen3ForCausalLM", _qwen3_config, _qwen3_refuse, claims=_qwen3_claims)
+_GLM = StockForm("GlmForCausalLM", _glm_config, _glm_refuse, claims=_glm_claims,
+                 weights=glm_weights)
+
 STOCK_FORMS: dict[frozenset, tuple[StockForm, ...]] = {
-    frozenset({"nope"}): (_LLAMA4, StockForm("SmolLM3ForCausalLM", _smollm3_config, _rope_refuse)),
-    frozenset({"rope"}): (_LLAMA4, StockForm("LlamaForCausalLM", _rope_config, _llama_refuse)),
-    frozenset({"nope", "rope"}): (_LLAMA4, StockForm("SmolLM3ForCausalLM", _smollm3_config,
-                                                     _rope_refuse)),
+    frozenset({"nope"}): (_LLAMA4, _SMOLLM3),
+    frozenset({"rope"}): (_LLAMA4, _QWEN3, _GLM,
+                          StockForm("LlamaForCausalLM", _rope_config,
+                                    _plain("LlamaForCausalLM", _llama_refuse))),
+    frozenset({"nope", "rope"}): (_LLAMA4, _SMOLLM3),
 }
 """The set of position variants a run's layers use (attention.layout over attention.position,
 `RunConfig.layer_positions`) -> its stock forms, the first that claims the run wins (Llama 4 for
-chunked attention or its temperature). Sets without an entry are refused."""
+chunked attention, its temperature or its l2 QK-norm; Qwen3 for rms QK-norm; GLM for partial
+RoPE). Sets without an entry are refused."""
 
 
 def stock_form(cfg) -> Optional[StockForm]:
@@ -246,7 +303,7 @@ _INFERENCE_IRRELEVANT = ("impl", "chunk_size", "kerple", "sandwich", "xpos")
 """Attention fields that do not change the function of a NoPE/RoPE model: kernel choices, and
 the option sections of variants that have no stock form (refused by name first)."""
 _HANDLED = ("position", "scale_c", "head_scale", "rope", "window", "chunked", "temperature",
-            "layout")
+            "layout", "qk_norm")
 
 
 def refusal(cfg) -> Optional[str]:
@@ -286,37 +343,14 @@ def refusal(cfg) -> Optional[str]:
 # ------------------------------------------------------------------ weights
 
 
-def folded_scales(cfg, scales: Tensor) -> Tensor:
-    """The per-head scales [layers, heads] a stock export folds into q_proj: the run's (uniform
-    c or learned m_h) times a `uniform` temperature's c on the layers it scales."""
-    t = cfg.attention.temperature
-    if t.kind != "uniform":
-        return scales
-    rows = [float(t.c) if applies(t, x) else 1.0 for x in cfg.layer_positions]
-    return scales * scales.new_tensor(rows).view(-1, 1)
-
-
 def stock_state(cfg, hf_state: dict, scales: Tensor) -> dict:
     """The HF Llama-named state as the run's stock form stores it: scales folded into q_proj
-    (`folded_scales`), then the form's names and layouts."""
+    (`folded_scales`; into q_norm.weight on QK-normed layers, `fold_into_qk_norm`), then the
+    form's names and layouts. ValueError when a scale has nowhere to go."""
     m = cfg.model
-    folded = fold_head_scales(hf_state, folded_scales(cfg, scales), m.num_attention_heads,
-                              m.head_dim)
+    state, rest = fold_into_qk_norm(cfg, hf_state, folded_scales(cfg, scales))
+    folded = fold_head_scales(state, rest, m.num_attention_heads, m.head_dim)
     return stock_form(cfg).weights(folded, cfg)
-
-
-def fold_head_scales(hf_state: dict, scales: Tensor, num_heads: int, head_dim: int) -> dict:
-    """Multiply q_proj rows of head h of layer l by scales[l, h] (fp32 product, then stored in
-    the weight's dtype) and drop the `self_attn.head_scale` entries. q_proj.weight [h d, H]."""
-    drop = {HF_HEAD_SCALE.format(i=i) for i in range(len(scales))}
-    out = {k: v for k, v in hf_state.items() if k not in drop}
-    for i, row in enumerate(scales):
-        k = HF_Q_PROJ.format(i=i)
-        w = out[k]
-        hidden = w.shape[-1]
-        folded = w.float().view(num_heads, head_dim, hidden) * row.float().view(-1, 1, 1)
-        out[k] = folded.reshape(num_heads * head_dim, hidden).to(w.dtype).contiguous()
-    return out
 
 
 # ------------------------------------------------------------------ config
@@ -334,7 +368,9 @@ def build_stock_config(cfg, *, scales: Tensor, scale_c: float, head_scale_source
         "layer_windows": cfg.layer_windows, "layer_chunks": cfg.layer_chunks,
         "temperature": dataclasses.asdict(a.temperature),
         "rope": dataclasses.asdict(a.rope), "window": a.window, "scale_c": float(scale_c),
-        "head_scale_source": head_scale_source, "head_scales_folded_into": "q_proj",
+        "head_scale_source": head_scale_source, "qk_norm": dataclasses.asdict(a.qk_norm),
+        "head_scales_folded_into": ("q_proj" if not any(layer_kinds(a, m.num_layers)) else
+                                    "q_proj, q_norm.weight on the QK-normed layers"),
         "head_scales_summary": {"min": float(scales.min()), "max": float(scales.max()),
                                 "mean": float(scales.mean())},
         "head_scales": scales.tolist(), "train_length": m.train_length,
@@ -364,5 +400,5 @@ def provenance(config) -> Optional[dict]:
     return getattr(config, PROVENANCE, None)
 
 
-__all__ = ["STOCK_FORMS", "ROPE_PARAMETERS", "StockForm", "PROVENANCE", "refusal",
-           "fold_head_scales", "folded_scales", "stock_state", "build_stock_config", "provenance"]
+__all__ = ["STOCK_FORMS", "ROPE_PARAMETERS", "StockForm", "PROVENANCE", "refusal", "stock_form",
+           "fold_head_scales", "fold_into_qk_norm", "folded_scales", "stock_state", "build_stock_config", "provenance"]

@@ -19,7 +19,10 @@ Two layouts are supported:
   folded into q_proj's rows. q/k as for llama, except that a SmolLM3 layer with `use_rope` 0
   (NoPE) is not rotated. Scales are changed by re-folding: q_proj rows of head h times
   m_new / m_old (the current m per layer is kept on the module as `_lenext_folded`), so
-  `--scale-c C` and sweeps give the custom export's numbers (to fp32 rounding).
+  `--scale-c C` and sweeps give the custom export's numbers (to fp32 rounding). A QK-normed
+  layer (Qwen3's q_norm, Llama 4's qk_norm) would undo a scaled q_proj: its per-layer scale goes
+  into q_norm.weight or the attention `scaling` instead; attention entropy (q/k recomputed here)
+  is refused on stock exports with QK-norm or partial RoPE.
 
 Public API: `attention_layers`, `layout`, `capture_qk`, `head_scales`, `set_uniform_scale`,
 `restore_scales`, `train_length`, `trained_with_bos`.
@@ -81,14 +84,37 @@ def _stock_folded(model: nn.Module) -> list[Tensor]:
 
 
 def _stock_refold(model: nn.Module, m: Tensor) -> None:
-    """q_proj rows of head h of layer l times m[l, h] / (currently folded m[l, h])."""
+    """q_proj rows of head h of layer l times m[l, h] / (currently folded m[l, h]); on a layer
+    whose QK-norm would undo that (Qwen3's q_norm, Llama 4's qk_norm), `_refold_normed`."""
     for a, old, new in zip(attention_layers(model), _stock_folded(model), m.float().cpu()):
         w = a.q_proj.weight  # [h d, hidden]
         ratio = (new / old).to(device=w.device)
+        if _refold_normed(a, ratio):
+            continue
         with torch.no_grad():
             w.copy_((w.float().view(ratio.numel(), a.head_dim, -1) * ratio.view(-1, 1, 1))
                     .reshape(w.shape).to(w.dtype))
         a._lenext_folded = new.clone()
+
+
+def _refold_normed(a: nn.Module, ratio: Tensor) -> bool:
+    """A QK-normed stock layer normalizes q after q_proj: a scale ratio (one per layer: the norm
+    is shared by the heads) goes into q_norm.weight (Qwen3), or into the attention `scaling`
+    of a weightless norm (Llama 4; `_lenext_folded` then keeps the q_proj share, `head_scales`
+    multiplies the two). False for a layer without QK-norm."""
+    norm = getattr(a, "q_norm", None) or getattr(a, "qk_norm", None)
+    if norm is None:
+        return False
+    if not bool((ratio == ratio[0]).all()):
+        raise ValueError("per-head scales on a stock export's QK-normed layer (its norm is shared "
+                         "by the heads): use the custom export (--format custom)")
+    with torch.no_grad():
+        if getattr(norm, "weight", None) is not None:
+            norm.weight.mul_(ratio[0].to(norm.weight.dtype))
+            a._lenext_folded = a._lenext_folded * float(ratio[0])
+        else:
+            a.scaling = float(a.scaling) * float(ratio[0])
+    return True
 
 
 def _num_heads(attn: nn.Module) -> int:
@@ -245,6 +271,11 @@ def capture_qk(model: nn.Module, input_ids: Tensor, on_layer: QKCallback) -> Non
         raise ValueError("attention entropy of a model with a sliding window in its config "
                          "(a stock SmolLM3 export): use the custom export (--format custom), "
                          "whose window the entropy code applies")
+    prov = _provenance(model) or {}
+    if kind == "stock" and ((prov.get("qk_norm") or {}).get("kind", "none") != "none"
+                            or (prov.get("rope") or {}).get("fraction", 1.0) != 1.0):
+        raise ValueError("attention entropy of a stock export with QK-norm or partial RoPE: use "
+                         "the custom export (--format custom), whose q/k the entropy code reads")
     handles = []
     # m [layers, heads]; q from q_proj already carries a stock export's folded m: only its
     # attention `scaling` is left to apply

@@ -48,7 +48,7 @@ from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm
 
 from .configuration_lenext import LenextConfig, check_lenext_config
 from .lenext_attention import (HEAD_SCALE, POSITIONS, Documents, attend, build_position, document_ids,
-                               layer_variants as _layout_variants)
+                               layer_qk_norms as _layout_qk_norms, layer_variants as _layout_variants)
 
 
 def _namespace(d):
@@ -98,6 +98,14 @@ def layer_variants(config: LenextConfig) -> list:
         return out
 
 
+def layer_qk_norms(config: LenextConfig) -> list:
+    """(q norm, k norm) or None per layer, from the run's attention.qk_norm
+    (attention_options.qk_norm; none in exports made before QK-norm), eps null = rms_norm_eps."""
+    with torch.device("cpu"):
+        return _layout_qk_norms(_attn_cfg(config), num_layers=config.num_hidden_layers,
+                                head_dim=config.head_dim, norm_eps=config.rms_norm_eps)
+
+
 class LenextAttention(nn.Module):
     """Causal self-attention with the lenext variant math.
 
@@ -106,7 +114,7 @@ class LenextAttention(nn.Module):
       position    the PositionVariant (shared by all layers of a model)
     """
 
-    def __init__(self, config: LenextConfig, layer_idx: int, position):
+    def __init__(self, config: LenextConfig, layer_idx: int, position, qk_norm=None):
         super().__init__()
         self.layer_idx = layer_idx
         self.num_heads = config.num_attention_heads
@@ -120,6 +128,8 @@ class LenextAttention(nn.Module):
         self.register_buffer(HEAD_SCALE, torch.full((self.num_heads,), float(config.scale_c),
                                                     dtype=torch.float32))
         self.position = position
+        # QK-norm (`q_norm.weight`/`k_norm.weight` for the rms kind): before the rotation
+        self.q_norm, self.k_norm = qk_norm if qk_norm is not None else (None, None)
 
     def _apply(self, fn, recurse=True):
         # .to(bf16) / .half() must not round the scales: keep head_scale fp32, move device only
@@ -136,6 +146,8 @@ class LenextAttention(nn.Module):
                                                             self.head_dim).transpose(1, 2)
         k = self.k_proj(hidden_states).view(b, s, self.num_kv_heads, self.head_dim).transpose(1, 2)
         v = self.v_proj(hidden_states).view(b, s, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        if self.q_norm is not None:  # per head over d, before the rotation (and the cache)
+            q, k = self.q_norm(q), self.k_norm(k)
         return q, k, v  # [b, h, s - query_from, d], [b, g, s, d], [b, g, s, d]
 
     def qk(self, hidden_states: Tensor, positions: Union[Tensor, int] = 0) -> tuple[Tensor, Tensor]:
@@ -179,9 +191,9 @@ class LenextAttention(nn.Module):
 class LenextDecoderLayer(nn.Module):
     """Pre-norm block: x + attn(norm(x)), then x + mlp(norm(x)) (megatron GPT / Llama)."""
 
-    def __init__(self, config: LenextConfig, layer_idx: int, position):
+    def __init__(self, config: LenextConfig, layer_idx: int, position, qk_norm=None):
         super().__init__()
-        self.self_attn = LenextAttention(config, layer_idx, position)
+        self.self_attn = LenextAttention(config, layer_idx, position, qk_norm)
         self.mlp = LlamaMLP(config)
         self.input_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.post_attention_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
@@ -228,8 +240,9 @@ class LenextModel(LenextPreTrainedModel):
     def __init__(self, config: LenextConfig):
         super().__init__(config)
         variants = layer_variants(config)  # raises on an unusable config
+        norms = layer_qk_norms(config)
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, config.pad_token_id)
-        self.layers = nn.ModuleList([LenextDecoderLayer(config, i, variants[i])
+        self.layers = nn.ModuleList([LenextDecoderLayer(config, i, variants[i], norms[i])
                                      for i in range(config.num_hidden_layers)])
         self.norm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.post_init()
@@ -398,6 +411,11 @@ def set_position(model: nn.Module, position: Optional[str] = None, *,
     Unknown names raise ValueError (the config is left unchanged). A variant with learned state
     (KERPLE) keeps its per-layer parameters when the variant class is unchanged."""
     cfg = model.config
+    if "qk_norm" in options or "fraction" in (rope or {}):
+        # trained into the weights (a norm's learned w, which dims carry position): not an
+        # eval-time knob; the layers would otherwise keep the trained ones silently
+        raise ValueError("attention qk_norm and rope.fraction are part of how the model was "
+                         "trained; they cannot change at evaluation (export another checkpoint)")
     old = (cfg.position, cfg.rope, cfg.attention_options)
     cfg.position = cfg.position if position is None else position
     cfg.rope = {**cfg.rope, **(rope or {})}

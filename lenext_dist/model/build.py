@@ -21,7 +21,7 @@ from typing import Optional, Union
 import torch
 import torch.nn.functional as F
 
-from lenext_dist.attention import layer_variants
+from lenext_dist.attention import layer_qk_norms, layer_variants
 from lenext_dist.attention.names import HEAD_SCALE_KEY
 
 from .megatron_env import accelerator_name
@@ -79,7 +79,8 @@ def transformer_config(cfg, *, device: Optional[str] = None):
 
 def layer_spec(cfg):
     """megatron's local GPT layer spec (RMSNorm) with core_attention swapped for ours; layer i
-    (megatron's 1-based layer_number) gets the position variant attention.layout gives it."""
+    (megatron's 1-based layer_number) gets the position variant attention.layout gives it and
+    its QK-norm (attention.qk_norm; inside our core attention, so the export runs the same)."""
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
     from .core_attention import core_attention_builder
@@ -88,9 +89,11 @@ def layer_spec(cfg):
     hs = att.head_scale
     variants = layer_variants(att, num_layers=mc.num_layers, head_dim=mc.head_dim,
                               train_length=mc.train_length, num_heads=mc.num_attention_heads)
+    qk_norms = layer_qk_norms(att, num_layers=mc.num_layers, head_dim=mc.head_dim,
+                              norm_eps=mc.norm_epsilon)
     spec = get_gpt_layer_local_spec(normalization="RMSNorm")
     spec.submodules.self_attention.submodules.core_attention = core_attention_builder(
-        variants=variants,
+        variants=variants, qk_norms=qk_norms,
         init_scale=cfg.head_scale_init if hs.enabled else att.scale_c,
         learned=hs.enabled,
         trainable=hs.enabled and hs.trainable,

@@ -50,7 +50,8 @@ class LenextCoreAttention(MegatronModule):
     def __init__(self, config: TransformerConfig, layer_number: int, attn_mask_type: AttnMaskType,
                  attention_type: str, softmax_scale: Optional[float] = None,
                  cp_comm_type: Optional[str] = None, pg_collection=None, *,
-                 variant: PositionVariant, init_scale: float, learned: bool, trainable: bool):
+                 variant: PositionVariant, init_scale: float, learned: bool, trainable: bool,
+                 qk_norm: Optional[tuple[torch.nn.Module, torch.nn.Module]] = None):
         super().__init__(config=config)
         if softmax_scale is not None or config.apply_query_key_layer_scaling:
             # our scale lives in head_scale only; megatron's would be applied a second time
@@ -77,6 +78,15 @@ class LenextCoreAttention(MegatronModule):
         if device is not None and position is not variant:
             position = position.to(device)
         self.position = position
+        # QK-norm (attention/qknorm.py): q_norm / k_norm submodules over the head dim, keys
+        # `...core_attention.{q,k}_norm.weight` (HF: `...self_attn.{q,k}_norm.weight`, Qwen3's
+        # names); applied here, before the variant rotates, as the HF model does. Not megatron's
+        # q_layernorm submodules: the exported model must run the same code.
+        if qk_norm is not None:
+            q_norm, k_norm = (n.to(device=device, dtype=config.params_dtype) for n in qk_norm)
+            self.q_norm, self.k_norm = q_norm, k_norm
+        else:
+            self.q_norm = self.k_norm = None
         m = torch.full((h,), float(init_scale), dtype=torch.float32, device=device)
         if learned:
             self.register_parameter(HEAD_SCALE, torch.nn.Parameter(m, requires_grad=trainable))
@@ -97,6 +107,8 @@ class LenextCoreAttention(MegatronModule):
             raise NotImplementedError("packed_seq_params / attention_bias are not supported "
                                       "(document masking takes document ids as attention_mask)")
         documents = _documents(attention_mask)
+        if self.q_norm is not None:  # per head, over hn: before Ulysses' all-to-all and rotation
+            query, key = self.q_norm(query), self.k_norm(key)
         sq, b, np_, hn = query.shape
         m = fp32_value(self.head_scale)  # [np] fp32: under bf16 the exact value (fp32_params.py)
         if self.ulysses is not None:
@@ -138,15 +150,18 @@ def _documents(attention_mask: Optional[Tensor]) -> Optional[Documents]:
     return docs
 
 
-def core_attention_builder(*, variants: list, **bound):
+def core_attention_builder(*, variants: list, qk_norms: Optional[list] = None, **bound):
     """A `CoreAttentionBuilder` (megatron's protocol: a callable taking its kwargs) that also
-    passes our keyword arguments `bound` (init_scale, learned, trainable) and the variant of the
-    layer being built: `variants[layer_number - 1]` (one per layer, attention.layout)."""
+    passes our keyword arguments `bound` (init_scale, learned, trainable) and the variant and
+    QK-norm of the layer being built: `variants[layer_number - 1]` (one per layer,
+    attention.layout), `qk_norms[layer_number - 1]` ((q norm, k norm) or None, attention.qk_norm;
+    default none)."""
 
     def build(**megatron_kwargs) -> LenextCoreAttention:
         i = megatron_kwargs["layer_number"] - 1  # megatron's global 1-based layer number
         if not 0 <= i < len(variants):
             raise ValueError(f"layer_number {i + 1} outside the {len(variants)} layers of the layout")
-        return LenextCoreAttention(**megatron_kwargs, variant=variants[i], **bound)
+        return LenextCoreAttention(**megatron_kwargs, variant=variants[i],
+                                   qk_norm=qk_norms[i] if qk_norms else None, **bound)
 
     return build

@@ -7,6 +7,7 @@ from typing import Union
 import torch
 
 from lenext_dist.attention.names import HEAD_SCALE_KEY
+from lenext_dist.attention.qknorm import LEARNED, layer_kinds
 
 
 def _counts_from_config(cfg) -> dict[str, int]:
@@ -19,7 +20,9 @@ def _counts_from_config(cfg) -> dict[str, int]:
     heads = h if cfg.attention.head_scale.enabled else 0
     embedding = V * H
     output = 0 if mc.tie_embeddings else V * H
-    non_embedding = L * (attn + mlp + norms + heads) + H + output  # + final norm
+    # QK-norm's learned weights: [d] on q and on k of each layer it normalizes (rms kind)
+    qk = 2 * d * sum(kind in LEARNED for kind in layer_kinds(cfg.attention, L))
+    non_embedding = L * (attn + mlp + norms + heads) + qk + H + output  # + final norm
     return dict(total=embedding + non_embedding, embedding=embedding,
                 non_embedding=non_embedding, head_scales=L * heads)
 

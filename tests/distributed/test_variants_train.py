@@ -1,7 +1,7 @@
 """Each attention variant of project issue 7, each per-layer layout and each temperature schedule
-(issue 34) trains under ZeRO-2 on 2 gloo ranks on real text (launch/pretrain.py under the deepspeed
-launcher, the tiny model of tests/helpers.py, 4 steps), is exported, and `lenext eval ppl` runs on
-it at 1x/2x/4x its training length."""
+(issue 34), QK-norm and partial RoPE (issue 42) trains under ZeRO-2 on 2 gloo ranks on real text
+(launch/pretrain.py under the deepspeed launcher, the tiny model of tests/helpers.py, 4 steps), is
+exported, and `lenext eval ppl` runs on it at 1x/2x/4x its training length."""
 import json
 import math
 
@@ -35,6 +35,13 @@ CASES = {
     "t_qwen_logn": {"position": "nope", "temperature": {"kind": "qwen_logn"}},
     "t_ssmax": {"position": "nope", "temperature": {"kind": "ssmax"},
                 "head_scale": {"enabled": True, "trainable": True, "min_value": None}},
+    # QK-norm and partial RoPE (issue 42): Llama 4 as it ships (iRoPE, its temperature, the
+    # weightless norm on the RoPE layers); Qwen3's learned RMSNorm on every layer; a quarter of
+    # the dims rotating (GLM's partial_rotary_factor)
+    "irope_qk_norm": {"position": "rope", "chunked": 8, "layout": {"kind": "irope", "every": 2},
+                      "temperature": LLAMA4_T, "qk_norm": {"kind": "l2", "layers": "rope"}},
+    "qk_norm_rms": {"position": "rope", "qk_norm": {"kind": "rms"}},
+    "partial_rope": {"position": "rope", "rope": {"fraction": 0.25}},
 }
 MODEL = {"smollm3": {"num_layers": 4}, "t_log_fit": {"train_length": 8},
          "t_qwen_logn": {"train_length": 8}, "t_ssmax": {"train_length": 8}}
@@ -43,14 +50,22 @@ LAYERS = {"interleaved": (["rope", "nope"], [None, None], [None, None]),
           "irope": (["rope", "nope"], [None, None], [8, None]),
           "explicit": (["rope", "nope"], [None, None], [None, None]),
           "smollm3": (["rope"] * 3 + ["nope"], [None] * 4, [None] * 4),
-          "t_uniform": (["rope", "nope"], [None, None], [None, None])}
+          "t_uniform": (["rope", "nope"], [None, None], [None, None]),
+          "irope_qk_norm": (["rope", "nope"], [None, None], [8, None])}
 """Each layout's layers as the export runs them: (variant, window, chunked) per layer."""
-STOCK = {"interleaved": "SmolLM3ForCausalLM", "irope": "Llama4ForCausalLM"}
+STOCK = {"interleaved": "SmolLM3ForCausalLM", "irope": "Llama4ForCausalLM",
+         "irope_qk_norm": "Llama4ForCausalLM", "qk_norm_rms": "Qwen3ForCausalLM",
+         "partial_rope": "GlmForCausalLM"}
+QK_NORMED = {"irope_qk_norm": [True, False], "qk_norm_rms": [True, True]}
+"""The layers the trained QK-norm normalizes in the export."""
 """Cases whose trained run is also exported `--format stock` and compared with the custom export."""
 HEADERS = {"interleaved": "(layout nope_every: rope, nope)",
            "local_global": "(layout local_global: rope + window 8, nope)",
            "irope": "(layout irope: rope + chunked 8, nope)",
-           "smollm3": "(layout smollm3: rope x3, nope)"}
+           "smollm3": "(layout smollm3: rope x3, nope)",
+           "irope_qk_norm": "(layout irope: rope + chunked 8, nope), qk_norm l2 on rope layers",
+           "qk_norm_rms": "attention rope, qk_norm rms on all layers c=",
+           "partial_rope": "attention rope, rope fraction 0.25 c="}
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
@@ -94,6 +109,10 @@ def test_variant_trains_under_zero2(case, sample_shards, tmp_path):
         assert [None if v.temperature is None else vars(v.temperature) for v in got] == \
             [{**{k: None for k in ("c", "a", "floor_scale", "attn_scale")}, "layers": "nope", **t}
              if v.name == "nope" else None for v in got]
+    if case in QK_NORMED:
+        assert [layer.self_attn.q_norm is not None for layer in model.model.layers] == QK_NORMED[case]
+    if case == "partial_rope":
+        assert [v.rotary_dim for v in got] == [4, 4]  # a quarter of the 16 dims of a head
     if case in STOCK:  # the trained run exported stock: plain transformers = custom at 4x L
         import torch
 

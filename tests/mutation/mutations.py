@@ -48,6 +48,8 @@ T_ULY = "tests/unit/test_ulysses_attention.py"
 T_ULYC = "tests/unit/test_ulysses_config.py"
 T_TEVAL = "tests/unit/test_eval_tasks.py"
 T_ANS = "tests/unit/test_data_answers.py"
+T_QK = "tests/unit/test_qk_norm_partial_rope.py"
+T_QKSTOCK = "tests/unit/test_stock_qk_norm.py"
 
 MUTATIONS: list[M] = [
     # ---- attention variants (every registered one) and the core function -------------------
@@ -229,19 +231,35 @@ MUTATIONS: list[M] = [
     M("answer-mask-not-written", "answer loss", "lenext_dist/prep/worker.py",
       "mask[start:start + k] = 1", "pass", (T_TASKS,)),
     # ---- stock exports ----------------------------------------------------------------------
-    M("stock-ntk-base-not-folded", "stock export", "lenext_dist/convert/stock.py",
+    M("stock-ntk-base-not-folded", "stock export", "lenext_dist/convert/stock_rope.py",
       '"rope_theta": float(r.base * r.factor ** (d / (d - 2)))}', '"rope_theta": float(r.base * r.factor)}',
       (T_STOCK,)),
-    M("stock-yarn-original-length-extended", "stock export", "lenext_dist/convert/stock.py",
+    M("stock-yarn-original-length-extended", "stock export", "lenext_dist/convert/stock_rope.py",
       '"original_max_position_embeddings": int(train_length),',
       '"original_max_position_embeddings": int(train_length * r.factor),', (T_STOCK,)),
-    M("stock-fold-dim-major", "stock export", "lenext_dist/convert/stock.py",
+    M("stock-fold-dim-major", "stock export", "lenext_dist/convert/stock_weights.py",
       "folded = w.float().view(num_heads, head_dim, hidden) * row.float().view(-1, 1, 1)",
       "folded = w.float().view(head_dim, num_heads, hidden) * row.float().view(1, -1, 1)", (T_STOCK,)),
     M("stock-window-dropped", "stock export", "lenext_dist/convert/stock.py",
       "use_sliding_window=a.window is not None,", "use_sliding_window=False,", (T_STOCK,)),
     M("stock-temperature-not-refused", "stock export", "lenext_dist/convert/stock.py",
       "    if a.temperature.kind not in form.temperatures:\n", "    if False:\n", (T_STOCK,)),
+    # ---- QK-norm and partial RoPE (issue 42) -------------------------------------------------
+    M("qk-norm-megatron-k-not-normalized", "qk-norm", "lenext_dist/model/core_attention.py",
+      "query, key = self.q_norm(query), self.k_norm(key)", "query, key = self.q_norm(query), key",
+      (T_QK,)),
+    M("qk-norm-hf-k-not-normalized", "qk-norm", "lenext_dist/hf/modeling_lenext.py",
+      "            q, k = self.q_norm(q), self.k_norm(k)", "            q = self.q_norm(q)", (T_QK,)),
+    M("qk-norm-rms-weight-ignored", "qk-norm", "lenext_dist/attention/qknorm.py",
+      "return self.weight * self._norm(x.float()).to(x.dtype)", "return self._norm(x.float()).to(x.dtype)",
+      (T_QK,)),
+    M("partial-rope-frequencies-of-the-head-dim", "qk-norm", "lenext_dist/attention/rope.py",
+      "SCALINGS[scaling](rotary_dim, base, factor, train_length)",
+      "SCALINGS[scaling](head_dim, base, factor, train_length)[0][: rotary_dim // 2], 1.0", (T_QK,)),
+    M("stock-glm-pairs-not-interleaved", "qk-norm", "lenext_dist/convert/stock_weights.py",
+      "out[k] = interleave_pairs(v, heads, m.head_dim, r)", "out[k] = v", (T_QKSTOCK,)),
+    M("stock-llama4-qk-norm-off", "qk-norm", "lenext_dist/convert/stock.py",
+      'use_qk_norm=a.qk_norm.kind == "l2",', "use_qk_norm=False,", (T_QKSTOCK,)),
     # ---- GPU readiness ----------------------------------------------------------------------
     M("sdpa-flash-with-a-mask", "GPU readiness", "lenext_dist/attention/paths.py",
       "flash = device_type == \"cuda\" and dtype in _FLASH_DTYPES and not masked",

@@ -33,6 +33,12 @@ CASES = {  # overrides of the tiny model (4 heads, 2 KV groups, 32 tokens)
                                "attention.temperature.kind=llama4",
                                "attention.temperature.floor_scale=4",
                                "attention.temperature.attn_scale=0.5", "data.document_mask=true"],
+    # QK-norm (learned RMSNorm weights, gradients summed over the ranks) on the partial-RoPE
+    # layers of an interleaved layout, packed documents
+    "qk_norm_partial_rope": ["attention.position=rope", "attention.layout.kind=nope_every",
+                             "attention.layout.every=2", "attention.rope.fraction=0.5",
+                             "attention.qk_norm.kind=rms", "attention.qk_norm.layers=rope",
+                             "data.document_mask=true"],
 }
 BASE = ["model.num_layers=2", "model.hidden_size=64", "model.num_attention_heads=4",
         "model.num_query_groups=2", "model.ffn_hidden_size=128", "model.vocab_size=256",
@@ -102,3 +108,4 @@ def test_ulysses2_forward_and_gradients_match_the_unsharded_model():
         assert worst < 1e-4, (name, worst)
     assert any(k.endswith("head_scale") for k in out["kerple_headscale"][2])
     assert any("position" in k for k in out["kerple_headscale"][2])
+    assert sum(k.endswith(("q_norm.weight", "k_norm.weight")) for k in out["qk_norm_partial_rope"][2]) == 2
