@@ -49,3 +49,14 @@ def test_each_alias_is_the_package_command():
     assert set(prep_cli.PREP_VERBS) == {"shard", "merge", "tokenizer", "sample", "kv"}
     train_main = (REPO / "lenext_dist" / "train" / "__main__.py").read_text()
     assert "rank_main()" in train_main  # python -m lenext_dist.train == launch/pretrain.py
+
+
+def test_the_extending_guide_names_only_files_that_exist():
+    """docs/extending.md is linked from the README, and every repository path it names exists."""
+    text = (REPO / "docs" / "extending.md").read_text()
+    assert "docs/extending.md" in (REPO / "README.md").read_text()
+    paths = set(re.findall(r"`((?:lenext_dist|tests|docs|experiments|configs)/[\w/.]+)`", text))
+    paths |= set(re.findall(r"^# ((?:lenext_dist|tests)/[\w/.]+\.py)$", text, re.M))
+    assert len(paths) >= 15
+    missing = sorted(p for p in paths if not (REPO / p).exists())
+    assert not missing, missing
