@@ -405,7 +405,7 @@ class Copy(Generator):
 class KVParams:
     length: IntRange = IntRange(64, 64)
     """Document tokens, EOS included. One value (64) makes every document exactly L tokens when
-    the filler can be cut at every token (the synthetic filler, data_prep/build_kv.py): one
+    the filler can be cut at every token (the synthetic filler, `lenext prep kv`): one
     document is then one training sample and packing never separates a needle from its answer."""
     values: IntRange = IntRange(4, 5)
     """Value symbols in the answer (one token each; ordered copying of several tokens needs an
