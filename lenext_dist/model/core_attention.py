@@ -78,6 +78,9 @@ class LenextCoreAttention(MegatronModule):
             position = position.to(device)
         self.position = position
         m = torch.full((h,), float(init_scale), dtype=torch.float32, device=device)
+        # a fixed uniform scale c reaches the kernel as a python float: SDPA's scale= c/sqrt(d),
+        # no pass over q (paths.query_and_scale); the buffer stays for counts and the export
+        self.uniform_scale = None if learned else float(init_scale)
         if learned:
             self.register_parameter(HEAD_SCALE, torch.nn.Parameter(m, requires_grad=trainable))
         else:
@@ -98,7 +101,8 @@ class LenextCoreAttention(MegatronModule):
                                       "(document masking takes document ids as attention_mask)")
         documents = _documents(attention_mask)
         sq, b, np_, hn = query.shape
-        m = fp32_value(self.head_scale)  # [np] fp32: under bf16 the exact value (fp32_params.py)
+        # [np] fp32 (under bf16 the exact value, fp32_params.py), or the uniform c as a float
+        m = self.uniform_scale if self.uniform_scale is not None else fp32_value(self.head_scale)
         if self.ulysses is not None:
             # [s/N, b, np, hn] shards -> whole sequence, heads [lo, hi) -> [s/N, b, np, hn]
             heads = self.ulysses.heads
