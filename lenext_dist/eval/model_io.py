@@ -33,7 +33,6 @@ def load_model(path: str, dtype: Optional[str] = None, device: Optional[str] = N
     folder with trust_remote_code=True (a custom export ships its modeling code)."""
     import json
 
-    import torch
     from transformers import AutoModelForCausalLM
 
     from lenext_dist.convert.stock import PROVENANCE
