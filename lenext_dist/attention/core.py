@@ -35,6 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from .backends import note_impl
 from .documents import Documents
 from .mask import MaskSpec
 from .paths import (chunked_attention, choose_impl, flex_path_attention, head_tensor,
@@ -181,11 +182,14 @@ def attend(q: Tensor, k: Tensor, v: Tensor, m: Tensor, variant,
         return eager_causal_attention(q, k, v, m, q_scale=q_scale, score_mod=score_mod,
                                       documents=documents, mask=variant.mask)
     if score_mod is None and documents is None:
+        note_impl("sdpa")
         return causal_attention(q, k, v, m, q_scale=q_scale)
     # a distance bias and/or a window/block mask: one of paths.BIAS_IMPLS (variant.impl)
     _check_shapes(q, k, v, m)
     bias = variant.bias_table(sk, q.device) if variant.has_bias else None
     impl = choose_impl(variant.impl, q, k, v, bias)
+    note_impl(impl, f"auto on {q.device.type}" if variant.impl == "auto" else
+              "" if impl == variant.impl else f"{variant.impl} cannot run here")
     if impl == "eager":
         return eager_causal_attention(q, k, v, m, q_scale=q_scale, score_mod=score_mod,
                                       chunk_size=variant.chunk_size, documents=documents,

@@ -41,6 +41,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from .backends import note_impl
 from .mask import MaskSpec, block_mask_from_tiles
 
 
@@ -301,6 +302,8 @@ def flex_path_attention(q: Tensor, k: Tensor, v: Tensor, m: Tensor, *,
         isinstance(t, Tensor) and t.requires_grad for t in (q, k, v, m, q_scale, bias))
     key = _flex_key(q, k, bias, mask, documents, grad)
     if _flex_broken or (key not in _flex_shapes and len(_flex_shapes) >= FLEX_MAX_SHAPES):
+        note_impl("chunked", "flex failed earlier in this process" if _flex_broken else
+                  f"flex past FLEX_MAX_SHAPES={FLEX_MAX_SHAPES} shapes")
         return chunked_attention(q, k, v, m, q_scale=q_scale, bias=bias, mask=mask,
                                  chunk_size=chunk_size, documents=documents)
     try:
@@ -315,6 +318,7 @@ def flex_path_attention(q: Tensor, k: Tensor, v: Tensor, m: Tensor, *,
         warnings.warn(f"FlexAttention unavailable here ({type(e).__name__}: {e}); "
                       "using the chunked SDPA path")
         _flex_broken.append(e)
+        note_impl("chunked", f"flex unavailable: {type(e).__name__}")
         return chunked_attention(q, k, v, m, q_scale=q_scale, bias=bias, mask=mask,
                                  chunk_size=chunk_size, documents=documents)
     _flex_shapes.add(key)
