@@ -52,8 +52,37 @@ def scaled_query(q: Tensor, m: Tensor, q_scale: Optional[Tensor]) -> Tensor:
     q_scale [b, sq] (per-document positions) scales each row on its own."""
     mult = m.float().view(1, -1, 1, 1)
     if q_scale is not None:
-        mult = mult * q_scale.float().unsqueeze(-2).unsqueeze(-1)  # [1|b, 1, sq, 1]
-    return (q.float() * mult).to(q.dtype)
+        mult = mult * q_scale.float().unsqueeze(-2).unsqueeze(-1)  # [1|b, h, sq, 1]
+    return _MulRound.apply(q, mult)
+
+
+def _mul_round(x: Tensor, mult: Tensor) -> Tensor:
+    """x * mult (fp32) computed in fp32 and rounded once to x.dtype, in one elementwise op
+    (torch.mul with out=: TensorIterator casts bf16 inputs up on load, the fp32 product down on
+    store; no fp32 copy of x). Bitwise equal to (x.float() * mult).to(x.dtype)."""
+    out = torch.empty_like(x)
+    return torch.mul(x, mult, out=out)
+
+
+class _MulRound(torch.autograd.Function):
+    """`_mul_round` with autograd (out= ops have none): d/dx = g * mult (the same one op),
+    d/dmult = sum of g * x in fp32 over mult's broadcast dims (only when mult needs it)."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, mult: Tensor) -> Tensor:
+        ctx.save_for_backward(x, mult)
+        return _mul_round(x, mult)
+
+    @staticmethod
+    def backward(ctx, g: Tensor):
+        x, mult = ctx.saved_tensors
+        gx = _mul_round(g, mult) if ctx.needs_input_grad[0] else None
+        gm = None
+        if ctx.needs_input_grad[1]:
+            prod = g.float() * x.float()
+            dims = [i for i, n in enumerate(mult.shape) if n == 1 and prod.shape[i] != 1]
+            gm = prod.sum(dim=dims, keepdim=True) if dims else prod
+        return gx, gm
 
 
 def head_tensor(m, h: int, device) -> Tensor:

@@ -201,3 +201,30 @@ def test_no_l_by_l_allocation_at_8k(case):
     assert out.returncode == 0, out.stderr[-2000:]
     delta = json.loads(out.stdout.strip().splitlines()[-1])["peak_delta_bytes"]
     assert delta < 2 * L * L, f"{case}: peak grew by {delta / 2**20:.0f} MiB"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_per_head_scale_one_op_equals_the_fp32_product(dtype):
+    """Learned m_h (and t_i): one mul rounding the fp32 product once, bitwise the previous
+    (q.float() * m * t).to(dtype); gradients equal autograd's through that expression."""
+    from lenext_dist.attention.paths import scaled_query
+
+    gen = torch.Generator().manual_seed(2)
+    q = torch.randn(2, 4, 16, 8, generator=gen).to(dtype)
+    m = (1 + torch.rand(4, generator=gen))
+    t = 1 + torch.rand(2, 16, generator=gen)
+    for q_scale in (None, t):
+        qa, ma = q.clone().requires_grad_(), m.clone().requires_grad_()
+        qb, mb = q.clone().requires_grad_(), m.clone().requires_grad_()
+        with _Ops() as rec:
+            got = scaled_query(qa, ma, q_scale)
+        assert sum(op == "aten.mul" and tuple(q.shape) in shapes for op, shapes in rec.ops) == 1
+        assert not [op for op, shapes in rec.ops if op == "aten._to_copy" and tuple(q.shape) in shapes]
+        mult = mb.view(1, -1, 1, 1) * (1 if q_scale is None else q_scale[:, None, :, None])
+        want = (qb.float() * mult).to(dtype)
+        assert got.dtype == dtype and torch.equal(got, want)
+        g = torch.randn(got.shape, generator=gen).to(dtype)
+        got.backward(g)
+        want.backward(g)
+        torch.testing.assert_close(qa.grad, qb.grad)
+        torch.testing.assert_close(ma.grad, mb.grad, atol=1e-4, rtol=1e-4)
