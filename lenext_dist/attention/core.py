@@ -9,10 +9,10 @@ Layout (batch-first, heads before sequence, as `torch.nn.functional.scaled_dot_p
   (CUDA half precision, no mask) and on CPU; elsewhere k/v are repeated to h heads so the
   memory-efficient kernel, not the [b, h, sq, sk] math kernel, runs (`paths.sdpa_call`).
 - Scale: the logits of head j are lambda_j q.k with lambda_j = m_j / sqrt(d) (the paper's
-  HeadScale parametrization; a uniform scale c is m filled with c). The fast path folds m into q
-  and keeps SDPA's default 1/sqrt(d), so no [b, h, sq, sk] tensor is materialized by this code
-  and fused kernels (flash on GPU) stay usable. Uniform and all-equal per-head scales run the
-  same code and are bitwise identical.
+  HeadScale parametrization). m is a python float for a fixed uniform scale c: it goes to SDPA's
+  `scale=` (c / sqrt(d)) and q reaches the kernel untouched; m [h] (learned or per-head scales)
+  is folded into q in fp32 (`paths.scaled_query`) under SDPA's default 1/sqrt(d). Either way no
+  [b, h, sq, sk] tensor is materialized by this code and fused kernels (flash on GPU) stay usable.
 - Causality: query i (0-based among the sq queries) sits at absolute position sk - sq + i and
   sees keys 0..sk - sq + i (bottom-right alignment; sq == sk in training and scoring, sq < sk when
   decoding with a KV cache).
@@ -35,10 +35,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from .backends import note_impl
 from .documents import Documents
 from .mask import MaskSpec
-from .paths import (chunked_attention, choose_impl, flex_path_attention, scaled_query,
-                    sdpa_kv, sdpa_mask_attention)
+from .paths import (chunked_attention, choose_impl, flex_path_attention, head_tensor,
+                    query_and_scale, scaled_query, sdpa_kv, sdpa_mask_attention)
 
 ScoreMod = Callable[[Tensor, Tensor, Tensor], Tensor]
 
@@ -61,7 +62,7 @@ def _check_shapes(q: Tensor, k: Tensor, v: Tensor, m: Tensor) -> None:
         raise ValueError(f"{g} key/value groups do not divide {h} query heads")
     if sq > sk:
         raise ValueError(f"more queries ({sq}) than keys ({sk})")
-    if m.shape != (h,):
+    if isinstance(m, Tensor) and m.shape != (h,):
         raise ValueError(f"head multiplier m must have shape [{h}], got {tuple(m.shape)}")
 
 
@@ -70,14 +71,15 @@ def causal_attention(q: Tensor, k: Tensor, v: Tensor, m: Tensor,
     """SDPA fast path: q [b, h, sq, d], k/v [b, g, sk, d], m [h], q_scale [sq] -> [b, h, sq, d]."""
     _check_shapes(q, k, v, m)
     sq, sk = q.shape[2], k.shape[2]
-    qs = scaled_query(q, m, q_scale)
+    qs, scale = query_and_scale(q, m, q_scale)  # a float m: SDPA's scale=, q untouched
     # KV-cache decoding: SDPA's is_causal is top-left aligned, so pass the [sq, sk] mask instead
     # (sq is small here; for sq == 1 every key is visible and no mask is needed).
     mask = None if sq in (1, sk) else _causal_mask(sq, sk, q.device)
     k, v, gqa = sdpa_kv(q, k, v, masked=mask is not None)  # repeat KV where flash cannot run
     if sq == sk:
-        return F.scaled_dot_product_attention(qs, k, v, is_causal=True, enable_gqa=gqa)
-    return F.scaled_dot_product_attention(qs, k, v, attn_mask=mask, enable_gqa=gqa)
+        return F.scaled_dot_product_attention(qs, k, v, is_causal=True, enable_gqa=gqa,
+                                              scale=scale)
+    return F.scaled_dot_product_attention(qs, k, v, attn_mask=mask, enable_gqa=gqa, scale=scale)
 
 
 def _causal_mask(sq: int, sk: int, device, q_start: int = 0, q_end: Optional[int] = None) -> Tensor:
@@ -102,7 +104,7 @@ def iter_attention_probs(q: Tensor, k: Tensor, m: Tensor, *, chunk_size: int = 1
     """
     b, h, sq, d = q.shape
     g, sk = k.shape[1], k.shape[2]
-    qs = scaled_query(q, m, q_scale).float()
+    qs = scaled_query(q, head_tensor(m, h, q.device), q_scale).float()
     kf = k.float().repeat_interleave(h // g, dim=1)  # [b, h, sk, d]
     k_pos = torch.arange(sk, device=q.device)
     for start in range(0, sq, chunk_size):
@@ -180,11 +182,14 @@ def attend(q: Tensor, k: Tensor, v: Tensor, m: Tensor, variant,
         return eager_causal_attention(q, k, v, m, q_scale=q_scale, score_mod=score_mod,
                                       documents=documents, mask=variant.mask)
     if score_mod is None and documents is None:
+        note_impl("sdpa")
         return causal_attention(q, k, v, m, q_scale=q_scale)
     # a distance bias and/or a window/block mask: one of paths.BIAS_IMPLS (variant.impl)
     _check_shapes(q, k, v, m)
     bias = variant.bias_table(sk, q.device) if variant.has_bias else None
     impl = choose_impl(variant.impl, q, k, v, bias)
+    note_impl(impl, f"auto on {q.device.type}" if variant.impl == "auto" else
+              "" if impl == variant.impl else f"{variant.impl} cannot run here")
     if impl == "eager":
         return eager_causal_attention(q, k, v, m, q_scale=q_scale, score_mod=score_mod,
                                       chunk_size=variant.chunk_size, documents=documents,

@@ -31,7 +31,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from .mask import MaskSpec
+from .mask import MaskSpec, block_mask_from_tiles
 
 
 class Documents:
@@ -81,6 +81,18 @@ class Documents:
             lo = max(lo, q_start - mask.window + 1)
         return lo
 
+    def first_keys(self, chunk_size: int, mask: MaskSpec) -> list[int]:
+        """`first_key` of every query chunk 0, chunk_size, ... as python ints: one device sync
+        per batch and (chunk_size, mask), cached (every layer of a forward shares it)."""
+        key = ("first_keys", chunk_size, mask)
+        if key not in self._flex:
+            q_starts = range(0, self.shape[1], chunk_size)
+            los = self.starts[:, ::chunk_size].min(dim=0).values.tolist()  # starts nondecreasing
+            if mask.window is not None:
+                los = [max(lo, a - mask.window + 1) for a, lo in zip(q_starts, los)]
+            self._flex[key] = los
+        return self._flex[key]
+
     def visible(self, q_idx: Tensor, k_idx: Tensor, mask: MaskSpec) -> Tensor:
         """Boolean [b, c, n], True = visible, for absolute query indices q_idx [c] and keys
         k_idx [n]: same document, causal, and the window/blocks in document positions."""
@@ -113,8 +125,6 @@ class Documents:
         key = (mask, block_size)
         if key in self._flex:
             return self._flex[key]
-        from torch.nn.attention.flex_attention import BlockMask
-
         b, s = self.shape
         n = -(-s // block_size)
         pad = n * block_size - s
@@ -137,17 +147,7 @@ class Documents:
         if mask.block is not None or mask.chunked is not None:
             full = torch.zeros_like(full)  # blocks/chunks in document positions: mask_mod decides
         full = full & any_vis
-        partial = any_vis & ~full
-
-        def tables(sel: Tensor) -> tuple[Tensor, Tensor]:
-            counts = sel.sum(-1).to(torch.int32)  # [b, nq]
-            order = torch.argsort((~sel).to(torch.int8), dim=-1, stable=True).to(torch.int32)
-            return counts[:, None], order[:, None]  # [b, 1, nq], [b, 1, nq, nk]
-
-        kv_num, kv_idx = tables(partial)
-        full_num, full_idx = tables(full)
-        bm = BlockMask.from_kv_blocks(kv_num, kv_idx, full_num, full_idx, BLOCK_SIZE=block_size,
-                                      mask_mod=self.mask_mod(mask), seq_lengths=(s, s))
+        bm = block_mask_from_tiles(any_vis, full, self.mask_mod(mask), block_size, s)
         self._flex[key] = bm
         return bm
 

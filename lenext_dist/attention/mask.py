@@ -11,7 +11,10 @@
   causal attention.
 
 Both are functions of absolute positions; `first_key` gives the lowest key a query chunk can see,
-which lets the chunked path build only [chunk, W + chunk] blocks.
+which lets the chunked path build only [chunk, W + chunk] blocks. `tiles` gives the same facts
+per (query tile, key tile) from the window/block/chunk arithmetic alone, so a FlexAttention block
+mask (`block_mask_from_tiles`) never evaluates mask_mod over [L, L] (torch's create_block_mask
+without compile does: 1 GiB of booleans at 32K).
 """
 from __future__ import annotations
 
@@ -89,3 +92,51 @@ class MaskSpec:
             return vis
 
         return mod
+
+    def tiles(self, s: int, block_size: int) -> tuple[Tensor, Tensor]:
+        """(any, full), boolean [n, n] with n = ceil(s / block_size): some / every (query, key)
+        pair of tile (qb, kb) is visible, for a sequence of s tokens (queries at 0..s-1).
+
+        Per constraint, from the extreme positions of the two tiles (qlo..qhi, klo..khi):
+        causal k <= q; window q - k < W (distance qlo - khi .. qhi - klo); blocks
+        k // B >= q // B - 1; chunks k // C == q // C. `any` is the AND of the per-constraint
+        "some pair" conditions (a superset: such a tile is computed with mask_mod), `full` the
+        AND of the "every pair" ones (exact: the tile skips mask_mod)."""
+        n = -(-s // block_size)
+        lo = torch.arange(n) * block_size
+        hi = torch.clamp(lo + block_size - 1, max=s - 1)
+        qlo, qhi, klo, khi = lo[:, None], hi[:, None], lo[None, :], hi[None, :]
+        any_vis, full = klo <= qhi, khi <= qlo
+        if self.window is not None:
+            any_vis = any_vis & (qlo - khi < self.window)
+            full = full & (qhi - klo < self.window)
+        if self.block is not None:
+            b = self.block
+            any_vis = any_vis & (khi // b >= qlo // b - 1)
+            full = full & (klo // b >= qhi // b - 1)
+        if self.chunked is not None:
+            c = self.chunked
+            any_vis = any_vis & (khi // c >= qlo // c) & (klo // c <= qhi // c)
+            full = full & (qlo // c == qhi // c) & (klo // c == khi // c) & (qlo // c == klo // c)
+        return any_vis, full & any_vis
+
+
+def block_mask_from_tiles(any_vis: Tensor, full: Tensor, mask_mod, block_size: int, s: int):
+    """A FlexAttention BlockMask from tile tables any_vis, full [(b,) nq, nk] (full implies
+    any_vis): full tiles skip mask_mod, the other visible ones call it, the rest are skipped.
+    Only [(b,) 1, nq, nk] index tables are built (BlockMask.from_kv_blocks)."""
+    from torch.nn.attention.flex_attention import BlockMask
+
+    if any_vis.dim() == 2:
+        any_vis, full = any_vis[None], full[None]
+    partial = any_vis & ~full
+
+    def tables(sel: Tensor) -> tuple[Tensor, Tensor]:
+        counts = sel.sum(-1).to(torch.int32)  # [b, nq]
+        order = torch.argsort((~sel).to(torch.int8), dim=-1, stable=True).to(torch.int32)
+        return counts[:, None], order[:, None]  # [b, 1, nq], [b, 1, nq, nk]
+
+    kv_num, kv_idx = tables(partial)
+    full_num, full_idx = tables(full)
+    return BlockMask.from_kv_blocks(kv_num, kv_idx, full_num, full_idx, BLOCK_SIZE=block_size,
+                                    mask_mod=mask_mod, seq_lengths=(s, s))

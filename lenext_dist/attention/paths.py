@@ -34,13 +34,15 @@ it builds [h, L, L] without documents: short sequences and the benchmark only).
 from __future__ import annotations
 
 import functools
+import math
 from typing import NamedTuple, Optional
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .mask import MaskSpec
+from .backends import note_impl
+from .mask import MaskSpec, block_mask_from_tiles
 
 
 def scaled_query(q: Tensor, m: Tensor, q_scale: Optional[Tensor]) -> Tensor:
@@ -50,8 +52,57 @@ def scaled_query(q: Tensor, m: Tensor, q_scale: Optional[Tensor]) -> Tensor:
     q_scale [b, sq] (per-document positions) scales each row on its own."""
     mult = m.float().view(1, -1, 1, 1)
     if q_scale is not None:
-        mult = mult * q_scale.float().unsqueeze(-2).unsqueeze(-1)  # [1|b, 1, sq, 1]
-    return (q.float() * mult).to(q.dtype)
+        mult = mult * q_scale.float().unsqueeze(-2).unsqueeze(-1)  # [1|b, h, sq, 1]
+    return _MulRound.apply(q, mult)
+
+
+def _mul_round(x: Tensor, mult: Tensor) -> Tensor:
+    """x * mult (fp32) computed in fp32 and rounded once to x.dtype, in one elementwise op
+    (torch.mul with out=: TensorIterator casts bf16 inputs up on load, the fp32 product down on
+    store; no fp32 copy of x). Bitwise equal to (x.float() * mult).to(x.dtype)."""
+    out = torch.empty_like(x)
+    return torch.mul(x, mult, out=out)
+
+
+class _MulRound(torch.autograd.Function):
+    """`_mul_round` with autograd (out= ops have none): d/dx = g * mult (the same one op),
+    d/dmult = sum of g * x in fp32 over mult's broadcast dims (only when mult needs it)."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, mult: Tensor) -> Tensor:
+        ctx.save_for_backward(x, mult)
+        return _mul_round(x, mult)
+
+    @staticmethod
+    def backward(ctx, g: Tensor):
+        x, mult = ctx.saved_tensors
+        gx = _mul_round(g, mult) if ctx.needs_input_grad[0] else None
+        gm = None
+        if ctx.needs_input_grad[1]:
+            prod = g.float() * x.float()
+            dims = [i for i, n in enumerate(mult.shape) if n == 1 and prod.shape[i] != 1]
+            gm = prod.sum(dim=dims, keepdim=True) if dims else prod
+        return gx, gm
+
+
+def head_tensor(m, h: int, device) -> Tensor:
+    """m as a [h] fp32 tensor (a python float: the uniform scale, filled)."""
+    if isinstance(m, Tensor):
+        return m
+    return torch.full((h,), float(m), dtype=torch.float32, device=device)
+
+
+def query_and_scale(q: Tensor, m, q_scale: Optional[Tensor]) -> tuple[Tensor, Optional[float]]:
+    """(q for the kernel, its `scale=` argument). m a python float (a fixed uniform scale c):
+    q untouched (or times t_i alone) and scale = c / sqrt(d), no pass over q for c; m [h]: q times
+    m (and t) in fp32 once (`scaled_query`) and the kernel's default 1/sqrt(d) (scale None)."""
+    if isinstance(m, (int, float)):
+        scale = float(m) / math.sqrt(q.shape[-1])
+        if q_scale is None:
+            return q, scale
+        t = q_scale.float().unsqueeze(-2).unsqueeze(-1)  # [1|b, 1, sq, 1]
+        return (q.float() * t).to(q.dtype), scale
+    return scaled_query(q, m, q_scale), None
 
 
 class SdpaCall(NamedTuple):
@@ -112,20 +163,22 @@ def _toeplitz_mask(bias: Tensor, q0: int, c: int, lo: int, hi: int, window: Opti
     return row.unfold(1, nk, 1).flip(1)[None]
 
 
-def _block_mask(q_pos: Tensor, k_pos: Tensor, bias: Optional[Tensor], mask: MaskSpec,
-                dtype: torch.dtype, documents=None) -> Tensor:
-    """Additive mask [1, h, c, n] (bias + -inf) or boolean [c, n] when there is no bias; with
-    `documents` (q_pos, k_pos are then indices in the row): [b, h, c, n] or boolean [b, 1, c, n]."""
+def _block_mask(q0: int, c: int, lo: int, hi: int, bias: Optional[Tensor], mask: MaskSpec,
+                dtype: torch.dtype, device, documents=None) -> Tensor:
+    """Mask of queries q0..q0+c-1 and keys lo..hi-1 (python ints: no device sync): additive
+    [1, h, c, n] (bias + -inf) or boolean [c, n] when there is no bias; with `documents` (indices
+    in the row): [b, h, c, n] or boolean [b, 1, c, n]."""
+    q_pos = torch.arange(q0, q0 + c, device=device)
+    k_pos = torch.arange(lo, hi, device=device)
     if documents is not None:
         vis = documents.visible(q_pos, k_pos, mask)[:, None]  # [b, 1, c, n]
         if bias is None:
             return vis
         # inside a document the distance is i - j in indices too; other pairs are hidden
-        add = _block_mask(q_pos, k_pos, bias, MaskSpec(), dtype)  # [1, h, c, n] causal + bias
+        add = _block_mask(q0, c, lo, hi, bias, MaskSpec(), dtype, device)  # [1, h, c, n]
         return add.masked_fill(~vis, float("-inf"))
     if bias is not None and mask.block is None and mask.chunked is None:
-        return _toeplitz_mask(bias, int(q_pos[0]), q_pos.shape[0], int(k_pos[0]),
-                              int(k_pos[-1]) + 1, mask.window, dtype)
+        return _toeplitz_mask(bias, q0, c, lo, hi, mask.window, dtype)
     vis = mask.visible(q_pos, k_pos)
     if bias is None:
         return vis
@@ -135,23 +188,43 @@ def _block_mask(q_pos: Tensor, k_pos: Tensor, bias: Optional[Tensor], mask: Mask
     return add.to(dtype)[None]
 
 
+def _chunk(qs: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor], q0: int, lo: int,
+           mask: MaskSpec, documents, gqa: bool, scale: Optional[float]) -> Tensor:
+    """SDPA of one query chunk qs [b, h, c, d] (absolute start q0) on keys lo.. of k/v."""
+    am = _block_mask(q0, qs.shape[2], lo, lo + k.shape[2], bias, mask, qs.dtype, qs.device,
+                     documents)
+    return F.scaled_dot_product_attention(qs, k, v, attn_mask=am, enable_gqa=gqa, scale=scale)
+
+
 def chunked_attention(q: Tensor, k: Tensor, v: Tensor, m: Tensor, *,
                       q_scale: Optional[Tensor] = None, bias: Optional[Tensor] = None,
                       mask: MaskSpec = MaskSpec(), chunk_size: int = 256, documents=None) -> Tensor:
+    """Under autograd with more than one chunk, each chunk is checkpointed: its mask block is
+    rebuilt in backward instead of kept (otherwise SDPA keeps every block: ~h L^2 / 2 values
+    per layer with a bias, 47 GB over 22 layers at 8K), so memory stays O(chunk x keys)."""
     sq, sk = q.shape[2], k.shape[2]
     off = sk - sq
-    qs = scaled_query(q, m, q_scale)
+    qs, scale = query_and_scale(q, m, q_scale)
     k, v, gqa = sdpa_kv(q, k, v, masked=True)  # once for all chunks
+    starts = range(0, sq, chunk_size)
+    # lowest visible key of every chunk, python ints (documents: one device sync per batch)
+    firsts = ([mask.first_key(a + off) for a in starts] if documents is None
+              else documents.first_keys(chunk_size, mask))
+    grad = torch.is_grad_enabled() and any(
+        t is not None and t.requires_grad for t in (qs, k, v, bias))
+    recompute = grad and len(starts) > 1
     outs = []
-    for start in range(0, sq, chunk_size):
+    for start, lo in zip(starts, firsts):
         end = min(start + chunk_size, sq)
-        lo = mask.first_key(start + off) if documents is None else documents.first_key(start, mask)
         hi = end + off
-        q_pos = torch.arange(start + off, end + off, device=q.device)
-        k_pos = torch.arange(lo, hi, device=q.device)
-        am = _block_mask(q_pos, k_pos, bias, mask, q.dtype, documents)
-        outs.append(F.scaled_dot_product_attention(qs[:, :, start:end], k[:, :, lo:hi],
-                                                   v[:, :, lo:hi], attn_mask=am, enable_gqa=gqa))
+        args = (qs[:, :, start:end], k[:, :, lo:hi], v[:, :, lo:hi], bias, start + off, lo,
+                mask, documents, gqa, scale)
+        if recompute:
+            from torch.utils.checkpoint import checkpoint
+
+            outs.append(checkpoint(_chunk, *args, use_reentrant=False))
+        else:
+            outs.append(_chunk(*args))
     return torch.cat(outs, dim=2) if len(outs) > 1 else outs[0]
 
 
@@ -160,11 +233,10 @@ def sdpa_mask_attention(q: Tensor, k: Tensor, v: Tensor, m: Tensor, *,
                         mask: MaskSpec = MaskSpec(), chunk_size: int = 256,
                         documents=None) -> Tensor:
     sq, sk = q.shape[2], k.shape[2]
-    q_pos = torch.arange(sk - sq, sk, device=q.device)
-    am = _block_mask(q_pos, torch.arange(sk, device=q.device), bias, mask, q.dtype, documents)
+    am = _block_mask(sk - sq, sq, 0, sk, bias, mask, q.dtype, q.device, documents)
     k, v, gqa = sdpa_kv(q, k, v, masked=True)
-    return F.scaled_dot_product_attention(scaled_query(q, m, q_scale), k, v, attn_mask=am,
-                                          enable_gqa=gqa)
+    qs, scale = query_and_scale(q, m, q_scale)
+    return F.scaled_dot_product_attention(qs, k, v, attn_mask=am, enable_gqa=gqa, scale=scale)
 
 
 # ---- FlexAttention ----------------------------------------------------------------------------
@@ -184,11 +256,18 @@ def _compiled_flex():
     return torch.compile(flex_attention, dynamic=False)
 
 
+FLEX_BLOCK = 128  # FlexAttention's default tile (_DEFAULT_SPARSE_BLOCK_SIZE)
+
+
 @functools.lru_cache(maxsize=16)
 def _flex_block_mask(mask: MaskSpec, sq: int, sk: int, device: str):
-    from torch.nn.attention.flex_attention import create_block_mask
-
-    return create_block_mask(mask.mask_mod(sk - sq), None, None, sq, sk, device=device)
+    """The block mask of `mask` for sq == sk (flex runs full sequences only, `choose_impl`),
+    from the window/block/chunk arithmetic (`MaskSpec.tiles`): [1, 1, L/128, L/128] tables."""
+    if sq != sk:
+        raise ValueError(f"flex block masks need sq == sk, got {sq} queries and {sk} keys")
+    any_vis, full = mask.tiles(sk, FLEX_BLOCK)
+    return block_mask_from_tiles(any_vis.to(device), full.to(device), mask.mask_mod(0),
+                                 FLEX_BLOCK, sk)
 
 
 def _bias_score_mod(table: Tensor, off: int):
@@ -211,8 +290,11 @@ _flex_broken: list = []  # the first compile error, if torch.compile cannot run 
 
 def _flex_key(q: Tensor, k: Tensor, bias: Optional[Tensor], mask: MaskSpec, documents,
               grad: bool) -> tuple:
-    return (tuple(q.shape), tuple(k.shape), q.dtype, q.device.type, bias is not None, mask,
-            documents is not None, grad)
+    # a learned bias (KERPLE: bias.requires_grad) is its own key: its backward differs from
+    # ALiBi's constant table, so its first call with autograd gets its own backward probe
+    learned_bias = bias is not None and bias.requires_grad
+    return (tuple(q.shape), tuple(k.shape), q.dtype, q.device.type, bias is not None,
+            learned_bias, mask, documents is not None, grad)
 
 
 def _flex_forward(q: Tensor, k: Tensor, v: Tensor, m: Tensor, q_scale: Optional[Tensor],
@@ -223,8 +305,9 @@ def _flex_forward(q: Tensor, k: Tensor, v: Tensor, m: Tensor, q_scale: Optional[
     # the table stays fp32: score_mod runs on fp32 scores, and a bf16 table would shift
     # ALiBi/KERPLE/Sandwich logits by up to +-0.25 at long range
     score_mod = None if bias is None else _bias_score_mod(bias.float(), sk - sq)
-    return _compiled_flex()(scaled_query(q, m, q_scale), k, v, score_mod=score_mod,
-                            block_mask=block_mask, enable_gqa=k.shape[1] != q.shape[1])
+    qs, scale = query_and_scale(q, m, q_scale)
+    return _compiled_flex()(qs, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale,
+                            enable_gqa=k.shape[1] != q.shape[1])
 
 
 def _probe_backward(q: Tensor, k: Tensor, v: Tensor, m: Tensor, q_scale: Optional[Tensor],
@@ -233,10 +316,10 @@ def _probe_backward(q: Tensor, k: Tensor, v: Tensor, m: Tensor, q_scale: Optiona
     otherwise happen at the caller's first `loss.backward()`, outside any try, e.g. KERPLE's
     learnable bias on CUDA, or no FlexAttention backward at all on CPU) fails here, where the
     caller can still fall back. Costs one extra attention pass per new training shape."""
-    leaves = [None if t is None else t.detach().requires_grad_(t.requires_grad)
+    leaves = [t if not isinstance(t, Tensor) else t.detach().requires_grad_(t.requires_grad)
               for t in (q, k, v, m, q_scale, bias)]
     out = _flex_forward(*leaves[:5], leaves[5], mask, documents)
-    wrt = [t for t in leaves if t is not None and t.requires_grad]
+    wrt = [t for t in leaves if isinstance(t, Tensor) and t.requires_grad]
     torch.autograd.grad(out.float().sum(), wrt)
 
 
@@ -245,9 +328,11 @@ def flex_path_attention(q: Tensor, k: Tensor, v: Tensor, m: Tensor, *,
                         mask: MaskSpec = MaskSpec(), chunk_size: int = 256,
                         documents=None) -> Tensor:
     grad = torch.is_grad_enabled() and any(
-        t is not None and t.requires_grad for t in (q, k, v, m, q_scale, bias))
+        isinstance(t, Tensor) and t.requires_grad for t in (q, k, v, m, q_scale, bias))
     key = _flex_key(q, k, bias, mask, documents, grad)
     if _flex_broken or (key not in _flex_shapes and len(_flex_shapes) >= FLEX_MAX_SHAPES):
+        note_impl("chunked", "flex failed earlier in this process" if _flex_broken else
+                  f"flex past FLEX_MAX_SHAPES={FLEX_MAX_SHAPES} shapes")
         return chunked_attention(q, k, v, m, q_scale=q_scale, bias=bias, mask=mask,
                                  chunk_size=chunk_size, documents=documents)
     try:
@@ -262,6 +347,7 @@ def flex_path_attention(q: Tensor, k: Tensor, v: Tensor, m: Tensor, *,
         warnings.warn(f"FlexAttention unavailable here ({type(e).__name__}: {e}); "
                       "using the chunked SDPA path")
         _flex_broken.append(e)
+        note_impl("chunked", f"flex unavailable: {type(e).__name__}")
         return chunked_attention(q, k, v, m, q_scale=q_scale, bias=bias, mask=mask,
                                  chunk_size=chunk_size, documents=documents)
     _flex_shapes.add(key)

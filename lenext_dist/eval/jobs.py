@@ -25,7 +25,7 @@ import numpy as np
 from lenext_dist.errors import UserError
 from lenext_dist.flags import check_fields, from_args, option
 
-from .model_io import load_model, model_info, write_json
+from .model_io import default_dtype, load_model, model_info, write_json
 from .options import (DTYPES, PROTOCOLS, ROPE_SCALINGS, TASK_NAMES, depths, ints, nonneg_int, paths,
                       pos_float, pos_int, task_names, temperature, temperature_section)
 from .ruler_tasks import LM_EVAL_SAMPLES, OFFLINE, ruler_task_names
@@ -43,7 +43,8 @@ class EvalJob:
                         "with trust_remote_code=True", required=True)
     out: Optional[str] = option(None, str, "output folder (default results/<model name>)")
     tokenizer: Optional[str] = option(None, str, "SentencePiece .model (default <model>/tokenizer.model)")
-    dtype: str = option("float32", choices=DTYPES)
+    dtype: Optional[str] = option(None, help="weights/activations dtype (default: bfloat16 on CUDA, "
+                                  "float32 elsewhere)", choices=DTYPES)
     device: Optional[str] = option(None, str, "cpu / cuda / cuda:1 (default: cuda if any)")
     threads: Optional[int] = option(None, pos_int, "torch CPU threads")
     batch_size: int = option(1, pos_int, "windows (prompts) per forward")
@@ -126,6 +127,8 @@ class EvalJob:
 
         if self.threads:
             torch.set_num_threads(self.threads)
+        if self.dtype is None:  # resolved here, so the JSON records the dtype that ran
+            self.dtype = default_dtype(self.device)
         model = load_model(self.model, self.dtype, self.device)
         if self.scale_c is not None:
             set_uniform_scale(model, self.scale_c)

@@ -15,7 +15,6 @@ start); attention_mask is None (causal inside core attention) or document ids [b
 """
 from __future__ import annotations
 
-import contextlib
 from typing import Optional, Union
 
 import torch
@@ -24,7 +23,7 @@ import torch.nn.functional as F
 from lenext_dist.attention import layer_qk_norms, layer_variants
 from lenext_dist.attention.names import HEAD_SCALE_KEY
 
-from .megatron_env import accelerator_name
+from .megatron_env import accelerator_name, current_device
 
 
 def transformer_config(cfg, *, device: Optional[str] = None):
@@ -114,12 +113,15 @@ def build_model(cfg, device: Union[str, torch.device, None] = None):
         raise RuntimeError("build_model needs init_megatron(seed) first (after torch.distributed "
                            "is up; init_single_process_group() makes a 1-rank group)")
     dev = torch.device(device) if device is not None else torch.device(accelerator_name())
+    if dev.type not in ("cpu", "meta") and dev.index is None:
+        dev = current_device()  # where megatron puts its params (e.g. cuda:3 from the launcher)
     config = transformer_config(cfg, device=dev.type)
     mc = cfg.model
-    # CUDA: megatron places params on torch.cuda.current_device() itself; CPU/meta: the ambient
-    # default device decides where torch.empty(...) inside megatron lands.
-    ctx = torch.device(dev) if dev.type in ("cpu", "meta") else contextlib.nullcontext()
-    with ctx:
+    # CUDA: megatron places its own params on torch.cuda.current_device(); CPU/meta: the ambient
+    # default device decides where torch.empty(...) inside megatron lands. Modules megatron builds
+    # with neither device nor dtype (torch.nn.RMSNorm, transformer/torch_norm.py) follow the
+    # ambient device on every device, and `place_parameters` below gives them params_dtype.
+    with torch.device(dev):
         model = GPTModel(
             config=config,
             transformer_layer_spec=layer_spec(cfg),
@@ -131,9 +133,48 @@ def build_model(cfg, device: Union[str, torch.device, None] = None):
             share_embeddings_and_output_weights=mc.tie_embeddings,
             position_embedding_type="none",
         )
+    place_parameters(model, dev, config.params_dtype)
     if cfg.train.activation_checkpointing:
         _recompute_layers(model)
     return model
+
+
+def documented_fp32(name: str) -> bool:
+    """Parameters that stay fp32 in a bf16/fp16 model on purpose: HeadScale's m_h and the learned
+    position variant's (KERPLE r1/r2, `...core_attention.position.<param>`); see
+    attention/precision.py and train/fp32_params.py."""
+    return name.endswith(HEAD_SCALE_KEY) or ".core_attention.position." in name
+
+
+@torch.no_grad()
+def place_parameters(model: torch.nn.Module, device: torch.device, dtype: torch.dtype) -> None:
+    """Every parameter on `device` in `dtype`, except `documented_fp32` ones (fp32, on `device`).
+
+    Why: megatron creates torch.nn.RMSNorm with no device or dtype, so on CUDA its weights were
+    left on the CPU in fp32 beside bf16 GPU weights (a device mismatch in any bare-model forward)
+    and a bf16 run kept fp32 shadows of every norm weight (train/fp32_params.py). A moved
+    parameter is a new Parameter with the old one's requires_grad and attributes; one shared by
+    several modules stays shared.
+    """
+    device = torch.device(device)
+    names = {id(p): n for n, p in model.named_parameters()}
+    moved: dict[int, torch.nn.Parameter] = {}
+    for mod in model.modules():
+        for key, p in list(mod._parameters.items()):
+            if p is None or id(p) not in names:
+                continue
+            want = torch.float32 if documented_fp32(names[id(p)]) else dtype
+            if id(p) not in moved and (p.device != device or p.dtype != want):
+                new = torch.nn.Parameter(p.detach().to(device=device, dtype=want),
+                                         requires_grad=p.requires_grad)
+                new.__dict__.update(p.__dict__)
+                moved[id(p)] = new
+            if id(p) in moved:
+                mod._parameters[key] = moved[id(p)]
+    for mod in model.modules():  # buffers: device only (the uniform head_scale stays fp32)
+        for key, b in mod.named_buffers(recurse=False):
+            if b is not None and b.device != device:
+                mod._buffers[key] = b.to(device)
 
 
 def _recompute_layers(model) -> None:

@@ -88,6 +88,9 @@ class LenextCoreAttention(MegatronModule):
         else:
             self.q_norm = self.k_norm = None
         m = torch.full((h,), float(init_scale), dtype=torch.float32, device=device)
+        # a fixed uniform scale c reaches the kernel as a python float: SDPA's scale= c/sqrt(d),
+        # no pass over q (paths.query_and_scale); the buffer stays for counts and the export
+        self.uniform_scale = None if learned else float(init_scale)
         if learned:
             self.register_parameter(HEAD_SCALE, torch.nn.Parameter(m, requires_grad=trainable))
         else:
@@ -110,7 +113,8 @@ class LenextCoreAttention(MegatronModule):
         if self.q_norm is not None:  # per head, over hn: before Ulysses' all-to-all and rotation
             query, key = self.q_norm(query), self.k_norm(key)
         sq, b, np_, hn = query.shape
-        m = fp32_value(self.head_scale)  # [np] fp32: under bf16 the exact value (fp32_params.py)
+        # [np] fp32 (under bf16 the exact value, fp32_params.py), or the uniform c as a float
+        m = self.uniform_scale if self.uniform_scale is not None else fp32_value(self.head_scale)
         if self.ulysses is not None:
             # [s/N, b, np, hn] shards -> whole sequence, heads [lo, hi) -> [s/N, b, np, hn]
             heads = self.ulysses.heads

@@ -150,4 +150,6 @@ class _Local(torch.nn.Module):
 
 def heads_slice(m: Tensor, heads: Optional[tuple[int, int]]) -> Tensor:
     """m [h] -> this rank's m [h/N] (or m itself without sequence parallelism)."""
-    return m if heads is None else m[heads[0]:heads[1]]
+    if heads is None or not isinstance(m, Tensor):
+        return m  # a python float: the uniform scale of every head
+    return m[heads[0]:heads[1]]

@@ -25,11 +25,15 @@ from lenext_dist.attention.precision import FP32_ATTR
 
 def capture(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """{name: fp32 copy} of the fp32 parameters of a model whose other weights are not fp32."""
+    from lenext_dist.model.build import documented_fp32
+
     params = dict(model.named_parameters())
     if all(p.dtype == torch.float32 for p in params.values()):
         return {}  # an fp32 run: nothing is cast
+    # only the documented fp32 ones (m_h, KERPLE): build.place_parameters gives every other
+    # weight, the norms included, the run's dtype, so nothing else needs an fp32 shadow
     return {n: p.detach().clone() for n, p in params.items()
-            if p.dtype == torch.float32 and p.device.type != "meta"}
+            if documented_fp32(n) and p.dtype == torch.float32 and p.device.type != "meta"}
 
 
 @torch.no_grad()

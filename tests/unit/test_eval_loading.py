@@ -48,3 +48,17 @@ def test_report_on_a_malformed_result_names_the_file(tmp_path, capsys, text):
     err = capsys.readouterr().err
     assert err.startswith(f"error: {bad}: not a `lenext eval` result of kind ") and err.count("\n") == 1
     assert not (tmp_path / "rep.md").exists()
+
+
+def test_default_dtype_is_bf16_on_cuda_fp32_on_cpu(tmp_path):
+    """`lenext eval` without --dtype: bfloat16 on CUDA, float32 on CPU (the model loads so)."""
+    import torch
+
+    from lenext_dist.eval.jobs import PplJob
+    from lenext_dist.eval.model_io import default_dtype
+
+    assert default_dtype("cuda") == default_dtype("cuda:1") == "bfloat16"
+    assert default_dtype("cpu") == "float32"
+    assert PplJob(model="m", data=["d"], lengths=[8]).dtype is None  # resolved when it runs
+    out = save_tiny_lenext(str(tmp_path / "custom"), layers=1)
+    assert {p.dtype for p in load_model(out, device="cpu").parameters()} == {torch.float32}
