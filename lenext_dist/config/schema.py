@@ -152,6 +152,41 @@ class OptimConfig:
 
 
 @dataclass
+class StageConfig:
+    """One length stage of train.stages: from `start_step` on, the run trains with these settings
+    (unset ones keep the previous stage's; stage 0 is the run's own model/attention/data/train
+    settings). Rules and data order: lenext_dist/train/stages.py; recipes: docs/recipe.md."""
+
+    start_step: int = 0
+    """First optimizer step (0-based) of the stage; > the previous stage's, < train.steps."""
+    seq_length: Optional[int] = None
+    """Tokens per sample from here on (model.seq_length of the stage); null keeps the previous."""
+    rope_base: Optional[float] = None
+    """attention.rope.base (RoPE theta) of the stage, e.g. 1.5e6 at 32K (SmolLM3); null keeps it."""
+    rope_scaling: Optional[Literal["none", "pi", "ntk", "yarn"]] = None
+    """attention.rope.scaling of the stage; null keeps it."""
+    rope_factor: Optional[float] = None
+    """attention.rope.factor of the stage; null keeps it."""
+    micro_batch_size: Optional[int] = None
+    """train.micro_batch_size of the stage; null keeps the previous stage's."""
+    global_batch_size: Optional[int] = None
+    """train.global_batch_size of the stage; null keeps the tokens per step of stage 0
+    (global batch x seq_length), which must then divide into whole sequences."""
+    blend: list[BlendItem] = field(default_factory=list)
+    """data.blend of the stage (e.g. a long-document mix); empty keeps the previous stage's."""
+
+    def __post_init__(self):
+        _check(self.start_step > 0, "train.stages[].start_step", "must be > 0 (stage 0 is the run's "
+               "own settings)")
+        for k in ("seq_length", "micro_batch_size", "global_batch_size"):
+            v = getattr(self, k)
+            _check(v is None or v > 0, f"train.stages[].{k}", "must be > 0")
+        _check(self.rope_base is None or self.rope_base > 1.0, "train.stages[].rope_base", "must be > 1")
+        _check(self.rope_factor is None or self.rope_factor >= 1.0, "train.stages[].rope_factor",
+               "must be >= 1")
+
+
+@dataclass
 class TrainConfig:
     """Steps, batch arithmetic and precision. global = micro x grad_accum x data-parallel size."""
 
@@ -183,6 +218,10 @@ class TrainConfig:
     overflowing steps) tolerated before training stops with an error (exit 2, `latest` left on
     the last good checkpoint); 0: stop at the first. Weights holding NaN/inf stop it regardless
     (checked before every save)."""
+    stages: list[StageConfig] = field(default_factory=list)
+    """Length stages of one run (e.g. 4K -> 32K -> 64K with a RoPE theta per stage): each from
+    its start_step on; the LR schedule runs on over train.steps; a checkpoint at each boundary
+    (docs/recipe.md, lenext_dist/train/stages.py). Empty: one stage, the settings above."""
 
     def __post_init__(self):
         for k in ("steps", "micro_batch_size", "global_batch_size", "eval_iters"):
@@ -190,6 +229,11 @@ class TrainConfig:
         _check(self.nonfinite_patience >= 0, "train.nonfinite_patience", "must be >= 0")
         _check(self.eval_interval >= 0, "train.eval_interval", "must be >= 0")
         _check(self.grad_accum is None or self.grad_accum > 0, "train.grad_accum", "must be > 0")
+        starts = [st.start_step for st in self.stages]
+        for i, (a, b) in enumerate(zip(starts, starts[1:])):
+            _check(a < b, f"train.stages[{i + 1}].start_step", f"{b} must be > the previous stage's {a}")
+        _check(not starts or starts[-1] < self.steps, f"train.stages[{len(starts) - 1}].start_step",
+               f"{starts[-1] if starts else 0} must be < train.steps {self.steps}")
 
     def accum_steps(self, world_size: int) -> int:
         """Micro-batches per optimizer step per rank; raises if the batch sizes do not divide."""
@@ -328,6 +372,10 @@ class RunConfig:
                     and hs.min_value is not None), "parallel.zero_stage",
                "bf16 with clamped trainable head scales needs ZeRO stage >= 1 (or train.precision fp32)")
         self._check_layout()
+        if self.train.stages:  # each stage's settings pass the same checks as a run's (one line)
+            from .stages import check_stages
+
+            check_stages(self)
         n, m = self.parallel.ulysses_size, self.model
         _check(m.num_attention_heads % n == 0, "parallel.ulysses_size",
                f"{n} does not divide model.num_attention_heads {m.num_attention_heads}; pick a "

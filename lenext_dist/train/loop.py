@@ -19,8 +19,8 @@ from typing import Any, Optional
 import torch
 import torch.distributed as dist
 
-from lenext_dist.checkpoint.layout import CONFIG, latest_tag, latest_tag_name
-from lenext_dist.config import RunConfig, deepspeed_config, save_config, to_dict
+from lenext_dist.checkpoint.layout import CONFIG, latest_tag, latest_tag_name, step_of
+from lenext_dist.config import RunConfig, deepspeed_config, save_config, stages, to_dict
 from lenext_dist.data.gpt_data import build_datasets, train_batches, valid_batches
 from lenext_dist.errors import UserError
 from lenext_dist.model import ulysses
@@ -171,14 +171,41 @@ def train(cfg: RunConfig) -> dict:
 
 
 def _train(cfg: RunConfig, stop: StopSignal, owns_group: bool, rank: int, world: int) -> dict:
-    run = _set_up(cfg, rank, world)
-    step, consumed = _resume(run)
-    if rank == 0:
-        save_config(cfg, os.path.join(cfg.run_dir, CONFIG))
-        with open(os.path.join(cfg.run_dir, "deepspeed.json"), "w") as f:
-            json.dump(run.ds_config, f, indent=2)
-    step, stopped, diverged = _step_loop(run, stop, step, consumed)
-    return _finish(run, step, stopped, diverged, owns_group)
+    """Stage by stage (train.stages; one stage without): each from the checkpoint at its boundary
+    with its own model, data and engine (config/stages.py has the rules)."""
+    k = stages.index_at(cfg, _resume_step(cfg))
+    while True:
+        run = _set_up(stages.stage_config(cfg, k), rank, world, base=cfg, stage=k)
+        step, consumed = _resume(run)
+        if rank == 0:
+            save_config(cfg, os.path.join(cfg.run_dir, CONFIG))
+            name = "deepspeed.json" if k == 0 else f"deepspeed.stage{k}.json"
+            with open(os.path.join(cfg.run_dir, name), "w") as f:
+                json.dump(run.ds_config, f, indent=2)
+        end = stages.bounds(cfg)[k][1]
+        step, stopped, diverged = _step_loop(run, stop, step, consumed, end)
+        if stopped or diverged is not None or step >= cfg.train.steps:
+            return _finish(run, step, stopped, diverged, owns_group)
+        k += 1  # the boundary's checkpoint is saved: free this stage's engine, build the next
+        del run
+        _free_device_memory()
+
+
+def _resume_step(cfg: RunConfig) -> int:
+    """The step the run resumes from (its latest complete checkpoint's), 0 for a fresh start: it
+    picks the stage whose model and data are built."""
+    tag = latest_tag(cfg.checkpoint.dir) if cfg.checkpoint.resume else None
+    return (step_of(tag) or 0) if tag else 0
+
+
+def _free_device_memory() -> None:
+    import gc
+
+    from deepspeed.accelerator import get_accelerator
+
+    gc.collect()
+    if get_accelerator().device_name() != "cpu":
+        get_accelerator().empty_cache()
 
 
 @dataclass
@@ -198,6 +225,8 @@ class _Run:
     peak: float
     tag: Optional[str]  # the checkpoint to resume from
     reshard: bool  # its ZeRO partitions are of another data-parallel size
+    base: RunConfig  # the run's whole config (train.stages included): what checkpoints record
+    stage: int  # the stage `cfg` is of (0 without train.stages)
 
     @property
     def trainable_scales(self) -> bool:
@@ -205,9 +234,11 @@ class _Run:
         return hs.enabled and hs.trainable
 
 
-def _set_up(cfg: RunConfig, rank: int, world: int) -> _Run:
-    """Parallel groups, data, model and DeepSpeed engine; what is wrong with the batch sizes, the
-    shards or the checkpoint to resume fails here, before anything is trained."""
+def _set_up(cfg: RunConfig, rank: int, world: int, base: Optional[RunConfig] = None, stage: int = 0) -> _Run:
+    """Parallel groups, data, model and DeepSpeed engine of `cfg` (stage `stage` of the run
+    `base`); what is wrong with the batch sizes, the shards or the checkpoint to resume fails
+    here, before anything is trained."""
+    base = base or cfg
     from deepspeed.accelerator import get_accelerator
 
     from lenext_dist.model import build_model, flops_per_token, init_megatron
@@ -221,7 +252,7 @@ def _set_up(cfg: RunConfig, rank: int, world: int) -> _Run:
     device = get_accelerator().current_device_name()
     init_megatron(cfg.train.seed)
     model = build_model(cfg)
-    tag, reshard = _checkpoint_to_resume(cfg, world)
+    tag, reshard = _checkpoint_to_resume(base, world)
     if tag is None and cfg.checkpoint.init_from:  # before DeepSpeed wraps the model
         src = checkpoint.load_weights(model, cfg.checkpoint.init_from, keep=optim.is_head_scale)
         _print0(f"[lenext] initialized weights from {src}; head scales start at {cfg.head_scale_init}")
@@ -236,8 +267,10 @@ def _set_up(cfg: RunConfig, rank: int, world: int) -> _Run:
     fpt = flops_per_token(cfg)
     _header(cfg, model, world, dp, accum, fpt, peak)
     _print0(f"[lenext] peak from {peak_src}")
+    if base.train.stages:
+        _print0(f"[lenext] {stages.describe(base, stage)} ({len(base.train.stages) + 1} stages)")
     return _Run(cfg, rank, world, dp_rank, dp, device, engine, ds_config, train_ds, valid_ds, fpt, peak,
-                tag, reshard)
+                tag, reshard, base, stage)
 
 
 def _checkpoint_to_resume(cfg: RunConfig, world: int) -> tuple[Optional[str], bool]:
@@ -266,26 +299,30 @@ def _resume(run: _Run) -> tuple[int, int]:
     return step, consumed
 
 
-def _step_loop(run: _Run, stop: StopSignal, step: int, consumed: int) -> tuple[int, bool, Optional[int]]:
-    """Steps until train.steps, a stop signal (a checkpoint, then out) or divergence; returns
-    (step, stopped by a signal, the step it diverged at or None)."""
+def _step_loop(run: _Run, stop: StopSignal, step: int, consumed: int,
+               end: Optional[int] = None) -> tuple[int, bool, Optional[int]]:
+    """Steps until `end` (the stage's end; default train.steps, saved there), a stop signal (a
+    checkpoint, then out) or divergence; returns (step, stopped by a signal, the step it
+    diverged at or None)."""
+    end = run.cfg.train.steps if end is None else end
     cfg, engine, device = run.cfg, run.engine, run.device
     metrics = Metrics(cfg.run_dir, cfg.train.steps, cfg.train.global_batch_size * cfg.model.seq_length,
                       run.fpt, run.peak, run.world, cfg.logging.tensorboard, enabled=run.rank == 0,
-                      start_step=step)
+                      start_step=step, stage=run.stage if run.base.train.stages else None,
+                      tokens_offset=stages.tokens_offset(run.base, run.stage))
     bar = _progress(cfg, step, run.rank)
     stopped, diverged = False, None
     loss_sum, n_loss = 0.0, 0  # the mean loss over the steps since the last log line
     bad_steps = 0  # consecutive non-finite steps
     micro_step = _micro_steps(run)
     batches = train_batches(run.train_ds, cfg, run.dp_rank, run.dp, step)
-    while step < cfg.train.steps:
+    while step < end:
         t0 = time.perf_counter()
         micro_batches = next(batches)
         data_s = time.perf_counter() - t0
         lr = optim.cosine_lr(step, cfg.optim, cfg.train.steps)
         optim.set_lr(engine.optimizer, lr)
-        log_now = (step + 1) % cfg.logging.interval == 0 or step + 1 == cfg.train.steps
+        log_now = (step + 1) % cfg.logging.interval == 0 or step + 1 == end
         step_loss, gnorm = micro_step(micro_batches, log_now)
         step += 1
         consumed += cfg.train.global_batch_size
@@ -312,7 +349,7 @@ def _step_loop(run: _Run, stop: StopSignal, step: int, consumed: int) -> tuple[i
             metrics.log_eval(step, evaluate(engine, run.valid_ds, cfg, run.dp_rank, run.dp,
                                             step // cfg.train.eval_interval - 1, device))
         signalled = stop.agreed(device)
-        if not _save_if_due(run, stop, signalled, step, consumed):
+        if not _save_if_due(run, stop, signalled, step, consumed, end):
             diverged = step
             break
         if signalled:
@@ -371,18 +408,18 @@ def _log(run: _Run, metrics: Metrics, step: int, loss: float, lr: float, gnorm) 
                        "grad_norm": float(gnorm) if gnorm is not None else float("nan")}, scales)
 
 
-def _save_if_due(run: _Run, stop: StopSignal, signalled: bool, step: int, consumed: int) -> bool:
-    """A checkpoint on a signal, at the last step and every checkpoint.interval steps; False
-    (nothing saved) when the weights hold NaN/inf."""
+def _save_if_due(run: _Run, stop: StopSignal, signalled: bool, step: int, consumed: int, end: int) -> bool:
+    """A checkpoint on a signal, at the stage's (the run's) last step and every
+    checkpoint.interval steps; False (nothing saved) when the weights hold NaN/inf."""
     interval = run.cfg.checkpoint.interval
-    if not (signalled or step == run.cfg.train.steps or (interval and step % interval == 0)):
+    if not (signalled or step == end or (interval and step % interval == 0)):
         return True
     if not _weights_finite(run.engine, run.device):  # a finite loss, then an update with lr=inf
         _print0(f"[lenext] step {step}: the weights hold NaN/inf after the update; not saved")
         return False
     if signalled:
         _print0(f"[lenext] {stop.name} received: saving a checkpoint at step {step} and exiting")
-    checkpoint.save(run.engine, run.cfg, step, consumed)
+    checkpoint.save(run.engine, run.base, step, consumed)  # the whole run's config, stages included
     return True
 
 
