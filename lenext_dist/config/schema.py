@@ -128,9 +128,9 @@ class OptimConfig:
     weight_decay: float = 0.1
     """AdamW decoupled weight decay on matrices (never on norms, biases or head scales)."""
     no_decay_embeddings: bool = False
-    """Exempt the token embedding from weight decay (OLMo 2, SmolLM3: decay pulls the rows of rare
-    tokens towards zero). Tied embeddings share that tensor with the output layer, so it goes
-    undecayed too; an untied output layer keeps its decay (docs/recipe.md)."""
+    """Exempt the token embedding from weight decay, as OLMo 2 and SmolLM3 train. Tied embeddings
+    share that tensor with the output layer, so it goes undecayed too; an untied output layer
+    keeps its decay (docs/recipe.md)."""
     beta1: float = 0.9
     """AdamW beta1."""
     beta2: float = 0.95
