@@ -62,3 +62,30 @@ def test_dry_run_of_each_shipped_staged_config_estimates_every_stage(megatron_1r
     assert len(tokens) == 1 and "NOT kept" not in text  # the recipes keep their tokens per step
     mem = [s["memory"]["total"] for s in out["stages"]]
     assert mem[-1] > mem[0]  # the longest stage needs the most memory
+
+
+def test_the_stage_rope_base_and_length_reach_the_built_model(megatron_1rank, tmp_path):
+    from lenext_dist.attention import RoPE
+    from lenext_dist.model import build_model
+
+    cfg = _load(tmp_path, [{"start_step": 4, "seq_length": 256, "rope_base": 1.0e5}])
+    cfg.attention.position = "rope"
+    bases = {k: {m.base for m in build_model(stages.stage_config(cfg, k), device="meta").modules()
+                 if isinstance(m, RoPE)} for k in (0, 1)}
+    assert bases == {0: {cfg.attention.rope.base}, 1: {1.0e5}}
+
+
+def test_a_checkpoint_reads_back_as_the_stage_its_weights_were_trained_in(tmp_path):
+    """Export and extend read run_config: the stage of the checkpoint's last trained step (a
+    boundary checkpoint is its earlier stage's); a resume compares the saved, whole config."""
+    from lenext_dist.checkpoint.layout import run_config, saved_config, tag_for
+    from lenext_dist.config import save_config
+
+    cfg = _load(tmp_path, [{"start_step": 4, "seq_length": 256, "rope_base": 1.0e5}])
+    for step, (seq, base) in ((4, (128, cfg.attention.rope.base)), (5, (256, 1.0e5)), (10, (256, 1.0e5))):
+        d = tmp_path / tag_for(step)
+        d.mkdir()
+        save_config(cfg, d / "config.yaml")
+        got = run_config(d)
+        assert (got.model.seq_length, got.attention.rope.base) == (seq, base), step
+        assert saved_config(d).train.stages == cfg.train.stages
