@@ -157,8 +157,12 @@ class StageConfig:
     (unset ones keep the previous stage's; stage 0 is the run's own model/attention/data/train
     settings). Rules and data order: lenext_dist/train/stages.py; recipes: docs/recipe.md."""
 
-    start_step: int = 0
-    """First optimizer step (0-based) of the stage; > the previous stage's, < train.steps."""
+    start_step: Optional[int] = None
+    """First optimizer step (0-based) of the stage (or start_tokens); > the previous stage's, < train.steps."""
+    start_tokens: Optional[int] = None
+    """Or the tokens trained before the stage starts (counted with each earlier stage's tokens
+    per step): the stage starts at the first step that many tokens have been trained by; resolved
+    into start_step when the config is read (a saved config holds both; they must agree)."""
     seq_length: Optional[int] = None
     """Tokens per sample from here on (model.seq_length of the stage); null keeps the previous."""
     rope_base: Optional[float] = None
@@ -176,8 +180,11 @@ class StageConfig:
     """data.blend of the stage (e.g. a long-document mix); empty keeps the previous stage's."""
 
     def __post_init__(self):
-        _check(self.start_step > 0, "train.stages[].start_step", "must be > 0 (stage 0 is the run's "
-               "own settings)")
+        _check(self.start_step is not None or self.start_tokens is not None, "train.stages[]",
+               "needs start_step or start_tokens")
+        _check(self.start_step is None or self.start_step > 0, "train.stages[].start_step",
+               "must be > 0 (stage 0 is the run's own settings)")
+        _check(self.start_tokens is None or self.start_tokens > 0, "train.stages[].start_tokens", "must be > 0")
         for k in ("seq_length", "micro_batch_size", "global_batch_size"):
             v = getattr(self, k)
             _check(v is None or v > 0, f"train.stages[].{k}", "must be > 0")
@@ -221,7 +228,7 @@ class TrainConfig:
     stages: list[StageConfig] = field(default_factory=list)
     """Length stages of one run (e.g. 4K -> 32K -> 64K with a RoPE theta per stage): each from
     its start_step on; the LR schedule runs on over train.steps; a checkpoint at each boundary
-    (docs/recipe.md, lenext_dist/train/stages.py). Empty: one stage, the settings above."""
+    (docs/recipe.md, lenext_dist/config/stages.py). Empty: one stage, the settings above."""
 
     def __post_init__(self):
         for k in ("steps", "micro_batch_size", "global_batch_size", "eval_iters"):
@@ -229,11 +236,6 @@ class TrainConfig:
         _check(self.nonfinite_patience >= 0, "train.nonfinite_patience", "must be >= 0")
         _check(self.eval_interval >= 0, "train.eval_interval", "must be >= 0")
         _check(self.grad_accum is None or self.grad_accum > 0, "train.grad_accum", "must be > 0")
-        starts = [st.start_step for st in self.stages]
-        for i, (a, b) in enumerate(zip(starts, starts[1:])):
-            _check(a < b, f"train.stages[{i + 1}].start_step", f"{b} must be > the previous stage's {a}")
-        _check(not starts or starts[-1] < self.steps, f"train.stages[{len(starts) - 1}].start_step",
-               f"{starts[-1] if starts else 0} must be < train.steps {self.steps}")
 
     def accum_steps(self, world_size: int) -> int:
         """Micro-batches per optimizer step per rank; raises if the batch sizes do not divide."""

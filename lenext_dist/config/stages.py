@@ -84,20 +84,39 @@ def stage_config(cfg, k: int):
         raise ConfigError(f"train.stages[{k - 1}]: {e}") from None
 
 
+def _tokens_per_step(cfg, k: int) -> int:
+    s = stage_config(cfg, k)
+    return s.train.global_batch_size * s.model.seq_length
+
+
 def tokens_offset(cfg, k: int) -> int:
     """Tokens trained before stage k's start minus start x stage k's tokens per step: the run's
-    tokens at step t of stage k are this + t x its tokens per step."""
-    total, offset = 0, 0
-    for j, (a, b) in enumerate(bounds(cfg)[: k + 1]):
-        s = stage_config(cfg, j)
-        tok = s.train.global_batch_size * s.model.seq_length
-        offset = total - a * tok
-        total += (b - a) * tok
-    return offset
+    tokens at step t of stage k are this + t x its tokens per step (reads the starts of stages
+    1..k only)."""
+    starts = [0] + [st.start_step for st in cfg.train.stages[:k]]
+    total = sum((starts[j + 1] - starts[j]) * _tokens_per_step(cfg, j) for j in range(k))
+    return total - starts[k] * _tokens_per_step(cfg, k)
 
 
 def check_stages(cfg) -> None:
-    """Every stage's config can be built (called by RunConfig's checks)."""
+    """Resolve start_tokens into start steps, check the starts (increasing, < train.steps) and
+    that every stage's config can be built (called by RunConfig's checks)."""
+    prev = 0
+    for i, st in enumerate(cfg.train.stages):
+        where = f"train.stages[{i}]"
+        if st.start_tokens is not None:
+            # the stage before runs from `prev` at t tokens per step: the first step n by which
+            # tokens_offset + n t >= start_tokens
+            t = _tokens_per_step(cfg, i)
+            step = -(-(st.start_tokens - tokens_offset(cfg, i)) // t)
+            _check(st.start_step in (None, step), f"{where}.start_step",
+                   f"{st.start_step} contradicts start_tokens {st.start_tokens:,} (step {step}); set one")
+            st.start_step = step
+        _check(st.start_step > prev, f"{where}.start_step",
+               f"{st.start_step} must be > the previous stage's start {prev}")
+        _check(st.start_step < cfg.train.steps, f"{where}.start_step",
+               f"{st.start_step} must be < train.steps {cfg.train.steps}")
+        prev = st.start_step
     for k in range(1, len(cfg.train.stages) + 1):
         stage_config(cfg, k)
 

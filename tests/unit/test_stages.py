@@ -30,6 +30,16 @@ def test_stage_settings_carry_over_and_tokens_per_step_are_kept(tmp_path):
     assert stages.tokens_offset(cfg, 2) + 7 * 2 * 512 == 7 * 8 * 128
 
 
+def test_a_stage_can_start_at_a_token_count(tmp_path):
+    # 1,024 tokens per step: 4,000 tokens are trained by step 4 (4,096); stage 2 starts once
+    # 4 x 1,024 + n x 1,024 (kept) >= 7,168 -> step 7
+    cfg = _load(tmp_path, [{"start_tokens": 4000, "seq_length": 256},
+                           {"start_tokens": 7168, "seq_length": 512, "micro_batch_size": 1}])
+    assert [st.start_step for st in cfg.train.stages] == [4, 7]
+    with pytest.raises(ConfigError, match=r"train\.stages\[0\]\.start_step: 5 contradicts start_tokens"):
+        _load(tmp_path, [{"start_tokens": 4000, "start_step": 5, "seq_length": 256}])
+
+
 def test_a_stage_that_changes_tokens_per_step_says_so(tmp_path):
     cfg = _load(tmp_path, [{"start_step": 4, "seq_length": 256, "global_batch_size": 8}])
     assert "NOT kept" in stages.describe(cfg, 1) and "NOT kept" not in stages.describe(cfg, 0)
@@ -39,6 +49,8 @@ def test_a_stage_that_changes_tokens_per_step_says_so(tmp_path):
     ([{"start_step": 5}, {"start_step": 5}], r"train\.stages\[1\]\.start_step: .*must be >"),
     ([{"start_step": 10}], r"train\.stages\[0\]\.start_step: .*< train\.steps 10"),
     ([{"start_step": 0}], r"train\.stages\[\]\.start_step"),
+    ([{"seq_length": 64}], r"train\.stages\[\]: needs start_step or start_tokens"),
+    ([{"start_tokens": 10**9}], r"train\.stages\[0\]\.start_step: .*< train\.steps 10"),
     ([{"start_step": 3, "seq_length": -4}], r"train\.stages\[\]\.seq_length: must be > 0"),
     ([{"start_step": 3, "seq_length": 3000}], r"train\.stages\[0\]\.global_batch_size: .*whole sequences"),
     ([{"start_step": 3, "seq_length": 1024}], r"train\.stages\[0\]\.global_batch_size: .*micro_batch_size"),
