@@ -155,7 +155,7 @@ class OptimConfig:
 class StageConfig:
     """One length stage of train.stages: from `start_step` on, the run trains with these settings
     (unset ones keep the previous stage's; stage 0 is the run's own model/attention/data/train
-    settings). Rules and data order: lenext_dist/train/stages.py; recipes: docs/recipe.md."""
+    settings). Rules and data order: lenext_dist/config/stages.py; recipes: docs/recipe.md."""
 
     start_step: Optional[int] = None
     """First optimizer step (0-based) of the stage (or start_tokens); > the previous stage's, < train.steps."""
