@@ -199,13 +199,17 @@ def _resume_step(cfg: RunConfig) -> int:
 
 
 def _free_device_memory() -> None:
+    """Between stages: the last stage's engine released, and the device's peak-memory counter
+    restarted so that the log's memory is the new stage's own (a CPU's max RSS cannot restart)."""
     import gc
 
     from deepspeed.accelerator import get_accelerator
 
     gc.collect()
-    if get_accelerator().device_name() != "cpu":
-        get_accelerator().empty_cache()
+    acc = get_accelerator()
+    if acc.device_name() != "cpu":
+        acc.empty_cache()
+        acc.reset_peak_memory_stats()
 
 
 @dataclass
