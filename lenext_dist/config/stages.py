@@ -32,9 +32,53 @@ resume), so a kill anywhere resumes into the stage of the checkpoint's step.
 from __future__ import annotations
 
 import copy
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
+from typing import Literal, Optional
 
+from .blend import BlendItem
 from .checks import ConfigError, _check
+
+
+@dataclass
+class StageConfig:
+    """One length stage of train.stages: from `start_step` on, the run trains with these settings
+    (unset ones keep the previous stage's; stage 0 is the run's own model/attention/data/train
+    settings). Rules and data order: lenext_dist/config/stages.py; recipes: docs/recipe.md."""
+
+    start_step: Optional[int] = None
+    """First optimizer step (0-based) of the stage (or start_tokens); > the previous stage's, < train.steps."""
+    start_tokens: Optional[int] = None
+    """Or the tokens trained before the stage starts (counted with each earlier stage's tokens
+    per step): the stage starts at the first step that many tokens have been trained by; resolved
+    into start_step when the config is read (a saved config holds both; they must agree)."""
+    seq_length: Optional[int] = None
+    """Tokens per sample from here on (model.seq_length of the stage); null keeps the previous."""
+    rope_base: Optional[float] = None
+    """attention.rope.base (RoPE theta) of the stage, e.g. 1.5e6 at 32K (SmolLM3); null keeps it."""
+    rope_scaling: Optional[Literal["none", "pi", "ntk", "yarn"]] = None
+    """attention.rope.scaling of the stage; null keeps it."""
+    rope_factor: Optional[float] = None
+    """attention.rope.factor of the stage; null keeps it."""
+    micro_batch_size: Optional[int] = None
+    """train.micro_batch_size of the stage; null keeps the previous stage's."""
+    global_batch_size: Optional[int] = None
+    """train.global_batch_size of the stage; null keeps the tokens per step of stage 0
+    (global batch x seq_length), which must then divide into whole sequences."""
+    blend: list[BlendItem] = field(default_factory=list)
+    """data.blend of the stage (e.g. a long-document mix); empty keeps the previous stage's."""
+
+    def __post_init__(self):
+        _check(self.start_step is not None or self.start_tokens is not None, "train.stages[]",
+               "needs start_step or start_tokens")
+        _check(self.start_step is None or self.start_step > 0, "train.stages[].start_step",
+               "must be > 0 (stage 0 is the run's own settings)")
+        _check(self.start_tokens is None or self.start_tokens > 0, "train.stages[].start_tokens", "must be > 0")
+        for k in ("seq_length", "micro_batch_size", "global_batch_size"):
+            v = getattr(self, k)
+            _check(v is None or v > 0, f"train.stages[].{k}", "must be > 0")
+        _check(self.rope_base is None or self.rope_base > 1.0, "train.stages[].rope_base", "must be > 1")
+        _check(self.rope_factor is None or self.rope_factor >= 1.0, "train.stages[].rope_factor",
+               "must be >= 1")
 
 
 def bounds(cfg) -> list[tuple[int, int]]:

@@ -242,10 +242,11 @@ def _set_up(cfg: RunConfig, rank: int, world: int, base: Optional[RunConfig] = N
     """Parallel groups, data, model and DeepSpeed engine of `cfg` (stage `stage` of the run
     `base`); what is wrong with the batch sizes, the shards or the checkpoint to resume fails
     here, before anything is trained."""
-    base = base or cfg
     from deepspeed.accelerator import get_accelerator
 
     from lenext_dist.model import build_model, flops_per_token, init_megatron
+
+    base = base or cfg
 
     cfg.parallel.data_parallel_size(world)  # raises when the world does not split into groups
     mpu = ulysses.init_sequence_parallel(cfg.parallel.ulysses_size)  # None without SP
