@@ -72,9 +72,24 @@ def resolve(checkpoint: str | os.PathLike, tag: Optional[str] = None) -> Path:
     return step
 
 
-def run_config(step_dir: str | os.PathLike) -> RunConfig:
-    """The resolved config a checkpoint was written with (its config.yaml)."""
+def saved_config(step_dir: str | os.PathLike) -> RunConfig:
+    """The resolved config a checkpoint was written with (its config.yaml): the whole run's,
+    train.stages included (what a resume compares itself with)."""
     f = Path(step_dir) / CONFIG
     if not f.is_file():
         raise CheckpointError(f"{step_dir}: no config.yaml (not written by lenext_dist.train?)")
     return load_config(f)
+
+
+def run_config(step_dir: str | os.PathLike) -> RunConfig:
+    """The config the weights of this checkpoint were trained with: under train.stages, the
+    stage of its last trained step (step N holds the weights after steps 0..N-1, so a boundary
+    checkpoint is its earlier stage's: that stage's length and RoPE base, which an export must
+    carry); else saved_config."""
+    from lenext_dist.config import stages
+
+    cfg = saved_config(step_dir)
+    step = step_of(Path(step_dir).name)
+    if not cfg.train.stages or step is None:
+        return cfg
+    return stages.stage_config(cfg, stages.index_at(cfg, max(step - 1, 0)))

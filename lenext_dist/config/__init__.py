@@ -3,7 +3,7 @@ from .attention import (AttentionConfig, HeadScaleConfig, KerpleConfig, LayoutCo
                         SandwichConfig, TemperatureConfig, XposConfig)
 from .checks import ConfigError
 from .schema import (BlendItem, CheckpointConfig, DataConfig, LoggingConfig, ModelConfig, OptimConfig,
-                     ParallelConfig, RunConfig, TrainConfig)
+                     ParallelConfig, RunConfig, StageConfig, TrainConfig)
 from .load import load_config, save_config, split_cli_overrides, to_dict
 from .deepspeed import deepspeed_config
 
@@ -11,6 +11,7 @@ from .deepspeed import deepspeed_config
 __all__ = [
     "AttentionConfig", "BlendItem", "CheckpointConfig", "ConfigError", "DataConfig", "HeadScaleConfig",
     "KerpleConfig", "LayoutConfig", "LoggingConfig", "ModelConfig", "OptimConfig", "ParallelConfig", "RopeConfig",
-    "QKNormConfig", "RunConfig", "SandwichConfig", "TemperatureConfig", "TrainConfig", "XposConfig", "load_config",
+    "QKNormConfig", "RunConfig", "SandwichConfig", "StageConfig", "TemperatureConfig", "TrainConfig", "XposConfig",
+    "load_config",
     "save_config", "split_cli_overrides", "to_dict", "deepspeed_config",
 ]

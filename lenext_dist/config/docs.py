@@ -1,5 +1,5 @@
-"""The configuration reference (docs/configuration.md), generated from schema.py and attention.py (field docstrings
-and defaults).
+"""The configuration reference (docs/configuration.md), generated from schema.py, attention.py,
+stages.py and blend.py (field docstrings and defaults).
 
     python -m lenext_dist.config.docs                  # print the markdown
     python -m lenext_dist.config.docs --write [PAGE]   # replace the block between the markers in
@@ -40,7 +40,7 @@ def _field_docs(cls) -> dict[str, str]:
 
 def _type(tp) -> str:
     s = str(tp).replace("typing.", "")
-    for module in ("schema", "attention"):
+    for module in ("schema", "attention", "stages", "blend"):
         s = s.replace(f"lenext_dist.config.{module}.", "")
     return getattr(tp, "__name__", s) if typing.get_origin(tp) is None else s
 

@@ -1,6 +1,7 @@
 """The typed config tree of a run.
 
-One dataclass per section (the `attention` section's in attention.py); every field has a
+One dataclass per section (the `attention` section's in attention.py, train.stages' in
+stages.py, a blend item's in blend.py); every field has a
 docstring-comment under it (the configuration
 reference, docs/configuration.md, is written from these). Validation that concerns one section lives in its
 `__post_init__`; checks that span sections (batch arithmetic, head scales vs heads) live in
@@ -14,6 +15,8 @@ from typing import Literal, Optional
 
 from .attention import AttentionConfig
 from .checks import ConfigError, _check
+from .blend import BlendItem
+from .stages import StageConfig, check_stages
 
 
 @dataclass
@@ -73,17 +76,6 @@ class ModelConfig:
 
 
 @dataclass
-class BlendItem:
-    prefix: str
-    """Path prefix of a megatron .bin/.idx pair (relative paths are from the current directory)."""
-    weight: float = 1.0
-    """Sampling weight in the blend (normalized over all items)."""
-
-    def __post_init__(self):
-        _check(self.weight > 0, "data.blend[].weight", "must be > 0")
-
-
-@dataclass
 class DataConfig:
     """Megatron indexed-dataset shards and the weighted blend (GPTDataset via the blend builder)."""
 
@@ -126,7 +118,11 @@ class OptimConfig:
     warmup_steps: int = 20
     """Linear warmup steps from lr/warmup_steps to lr."""
     weight_decay: float = 0.1
-    """AdamW decoupled weight decay on matrices (never on norms or head scales)."""
+    """AdamW decoupled weight decay on matrices (never on norms, biases or head scales)."""
+    no_decay_embeddings: bool = False
+    """Exempt the token embedding from weight decay, as OLMo 2 and SmolLM3 train. Tied embeddings
+    share that tensor with the output layer, so it goes undecayed too; an untied output layer
+    keeps its decay (docs/recipe.md)."""
     beta1: float = 0.9
     """AdamW beta1."""
     beta2: float = 0.95
@@ -179,6 +175,10 @@ class TrainConfig:
     overflowing steps) tolerated before training stops with an error (exit 2, `latest` left on
     the last good checkpoint); 0: stop at the first. Weights holding NaN/inf stop it regardless
     (checked before every save)."""
+    stages: list[StageConfig] = field(default_factory=list)
+    """Length stages of one run (e.g. 4K -> 32K -> 64K with a RoPE theta per stage): each from
+    its start_step on; the LR schedule runs on over train.steps; a checkpoint at each boundary
+    (docs/recipe.md, lenext_dist/config/stages.py). Empty: one stage, the settings above."""
 
     def __post_init__(self):
         for k in ("steps", "micro_batch_size", "global_batch_size", "eval_iters"):
@@ -324,6 +324,8 @@ class RunConfig:
                     and hs.min_value is not None), "parallel.zero_stage",
                "bf16 with clamped trainable head scales needs ZeRO stage >= 1 (or train.precision fp32)")
         self._check_layout()
+        if self.train.stages:  # each stage's settings pass the same checks as a run's (one line)
+            check_stages(self)
         n, m = self.parallel.ulysses_size, self.model
         _check(m.num_attention_heads % n == 0, "parallel.ulysses_size",
                f"{n} does not divide model.num_attention_heads {m.num_attention_heads}; pick a "

@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 
 from lenext_dist.atomic import atomic_write
-from lenext_dist.checkpoint.layout import COMPLETE, CONFIG, LATEST, latest_tag_name, resolve, run_config, tag_for
+from lenext_dist.checkpoint.layout import COMPLETE, CONFIG, LATEST, latest_tag_name, resolve, saved_config, tag_for
 from lenext_dist.checkpoint.safe_load import weights_only_loads
 from lenext_dist.checkpoint.weights import read_weights, unreadable
 from lenext_dist.config import RunConfig, save_config
@@ -168,7 +168,7 @@ def check_resume(cfg: RunConfig, step_dir: str | os.PathLike) -> list[str]:
     when the model or attention differ; return notes on changed data-order keys."""
     from lenext_dist.config import to_dict
 
-    old = run_config(step_dir)
+    old = saved_config(step_dir)  # the whole run's, stages included
     now, then = _flat(to_dict(cfg)), _flat(to_dict(old))
     # L, the pretrained context, sets XPOS blocks, YaRN's original length and the temperature
     # schedules' L: model.train_length, resolved when read (null = seq_length), so a null that

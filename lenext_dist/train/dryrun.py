@@ -105,5 +105,28 @@ def dry_run(cfg: RunConfig, world: int | None = None) -> dict:
     print(f"memory estimate per rank (ZeRO-{cfg.parallel.zero_stage}, {cfg.train.precision}, W={world}, "
           f"ulysses {n}: {cfg.model.seq_length // n:,} of {cfg.model.seq_length:,} tokens per rank): "
           + ", ".join(f"{k} {_gb(v)}" for k, v in mem.items()))
+    per_stage = _stages(cfg, counts["total"], trainable, world, dp) if cfg.train.stages else []
     return {"counts": counts, "trainable": trainable, "flops_per_token": fpt, "memory": mem,
-            "layers": names}
+            "layers": names, "stages": per_stage}
+
+
+def _stages(cfg: RunConfig, total: int, trainable: int, world: int, dp: int) -> list[dict]:
+    """Every stage of train.stages: its settings, FLOPs and memory (the model's parameters are the
+    same in every stage; its length, batch and RoPE base change)."""
+    from lenext_dist.config import stages
+    from lenext_dist.model import flops_per_token
+
+    print(f"\n# length stages (train.stages): {len(cfg.train.stages) + 1}")
+    out = []
+    for k in range(len(cfg.train.stages) + 1):
+        s = stages.stage_config(cfg, k)
+        accum = s.train.accum_steps(dp)  # the batch arithmetic of every stage at this world size
+        fpt = flops_per_token(s)
+        mem = memory_estimate(s, total, trainable, world)
+        print(stages.describe(cfg, k))
+        print(f"  FLOPs/token {fpt:.4e}, per step {fpt * s.train.global_batch_size * s.model.seq_length:.4e}; "
+              f"micro {s.train.micro_batch_size} x accum {accum} x dp {dp}; memory per rank "
+              + ", ".join(f"{k} {_gb(v)}" for k, v in mem.items()))
+        out.append({"flops_per_token": fpt, "memory": mem, "seq_length": s.model.seq_length,
+                    "global_batch_size": s.train.global_batch_size})
+    return out

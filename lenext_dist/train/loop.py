@@ -19,83 +19,19 @@ from typing import Any, Optional
 import torch
 import torch.distributed as dist
 
-from lenext_dist.checkpoint.layout import CONFIG, latest_tag, latest_tag_name
-from lenext_dist.config import RunConfig, deepspeed_config, save_config, to_dict
+from lenext_dist.checkpoint.layout import CONFIG, latest_tag, latest_tag_name, step_of
+from lenext_dist.config import RunConfig, deepspeed_config, save_config, stages, to_dict
 from lenext_dist.data.gpt_data import build_datasets, train_batches, valid_batches
 from lenext_dist.errors import UserError
 from lenext_dist.model import ulysses
 from lenext_dist.train import checkpoint, fp32_params, optim
-from lenext_dist.train.device import check_gpu_visible, local_rank, visible_device_index
+from lenext_dist.train.group import (  # noqa: F401  (re-exported: callers import them from here)
+    init_distributed, one_process_env, shutdown_distributed, skip_deepspeed_shm_op)
 from lenext_dist.train.metrics import Metrics
 from lenext_dist.train.peak import peak_tflops
 from lenext_dist.train.reshard import check_dp_size, saved_dp_size
 from lenext_dist.train.run_dir import claim as claim_run_dir
 from lenext_dist.train.signals import StopSignal
-
-
-def skip_deepspeed_shm_op() -> None:
-    """Keep DeepSpeed from building its CPU shared-memory all-reduce.
-
-    Its CPU backend JIT-compiles that op in every new environment (a minute of g++) and each rank
-    of each run then leaves a 66 MB /dev/shm buffer behind that is never unlinked (hundreds of runs
-    filled this machine's memory). Only DeepSpeed-Inference's inference_all_reduce uses it; training
-    collectives go through torch.distributed. Marking the op incompatible is DeepSpeed's own switch
-    (deepspeed/comm/torch.py:build_shm_op). Call before deepspeed.init_distributed/initialize.
-    """
-    import deepspeed.ops
-
-    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
-
-
-# Set by mpirun/mpiexec (Open MPI, MPICH/Intel MPI's Hydra PMI, PMIx, MVAPICH) and by srun
-_MPI_ENV = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MV2_COMM_WORLD_SIZE", "SLURM_STEP_NUM_TASKS")
-
-
-def one_process_env(environ=os.environ) -> bool:
-    """`python -m lenext_dist.train` with no launcher: set the env:// variables of a one-rank group.
-
-    DeepSpeed's auto MPI discovery runs whenever RANK/WORLD_SIZE/... are missing and imports
-    mpi4py (a dev extra here), so a plain package install failed with ModuleNotFoundError. Only a
-    process started by MPI or srun (one of _MPI_ENV set) is left to that discovery."""
-    if "RANK" in environ or any(k in environ for k in _MPI_ENV):
-        return False
-    import socket
-
-    port = environ.get("MASTER_PORT")
-    if not port:  # a free port: several one-process runs may share a machine
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = str(s.getsockname()[1])
-    environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
-                   MASTER_ADDR=environ.get("MASTER_ADDR", "127.0.0.1"), MASTER_PORT=port)
-    return True
-
-
-def init_distributed(cfg: RunConfig) -> tuple[int, int]:
-    """torch.distributed through DeepSpeed (env:// from any launcher, or MPI discovery)."""
-    import deepspeed
-    from deepspeed.accelerator import get_accelerator
-
-    check_gpu_visible(cfg.parallel.backend)  # before DeepSpeed picks an accelerator (CPU fallback)
-    skip_deepspeed_shm_op()
-
-    acc = get_accelerator()
-    backend = cfg.parallel.backend or acc.communication_backend_name()
-    if acc.device_name() == "cpu" and "OMP_NUM_THREADS" not in os.environ:
-        # N ranks on one host would each take every core and thrash; share the cores instead.
-        # ranks per host as told by torchrun / deepspeed / Open MPI / Slurm
-        local = next((int(os.environ[k]) for k in ("LOCAL_WORLD_SIZE", "LOCAL_SIZE",
-                      "OMPI_COMM_WORLD_LOCAL_SIZE", "SLURM_NTASKS_PER_NODE") if k in os.environ), 1)
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // local))
-    if acc.device_name() != "cpu":  # Slurm may show each task only its own GPU: index 0;
-        # set before the process group so NCCL binds each rank to its own device
-        acc.set_device(visible_device_index(local_rank(), acc.device_count()))
-    if not dist.is_initialized():
-        one_process_env()
-        # DeepSpeed's MPI discovery ignores MASTER_PORT unless it is passed as distributed_port
-        deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=True, verbose=False,
-                                   distributed_port=int(os.environ.get("MASTER_PORT", 29500)))
-    return dist.get_rank(), dist.get_world_size()
 
 
 def _print0(*args):
@@ -171,14 +107,45 @@ def train(cfg: RunConfig) -> dict:
 
 
 def _train(cfg: RunConfig, stop: StopSignal, owns_group: bool, rank: int, world: int) -> dict:
-    run = _set_up(cfg, rank, world)
-    step, consumed = _resume(run)
-    if rank == 0:
-        save_config(cfg, os.path.join(cfg.run_dir, CONFIG))
-        with open(os.path.join(cfg.run_dir, "deepspeed.json"), "w") as f:
-            json.dump(run.ds_config, f, indent=2)
-    step, stopped, diverged = _step_loop(run, stop, step, consumed)
-    return _finish(run, step, stopped, diverged, owns_group)
+    """Stage by stage (train.stages; one stage without): each from the checkpoint at its boundary
+    with its own model, data and engine (config/stages.py has the rules)."""
+    k = stages.index_at(cfg, _resume_step(cfg))
+    while True:
+        run = _set_up(stages.stage_config(cfg, k), rank, world, base=cfg, stage=k)
+        step, consumed = _resume(run)
+        if rank == 0:
+            save_config(cfg, os.path.join(cfg.run_dir, CONFIG))
+            name = "deepspeed.json" if k == 0 else f"deepspeed.stage{k}.json"
+            with open(os.path.join(cfg.run_dir, name), "w") as f:
+                json.dump(run.ds_config, f, indent=2)
+        end = stages.bounds(cfg)[k][1]
+        step, stopped, diverged = _step_loop(run, stop, step, consumed, end)
+        if stopped or diverged is not None or step >= cfg.train.steps:
+            return _finish(run, step, stopped, diverged, owns_group)
+        k += 1  # the boundary's checkpoint is saved: free this stage's engine, build the next
+        del run
+        _free_device_memory()
+
+
+def _resume_step(cfg: RunConfig) -> int:
+    """The step the run resumes from (its latest complete checkpoint's), 0 for a fresh start: it
+    picks the stage whose model and data are built."""
+    tag = latest_tag(cfg.checkpoint.dir) if cfg.checkpoint.resume else None
+    return (step_of(tag) or 0) if tag else 0
+
+
+def _free_device_memory() -> None:
+    """Between stages: the last stage's engine released, and the device's peak-memory counter
+    restarted so that the log's memory is the new stage's own (a CPU's max RSS cannot restart)."""
+    import gc
+
+    from deepspeed.accelerator import get_accelerator
+
+    gc.collect()
+    acc = get_accelerator()
+    if acc.device_name() != "cpu":
+        acc.empty_cache()
+        acc.reset_peak_memory_stats()
 
 
 @dataclass
@@ -198,6 +165,8 @@ class _Run:
     peak: float
     tag: Optional[str]  # the checkpoint to resume from
     reshard: bool  # its ZeRO partitions are of another data-parallel size
+    base: RunConfig  # the run's whole config (train.stages included): what checkpoints record
+    stage: int  # the stage `cfg` is of (0 without train.stages)
 
     @property
     def trainable_scales(self) -> bool:
@@ -205,12 +174,15 @@ class _Run:
         return hs.enabled and hs.trainable
 
 
-def _set_up(cfg: RunConfig, rank: int, world: int) -> _Run:
-    """Parallel groups, data, model and DeepSpeed engine; what is wrong with the batch sizes, the
-    shards or the checkpoint to resume fails here, before anything is trained."""
+def _set_up(cfg: RunConfig, rank: int, world: int, base: Optional[RunConfig] = None, stage: int = 0) -> _Run:
+    """Parallel groups, data, model and DeepSpeed engine of `cfg` (stage `stage` of the run
+    `base`); what is wrong with the batch sizes, the shards or the checkpoint to resume fails
+    here, before anything is trained."""
     from deepspeed.accelerator import get_accelerator
 
     from lenext_dist.model import build_model, flops_per_token, init_megatron
+
+    base = base or cfg
 
     cfg.parallel.data_parallel_size(world)  # raises when the world does not split into groups
     mpu = ulysses.init_sequence_parallel(cfg.parallel.ulysses_size)  # None without SP
@@ -221,7 +193,7 @@ def _set_up(cfg: RunConfig, rank: int, world: int) -> _Run:
     device = get_accelerator().current_device_name()
     init_megatron(cfg.train.seed)
     model = build_model(cfg)
-    tag, reshard = _checkpoint_to_resume(cfg, world)
+    tag, reshard = _checkpoint_to_resume(base, world)
     if tag is None and cfg.checkpoint.init_from:  # before DeepSpeed wraps the model
         src = checkpoint.load_weights(model, cfg.checkpoint.init_from, keep=optim.is_head_scale)
         _print0(f"[lenext] initialized weights from {src}; head scales start at {cfg.head_scale_init}")
@@ -236,8 +208,10 @@ def _set_up(cfg: RunConfig, rank: int, world: int) -> _Run:
     fpt = flops_per_token(cfg)
     _header(cfg, model, world, dp, accum, fpt, peak)
     _print0(f"[lenext] peak from {peak_src}")
+    if base.train.stages:
+        _print0(f"[lenext] {stages.describe(base, stage)} ({len(base.train.stages) + 1} stages)")
     return _Run(cfg, rank, world, dp_rank, dp, device, engine, ds_config, train_ds, valid_ds, fpt, peak,
-                tag, reshard)
+                tag, reshard, base, stage)
 
 
 def _checkpoint_to_resume(cfg: RunConfig, world: int) -> tuple[Optional[str], bool]:
@@ -266,26 +240,30 @@ def _resume(run: _Run) -> tuple[int, int]:
     return step, consumed
 
 
-def _step_loop(run: _Run, stop: StopSignal, step: int, consumed: int) -> tuple[int, bool, Optional[int]]:
-    """Steps until train.steps, a stop signal (a checkpoint, then out) or divergence; returns
-    (step, stopped by a signal, the step it diverged at or None)."""
+def _step_loop(run: _Run, stop: StopSignal, step: int, consumed: int,
+               end: Optional[int] = None) -> tuple[int, bool, Optional[int]]:
+    """Steps until `end` (the stage's end; default train.steps, saved there), a stop signal (a
+    checkpoint, then out) or divergence; returns (step, stopped by a signal, the step it
+    diverged at or None)."""
+    end = run.cfg.train.steps if end is None else end
     cfg, engine, device = run.cfg, run.engine, run.device
     metrics = Metrics(cfg.run_dir, cfg.train.steps, cfg.train.global_batch_size * cfg.model.seq_length,
                       run.fpt, run.peak, run.world, cfg.logging.tensorboard, enabled=run.rank == 0,
-                      start_step=step)
+                      start_step=step, stage=run.stage if run.base.train.stages else None,
+                      tokens_offset=stages.tokens_offset(run.base, run.stage))
     bar = _progress(cfg, step, run.rank)
     stopped, diverged = False, None
     loss_sum, n_loss = 0.0, 0  # the mean loss over the steps since the last log line
     bad_steps = 0  # consecutive non-finite steps
     micro_step = _micro_steps(run)
     batches = train_batches(run.train_ds, cfg, run.dp_rank, run.dp, step)
-    while step < cfg.train.steps:
+    while step < end:
         t0 = time.perf_counter()
         micro_batches = next(batches)
         data_s = time.perf_counter() - t0
         lr = optim.cosine_lr(step, cfg.optim, cfg.train.steps)
         optim.set_lr(engine.optimizer, lr)
-        log_now = (step + 1) % cfg.logging.interval == 0 or step + 1 == cfg.train.steps
+        log_now = (step + 1) % cfg.logging.interval == 0 or step + 1 == end
         step_loss, gnorm = micro_step(micro_batches, log_now)
         step += 1
         consumed += cfg.train.global_batch_size
@@ -312,7 +290,7 @@ def _step_loop(run: _Run, stop: StopSignal, step: int, consumed: int) -> tuple[i
             metrics.log_eval(step, evaluate(engine, run.valid_ds, cfg, run.dp_rank, run.dp,
                                             step // cfg.train.eval_interval - 1, device))
         signalled = stop.agreed(device)
-        if not _save_if_due(run, stop, signalled, step, consumed):
+        if not _save_if_due(run, stop, signalled, step, consumed, end):
             diverged = step
             break
         if signalled:
@@ -371,18 +349,18 @@ def _log(run: _Run, metrics: Metrics, step: int, loss: float, lr: float, gnorm) 
                        "grad_norm": float(gnorm) if gnorm is not None else float("nan")}, scales)
 
 
-def _save_if_due(run: _Run, stop: StopSignal, signalled: bool, step: int, consumed: int) -> bool:
-    """A checkpoint on a signal, at the last step and every checkpoint.interval steps; False
-    (nothing saved) when the weights hold NaN/inf."""
+def _save_if_due(run: _Run, stop: StopSignal, signalled: bool, step: int, consumed: int, end: int) -> bool:
+    """A checkpoint on a signal, at the stage's (the run's) last step and every
+    checkpoint.interval steps; False (nothing saved) when the weights hold NaN/inf."""
     interval = run.cfg.checkpoint.interval
-    if not (signalled or step == run.cfg.train.steps or (interval and step % interval == 0)):
+    if not (signalled or step == end or (interval and step % interval == 0)):
         return True
     if not _weights_finite(run.engine, run.device):  # a finite loss, then an update with lr=inf
         _print0(f"[lenext] step {step}: the weights hold NaN/inf after the update; not saved")
         return False
     if signalled:
         _print0(f"[lenext] {stop.name} received: saving a checkpoint at step {step} and exiting")
-    checkpoint.save(run.engine, run.cfg, step, consumed)
+    checkpoint.save(run.engine, run.base, step, consumed)  # the whole run's config, stages included
     return True
 
 
@@ -421,21 +399,6 @@ def _weights_finite(engine, device) -> bool:
     t = torch.tensor([1.0 if ok else 0.0], device=device)
     dist.all_reduce(t, op=dist.ReduceOp.MIN)
     return bool(t.item())
-
-
-def shutdown_distributed() -> None:
-    """Tear the process group down while the interpreter is still whole.
-
-    Exiting with a live gloo group lets its worker threads outlive Python: async work still holding
-    tensors (ZeRO-3's parameter prefetch) is destroyed during finalization and the rank aborts with
-    SIGABRT, "terminate called without an active exception" (pytorch/pytorch#190489; seen here as a
-    ZeRO-3 rank exiting -6 after its last step). Called only after a clean finish, when every rank is
-    here: after an error another rank may still sit in a collective and destroying would hang
-    (torchtitan #1342), so errors leave the group to the process exit.
-    """
-    if dist.is_initialized():
-        dist.barrier()
-        dist.destroy_process_group()
 
 
 def _write_head_scales(matrix: torch.Tensor, run_dir: str, rank: int) -> None:

@@ -77,10 +77,15 @@ class Metrics:
 
     def __init__(self, run_dir: str, total_steps: int, tokens_per_step: int, flops_per_token: float,
                  peak_tflops: float, world_size: int, tensorboard: bool, enabled: bool,
-                 start_step: int = 0):
+                 start_step: int = 0, stage: Optional[int] = None, tokens_offset: int = 0):
         """`start_step`: the step a resumed run starts from; what an earlier run logged past it
-        (the steps between its last checkpoint and its end) is dropped, since they are run again."""
+        (the steps between its last checkpoint and its end) is dropped, since they are run again.
+        `stage`: the length stage these steps are of (train.stages; None: a one-stage run), on
+        every record and log line with its MFU and memory; `tokens_offset`: tokens at step 0 of a
+        line through this stage's tokens per step (earlier stages had others)."""
         self.enabled = enabled
+        self.stage = stage
+        self.tokens_offset = tokens_offset
         self.total_steps = total_steps
         self.tokens_per_step = tokens_per_step
         self.flops_per_token = flops_per_token
@@ -124,7 +129,8 @@ class Metrics:
         tflops = tok_s * self.flops_per_token / 1e12
         rec = {
             "step": step,
-            "tokens": step * self.tokens_per_step,
+            "tokens": self.tokens_offset + step * self.tokens_per_step,
+            **({} if self.stage is None else {"stage": self.stage}),
             **record,
             "tokens_per_s": tok_s,
             "tflops": tflops,
@@ -141,7 +147,8 @@ class Metrics:
             rec["head_scales"] = {k: list(v) for k, v in head_scales.items()}
         self.jsonl.write(json.dumps(rec) + "\n")
         self.jsonl.flush()
-        line = (f"step {step}/{self.total_steps} | tokens {rec['tokens']:,} | loss {rec['loss']:.4f}"
+        stage = "" if self.stage is None else f" | stage {self.stage}"
+        line = (f"step {step}/{self.total_steps}{stage} | tokens {rec['tokens']:,} | loss {rec['loss']:.4f}"
                 f" | lr {rec['lr']:.3e} | gnorm {rec['grad_norm']:.3f} | {tok_s:,.0f} tok/s"
                 f" | {tflops:.3f} TFLOP/s | MFU {100 * rec['mfu']:.1f}% | {rec['ms_per_step']:.0f} ms/step"
                 f" | data {rec['data_wait_pct']:.1f}% | mem {rec['peak_mem_gb']:.2f} GB | ETA {_fmt_eta(eta)}")

@@ -36,13 +36,25 @@ def freeze_for_mode(model: torch.nn.Module, cfg: RunConfig) -> None:
             p.requires_grad_(is_head_scale(name))
 
 
-def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
-    """AdamW groups: matrices decay; norms, biases and head scales do not (GPT-2/nanoGPT rule)."""
+# megatron's GPTModel names its token embedding so; under tie_embeddings the output layer reads
+# this same tensor (no separate output_layer.weight)
+EMBEDDING = "embedding.word_embeddings.weight"
+
+
+def is_embedding(name: str) -> bool:
+    return name.endswith(EMBEDDING)
+
+
+def param_groups(model: torch.nn.Module, weight_decay: float, no_decay_embeddings: bool = False) -> list[dict]:
+    """AdamW groups: matrices decay; norms, biases and head scales do not (GPT-2/nanoGPT rule);
+    with `no_decay_embeddings` the token embedding does not either (OLMo 2, SmolLM3). An untied
+    output layer is a projection like any other matrix and keeps its decay."""
     decay, no_decay = [], []
     for name, p in model.named_parameters():
         if not p.requires_grad:
             continue
-        (decay if p.ndim >= 2 and not is_head_scale(name) else no_decay).append(p)
+        exempt = is_head_scale(name) or (no_decay_embeddings and is_embedding(name))
+        (decay if p.ndim >= 2 and not exempt else no_decay).append(p)
     groups = [{"params": g, "weight_decay": wd} for g, wd in ((decay, weight_decay), (no_decay, 0.0)) if g]
     if not groups:
         raise ValueError("no trainable parameters (train.mode / attention.head_scale.trainable?)")
@@ -52,8 +64,8 @@ def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
 def build_optimizer(model: torch.nn.Module, cfg: RunConfig) -> torch.optim.Optimizer:
     o = cfg.optim
     kind = {"fused": True} if o.fused else {"foreach": False}
-    return torch.optim.AdamW(param_groups(model, o.weight_decay), lr=o.lr, betas=(o.beta1, o.beta2),
-                             eps=o.eps, **kind)
+    groups = param_groups(model, o.weight_decay, o.no_decay_embeddings)
+    return torch.optim.AdamW(groups, lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps, **kind)
 
 
 def build_engine(model: torch.nn.Module, cfg: RunConfig, world: int, mpu=None):

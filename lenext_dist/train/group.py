@@ -1,0 +1,91 @@
+"""The process group of a run: torch.distributed through DeepSpeed from any launcher (or none),
+and its orderly end. Split out of train/loop.py, which re-exports these names."""
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.distributed as dist
+
+from lenext_dist.config import RunConfig
+from lenext_dist.train.device import check_gpu_visible, local_rank, visible_device_index
+
+
+def skip_deepspeed_shm_op() -> None:
+    """Keep DeepSpeed from building its CPU shared-memory all-reduce.
+
+    Its CPU backend JIT-compiles that op in every new environment (a minute of g++) and each rank
+    of each run then leaves a 66 MB /dev/shm buffer behind that is never unlinked (hundreds of runs
+    filled this machine's memory). Only DeepSpeed-Inference's inference_all_reduce uses it; training
+    collectives go through torch.distributed. Marking the op incompatible is DeepSpeed's own switch
+    (deepspeed/comm/torch.py:build_shm_op). Call before deepspeed.init_distributed/initialize.
+    """
+    import deepspeed.ops
+
+    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+
+
+# Set by mpirun/mpiexec (Open MPI, MPICH/Intel MPI's Hydra PMI, PMIx, MVAPICH) and by srun
+_MPI_ENV = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MV2_COMM_WORLD_SIZE", "SLURM_STEP_NUM_TASKS")
+
+
+def one_process_env(environ=os.environ) -> bool:
+    """`python -m lenext_dist.train` with no launcher: set the env:// variables of a one-rank group.
+
+    DeepSpeed's auto MPI discovery runs whenever RANK/WORLD_SIZE/... are missing and imports
+    mpi4py (a dev extra here), so a plain package install failed with ModuleNotFoundError. Only a
+    process started by MPI or srun (one of _MPI_ENV set) is left to that discovery."""
+    if "RANK" in environ or any(k in environ for k in _MPI_ENV):
+        return False
+    import socket
+
+    port = environ.get("MASTER_PORT")
+    if not port:  # a free port: several one-process runs may share a machine
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = str(s.getsockname()[1])
+    environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
+                   MASTER_ADDR=environ.get("MASTER_ADDR", "127.0.0.1"), MASTER_PORT=port)
+    return True
+
+
+def init_distributed(cfg: RunConfig) -> tuple[int, int]:
+    """torch.distributed through DeepSpeed (env:// from any launcher, or MPI discovery)."""
+    import deepspeed
+    from deepspeed.accelerator import get_accelerator
+
+    check_gpu_visible(cfg.parallel.backend)  # before DeepSpeed picks an accelerator (CPU fallback)
+    skip_deepspeed_shm_op()
+
+    acc = get_accelerator()
+    backend = cfg.parallel.backend or acc.communication_backend_name()
+    if acc.device_name() == "cpu" and "OMP_NUM_THREADS" not in os.environ:
+        # N ranks on one host would each take every core and thrash; share the cores instead.
+        # ranks per host as told by torchrun / deepspeed / Open MPI / Slurm
+        local = next((int(os.environ[k]) for k in ("LOCAL_WORLD_SIZE", "LOCAL_SIZE",
+                      "OMPI_COMM_WORLD_LOCAL_SIZE", "SLURM_NTASKS_PER_NODE") if k in os.environ), 1)
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // local))
+    if acc.device_name() != "cpu":  # Slurm may show each task only its own GPU: index 0;
+        # set before the process group so NCCL binds each rank to its own device
+        acc.set_device(visible_device_index(local_rank(), acc.device_count()))
+    if not dist.is_initialized():
+        one_process_env()
+        # DeepSpeed's MPI discovery ignores MASTER_PORT unless it is passed as distributed_port
+        deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=True, verbose=False,
+                                   distributed_port=int(os.environ.get("MASTER_PORT", 29500)))
+    return dist.get_rank(), dist.get_world_size()
+
+
+def shutdown_distributed() -> None:
+    """Tear the process group down while the interpreter is still whole.
+
+    Exiting with a live gloo group lets its worker threads outlive Python: async work still holding
+    tensors (ZeRO-3's parameter prefetch) is destroyed during finalization and the rank aborts with
+    SIGABRT, "terminate called without an active exception" (pytorch/pytorch#190489; seen here as a
+    ZeRO-3 rank exiting -6 after its last step). Called only after a clean finish, when every rank is
+    here: after an error another rank may still sit in a collective and destroying would hang
+    (torchtitan #1342), so errors leave the group to the process exit.
+    """
+    if dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()

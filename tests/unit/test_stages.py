@@ -1,0 +1,103 @@
+"""train.stages at the config edge (one-line errors naming the stage) and the dry run of every
+shipped staged config (docs/recipe.md); the training behaviour: tests/distributed/test_stages.py."""
+import re
+
+import pytest
+import yaml
+
+from lenext_dist.config import ConfigError, load_config, stages
+
+
+def _load(tmp_path, train_stages, **train):
+    p = tmp_path / "s.yaml"
+    p.write_text(yaml.safe_dump({"train": {"steps": 10, "micro_batch_size": 2, "global_batch_size": 8,
+                                           **train, "stages": train_stages}}))
+    return load_config(p)
+
+
+def test_stage_settings_carry_over_and_tokens_per_step_are_kept(tmp_path):
+    cfg = _load(tmp_path, [{"start_step": 4, "seq_length": 256, "rope_base": 1.0e5},
+                           {"start_step": 7, "seq_length": 512, "micro_batch_size": 1}])
+    assert stages.bounds(cfg) == [(0, 4), (4, 7), (7, 10)]
+    assert [stages.index_at(cfg, s) for s in range(11)] == [0] * 4 + [1] * 3 + [2] * 4
+    s1, s2 = stages.stage_config(cfg, 1), stages.stage_config(cfg, 2)
+    assert (s1.model.seq_length, s1.attention.rope.base, s1.train.global_batch_size) == (256, 1.0e5, 4)
+    # stage 2 keeps stage 1's theta, sets its own micro batch; L stays stage 0's length
+    assert (s2.model.seq_length, s2.attention.rope.base, s2.train.micro_batch_size) == (512, 1.0e5, 1)
+    assert s2.train.global_batch_size * 512 == cfg.train.global_batch_size * cfg.model.seq_length
+    assert s2.model.train_length == cfg.model.seq_length and s2.train.stages == []
+    # tokens count through the stages' own tokens per step
+    assert stages.tokens_offset(cfg, 2) + 7 * 2 * 512 == 7 * 8 * 128
+
+
+def test_a_stage_can_start_at_a_token_count(tmp_path):
+    # 1,024 tokens per step: 4,000 tokens are trained by step 4 (4,096); stage 2 starts once
+    # 4 x 1,024 + n x 1,024 (kept) >= 7,168 -> step 7
+    cfg = _load(tmp_path, [{"start_tokens": 4000, "seq_length": 256},
+                           {"start_tokens": 7168, "seq_length": 512, "micro_batch_size": 1}])
+    assert [st.start_step for st in cfg.train.stages] == [4, 7]
+    with pytest.raises(ConfigError, match=r"train\.stages\[0\]\.start_step: 5 contradicts start_tokens"):
+        _load(tmp_path, [{"start_tokens": 4000, "start_step": 5, "seq_length": 256}])
+
+
+def test_a_stage_that_changes_tokens_per_step_says_so(tmp_path):
+    cfg = _load(tmp_path, [{"start_step": 4, "seq_length": 256, "global_batch_size": 8}])
+    assert "NOT kept" in stages.describe(cfg, 1) and "NOT kept" not in stages.describe(cfg, 0)
+
+
+@pytest.mark.parametrize("bad, key", [
+    ([{"start_step": 5}, {"start_step": 5}], r"train\.stages\[1\]\.start_step: .*must be >"),
+    ([{"start_step": 10}], r"train\.stages\[0\]\.start_step: .*< train\.steps 10"),
+    ([{"start_step": 0}], r"train\.stages\[\]\.start_step"),
+    ([{"seq_length": 64}], r"train\.stages\[\]: needs start_step or start_tokens"),
+    ([{"start_tokens": 10**9}], r"train\.stages\[0\]\.start_step: .*< train\.steps 10"),
+    ([{"start_step": 3, "seq_length": -4}], r"train\.stages\[\]\.seq_length: must be > 0"),
+    ([{"start_step": 3, "seq_length": 3000}], r"train\.stages\[0\]\.global_batch_size: .*whole sequences"),
+    ([{"start_step": 3, "seq_length": 1024}], r"train\.stages\[0\]\.global_batch_size: .*micro_batch_size"),
+])
+def test_bad_stages_are_one_line_errors(tmp_path, bad, key):
+    with pytest.raises(ConfigError) as e:
+        _load(tmp_path, bad)
+    assert re.search(key, str(e.value)) and "\n" not in str(e.value), str(e.value)
+
+
+@pytest.mark.parametrize("name, world", [("smollm3-stages", 32), ("llama3-stages", 64)])
+def test_dry_run_of_each_shipped_staged_config_estimates_every_stage(megatron_1rank, repo, capsys, name, world):
+    from lenext_dist.train.dryrun import dry_run
+
+    cfg = load_config(repo / "configs" / "exp" / f"{name}.yaml")
+    out = dry_run(cfg, world=world)
+    text = capsys.readouterr().out
+    n = len(cfg.train.stages) + 1
+    assert len(out["stages"]) == n and all(f"stage {k}: steps" in text for k in range(n))
+    tokens = {s["seq_length"] * s["global_batch_size"] for s in out["stages"]}
+    assert len(tokens) == 1 and "NOT kept" not in text  # the recipes keep their tokens per step
+    mem = [s["memory"]["total"] for s in out["stages"]]
+    assert mem[-1] > mem[0]  # the longest stage needs the most memory
+
+
+def test_the_stage_rope_base_and_length_reach_the_built_model(megatron_1rank, tmp_path):
+    from lenext_dist.attention import RoPE
+    from lenext_dist.model import build_model
+
+    cfg = _load(tmp_path, [{"start_step": 4, "seq_length": 256, "rope_base": 1.0e5}])
+    cfg.attention.position = "rope"
+    bases = {k: {m.base for m in build_model(stages.stage_config(cfg, k), device="meta").modules()
+                 if isinstance(m, RoPE)} for k in (0, 1)}
+    assert bases == {0: {cfg.attention.rope.base}, 1: {1.0e5}}
+
+
+def test_a_checkpoint_reads_back_as_the_stage_its_weights_were_trained_in(tmp_path):
+    """Export and extend read run_config: the stage of the checkpoint's last trained step (a
+    boundary checkpoint is its earlier stage's); a resume compares the saved, whole config."""
+    from lenext_dist.checkpoint.layout import run_config, saved_config, tag_for
+    from lenext_dist.config import save_config
+
+    cfg = _load(tmp_path, [{"start_step": 4, "seq_length": 256, "rope_base": 1.0e5}])
+    for step, (seq, base) in ((4, (128, cfg.attention.rope.base)), (5, (256, 1.0e5)), (10, (256, 1.0e5))):
+        d = tmp_path / tag_for(step)
+        d.mkdir()
+        save_config(cfg, d / "config.yaml")
+        got = run_config(d)
+        assert (got.model.seq_length, got.attention.rope.base) == (seq, base), step
+        assert saved_config(d).train.stages == cfg.train.stages
