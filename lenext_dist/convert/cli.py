@@ -19,7 +19,11 @@ DESCRIPTION = (
     "RoPE -> LlamaForCausalLM or MistralForCausalLM, iRoPE and\nLlama 4's QK-norm -> "
     "Llama4ForCausalLM, RMS QK-norm -> Qwen3ForCausalLM, partial RoPE ->\nGlmForCausalLM); "
     "other variants are refused. "
-    "--verify reloads the export and compares its logits with the checkpoint's.")
+    "--verify reloads the export and compares its logits with the checkpoint's.\n\n"
+    "--from-hf HF_DIR goes the other way: a Hugging Face folder (Llama, Mistral, SmolLM3, Llama 4 "
+    "text with\ndense MLPs, or our custom export; safetensors only, no remote code) -> a run "
+    "folder --out with\nconfig.yaml and checkpoints/ that `lenext train` (checkpoint.init_from) "
+    "and `lenext extend --base`\nstart from; KEY=VALUE overrides go into its config.yaml.")
 
 
 def epilog(prog: str) -> str:
@@ -29,16 +33,22 @@ def epilog(prog: str) -> str:
             f"  {prog} --checkpoint runs/tiny-cpu-nope/checkpoints --out hf/tiny-nope-c1.5 "
             "--scale-c 1.5\n"
             f"  {prog} --checkpoint runs/tiny-cpu-nope/checkpoints --out hf/tiny-nope-stock "
-            "--format stock --verify\n\n"
-            "Manual: docs/export.md")
+            "--format stock --verify\n"
+            f"  {prog} --from-hf ~/models/TinyLlama-NoPE-1.1B --out runs/tinyllama-nope "
+            "attention.position=nope\n\n"
+            "Manual: docs/export.md, docs/import.md")
 
 
 def build_parser(p: Optional[argparse.ArgumentParser] = None) -> argparse.ArgumentParser:
     p = p or argparse.ArgumentParser(prog=PROG)
     p.description, p.epilog = DESCRIPTION, epilog(p.prog)
     p.formatter_class = argparse.RawDescriptionHelpFormatter
-    p.add_argument("--checkpoint", required=True,
-                   help="checkpoint folder (uses its `latest`) or a step_* folder in it")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--checkpoint",
+                     help="checkpoint folder (uses its `latest`) or a step_* folder in it")
+    src.add_argument("--from-hf", metavar="HF_DIR",
+                     help="import: a Hugging Face model folder -> a run folder (--out) to train "
+                          "or extend from (docs/import.md)")
     p.add_argument("--tag", help="step_NNNNNNN folder inside --checkpoint (default: latest)")
     p.add_argument("--out", required=True, help="output folder (created)")
     p.add_argument("--format", default="custom", choices=["custom", "stock"],
@@ -62,12 +72,42 @@ def build_parser(p: Optional[argparse.ArgumentParser] = None) -> argparse.Argume
                    help="reload the export with transformers and compare its logits with the "
                         "megatron model of the checkpoint (fp32); fail above --tolerance")
     p.add_argument("--tolerance", type=float, default=1e-4)
+    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
+                   help="--from-hf only: config overrides for the imported run's config.yaml "
+                        "(data.blend, model.seq_length, ...)")
     return p
+
+
+_EXPORT_ONLY = ("tag", "scale_c", "head_scales_from", "tokenizer", "verify")
+
+
+def run_import(a: argparse.Namespace) -> int:
+    from .hf_import import import_hf
+
+    given = [f"--{k.replace('_', '-')}" for k in _EXPORT_ONLY if getattr(a, k)]
+    given += ["--no-tokenizer"] * a.no_tokenizer + ["--overwrite"] * a.overwrite
+    given += [f"--format {a.format}"] * (a.format != "custom") + [f"--dtype {a.dtype}"] * (a.dtype != "fp32")
+    if given:
+        print(f"error: export options ({', '.join(given)}) do not go with --from-hf, which takes "
+              "--out and KEY=VALUE overrides", file=sys.stderr)
+        return 2
+    s = import_hf(a.from_hf, a.out, overrides=a.overrides)
+    print(f"[lenext.convert] {s['source']} ({s['architecture']}) -> {s['out']}: layers "
+          f"{s['layers']}, windows {s['windows']}, chunks {s['chunks']}, rope {s['rope']}, "
+          f"temperature {s['temperature']}, L={s['train_length']}; tokenizer files "
+          f"{s['tokenizer'] or 'none'}; train from it with checkpoint.init_from="
+          f"{s['out']}/checkpoints or `lenext extend --base {s['out']}`")
+    return 0
 
 
 def run(a: argparse.Namespace) -> int:
     """The export of `a` (and its check with --verify): 0, 1 when the logits differ, 2 when
     --verify is asked of a non-fp32 export."""
+    if a.from_hf:
+        return run_import(a)
+    if a.overrides:
+        print(f"error: KEY=VALUE overrides ({a.overrides[0]}) are for --from-hf only", file=sys.stderr)
+        return 2
     os.environ.setdefault("DS_ACCELERATOR", "cpu") if a.verify else None
 
     from .export import export, verify

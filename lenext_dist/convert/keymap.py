@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Mapping
 
 import torch
 from torch import Tensor
@@ -238,9 +238,11 @@ def megatron_to_hf(state: dict, s: Shape) -> dict[str, Tensor]:
     return out
 
 
-def hf_to_megatron(state: dict, s: Shape) -> dict[str, Tensor]:
-    """Inverse of megatron_to_hf (tests; importing HF weights into megatron)."""
-    return _convert(dict(state), s, "hf", "megatron")
+def hf_to_megatron(state: Mapping, s: Shape) -> dict[str, Tensor]:
+    """Inverse of megatron_to_hf (the import, hf_import.py). `state` may be a lazy mapping (one
+    tensor read per lookup): each source tensor is read once, when its target is built, so only
+    the megatron state is held whole."""
+    return _convert(state, s, "hf", "megatron")
 
 
 __all__ = ["Shape", "Rule", "KEYMAP", "SHAPES", "expected_shapes", "HF_Q_PROJ", "HF_HEAD_SCALE",

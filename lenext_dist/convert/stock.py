@@ -209,17 +209,27 @@ def _llama4_config(cfg, common: dict):
         rope_parameters=params)
 
 
-def _llama4_weights(state: dict, cfg) -> dict:
-    """Llama 4's names (`feed_forward` for `mlp`) and pair layout on its RoPE layers."""
-    m = cfg.model
-    out = {k.replace(".mlp.", ".feed_forward."): v for k, v in state.items()}
-    for i, x in enumerate(cfg.layer_positions):
+LLAMA4_MLP = (".mlp.", ".feed_forward.")
+"""Our (Llama) name of the MLP module and Llama 4's, read both ways (export and import)."""
+
+
+def llama4_rope_rows(key: str, w: Tensor, m, positions: list, inverse: bool = False) -> Tensor:
+    """q/k_proj of a RoPE layer in Meta's pair layout (or back, `inverse`); others unchanged.
+    m: the ModelConfig; positions: each layer's variant (RunConfig.layer_positions)."""
+    for i, x in enumerate(positions):
         if x != "rope":
             continue
         for proj, heads in (("q_proj", m.num_attention_heads), ("k_proj", m.kv_heads)):
-            k = f"model.layers.{i}.self_attn.{proj}.weight"
-            out[k] = _meta_pairs(out[k], heads, m.head_dim)
-    return out
+            if key == f"model.layers.{i}.self_attn.{proj}.weight":
+                return _meta_pairs(w, heads, m.head_dim, inverse)
+    return w
+
+
+def _llama4_weights(state: dict, cfg) -> dict:
+    """Llama 4's names (`feed_forward` for `mlp`) and pair layout on its RoPE layers."""
+    ours, theirs = LLAMA4_MLP
+    return {k.replace(ours, theirs): llama4_rope_rows(k, v, cfg.model, cfg.layer_positions)
+            for k, v in state.items()}
 
 
 def _qwen3_claims(cfg) -> bool:

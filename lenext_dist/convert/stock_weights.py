@@ -72,12 +72,15 @@ def fold_head_scales(hf_state: dict, scales: Tensor, num_heads: int, head_dim: i
 # ------------------------------------------------------------------ form layouts
 
 
-def meta_pairs(w: Tensor, heads: int, head_dim: int) -> Tensor:
+def meta_pairs(w: Tensor, heads: int, head_dim: int, inverse: bool = False) -> Tensor:
     """Rows of q/k_proj [heads d, H] from our rotate-half RoPE pairs (i, i + d/2) to Meta's
     complex pairs (2i, 2i + 1) (modeling_llama4.apply_rotary_emb views the last dim as d/2
-    complex numbers): new row 2i = old i, new 2i + 1 = old i + d/2, per head."""
+    complex numbers): new row 2i = old i, new 2i + 1 = old i + d/2, per head; `inverse` maps
+    Meta's rows back (the import, hf_import.py)."""
     half = head_dim // 2
     perm = [j for i in range(half) for j in (i, i + half)]
+    if inverse:
+        perm = sorted(range(head_dim), key=perm.__getitem__)
     return w.view(heads, head_dim, -1)[:, perm].reshape(w.shape).contiguous()
 
 

@@ -1,0 +1,396 @@
+"""Hugging Face folder -> training checkpoint (`lenext convert --from-hf DIR --out RUN`).
+
+The inverse of the exports, read from the same tables: `keymap.KEYMAP` (hf_to_megatron),
+`stock.ROPE_PARAMETERS` (a rope_parameters dict is accepted only when our export of the scaling it
+names writes exactly that dict back), `stock.LLAMA4_MLP` / `stock.llama4_rope_rows` (Llama 4's
+names and Meta's RoPE pair layout, undone). `READERS` maps config.json's architecture to the reader
+of its config: LlamaForCausalLM (PI / NTK as a base / YaRN), MistralForCausalLM (sliding window),
+SmolLM3ForCausalLM (no_rope_layers, layer_types), Llama4ForCausalLM (text model, dense MLPs, iRoPE,
+chunks, attention temperature) and our custom export (model_type lenext; learned head scales folded
+into q_proj). Anything our model cannot express is refused by name from config.json and the weight
+NAMES (never a tensor read): MoE, qk-norm, biases, partial rotary, another activation, head_dim
+other than hidden / heads, unknown rope types.
+
+Safety: safetensors only (a pickle can run code when loaded), config.json read as JSON or by
+transformers' own config classes, never trust_remote_code. Weights are read tensor by tensor from
+their shards (model.safetensors.index.json) while the megatron state is built, so one copy is held.
+
+Output (a run folder `lenext extend --base` and `checkpoint.init_from` read):
+    config.yaml                          the run config (checkpoint.init_from = the step below)
+    checkpoints/latest, checkpoints/step_0000000/   mp_rank_00_model_states.pt (ZeRO-0 layout),
+                                         config.yaml, COMPLETE
+    tokenizer.model / tokenizer.json / tokenizer_config.json / special_tokens_map.json (copied)
+    import.json                          source folder, architecture, what was mapped
+"""
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Optional
+
+import torch
+import yaml
+
+from lenext_dist.attention.temperature import LLAMA4_DEFAULTS
+from lenext_dist.checkpoint.layout import COMPLETE, CONFIG, LATEST, tag_for
+from lenext_dist.config import RopeConfig
+from lenext_dist.errors import CheckpointError
+
+from . import stock
+from .keymap import HF_HEAD_SCALE, HF_Q_PROJ, Shape, hf_to_megatron
+from .outdir import check_out, staged
+
+TOKENIZER_FILES = ("tokenizer.model", "tokenizer.json", "tokenizer_config.json",
+                   "special_tokens_map.json")
+
+
+class ImportRefused(CheckpointError):
+    """The HF folder holds a model this project cannot express or read safely (one line)."""
+
+
+@dataclass
+class Reading:
+    """What a reader makes of config.json: the run config's model and attention sections, each
+    layer's (variant, window, chunk), and how an HF key/tensor becomes the Llama-named one."""
+
+    model: dict
+    attention: dict
+    specs: list
+    key: Callable[[str], str] = lambda k: k
+    tensor: Callable[[str, torch.Tensor], torch.Tensor] = lambda k, w: w
+
+
+# ------------------------------------------------------------------ config.json -> sections
+
+
+def _refuse(where: Path, what: str) -> ImportRefused:
+    return ImportRefused(f"{where}: cannot import: {what}; nothing written")
+
+
+def _common(c: dict, ffn_key: str = "intermediate_size") -> dict:
+    """The Llama-shaped fields every stock reader shares -> model section; refusals by name."""
+    heads, hidden = c["num_attention_heads"], c["hidden_size"]
+    c = {"partial_rotary_factor": (c.get("rope_parameters") or {}).get("partial_rotary_factor"), **c}
+    for key, ok, what in (
+            ("hidden_act", c.get("hidden_act", "silu") == "silu", "an activation other than SwiGLU (silu)"),
+            ("attention_bias", not c.get("attention_bias"), "attention biases"),
+            ("mlp_bias", not c.get("mlp_bias"), "MLP biases"),
+            ("head_dim", c.get("head_dim") in (None, hidden // heads),
+             f"head_dim other than hidden_size / num_attention_heads = {hidden // heads}"),
+            # qk-norm and partial rotary: refused until the attention code builds them
+            ("partial_rotary_factor", c.get("partial_rotary_factor", 1.0) in (None, 1.0),
+             "partial rotary (not built yet)"),
+            ("use_qk_norm", not c.get("use_qk_norm"), "qk-norm (not built yet)")):
+        if not ok:
+            raise ValueError(f"{key}={c.get(key)!r}: {what}")
+    kv = c.get("num_key_value_heads") or heads
+    return {"num_layers": c["num_hidden_layers"], "hidden_size": hidden,
+            "num_attention_heads": heads, "num_query_groups": None if kv == heads else kv,
+            "ffn_hidden_size": c[ffn_key], "vocab_size": c["vocab_size"],
+            "norm_epsilon": c.get("rms_norm_eps", 1e-5),
+            "init_method_std": c.get("initializer_range", 0.02),
+            "tie_embeddings": bool(c.get("tie_word_embeddings", False))}
+
+
+def _rope(c: dict, head_dim: int) -> tuple[dict, int]:
+    """(attention.rope, L) from rope_parameters, read through stock.ROPE_PARAMETERS: the guess
+    for its rope_type is accepted only if our export writes the same dict back."""
+    p = dict(c.get("rope_parameters") or {"rope_type": "default",
+                                           "rope_theta": c.get("rope_theta", 10000.0)})
+    legacy = dict(c.get("rope_scaling") or {})  # transformers < 5: `rope_scaling` {type, factor}
+    if legacy:
+        p.update(legacy, rope_type=legacy.pop("rope_type", legacy.pop("type", None)))
+        p.pop("type", None)
+    kind = p.get("rope_type", "default")
+    scaling = {"default": "none", "linear": "pi", "yarn": "yarn"}.get(kind)
+    if scaling is None:
+        raise ValueError(f"rope_type {kind!r}: no RoPE scaling of ours computes it "
+                         f"(known: default, linear (PI), yarn; static NTK is a default base)")
+    L = int(p.get("original_max_position_embeddings") or stock_length(c, p.get("factor") or 1.0))
+    r = {"base": float(p["rope_theta"]), "scaling": scaling, "factor": float(p.get("factor") or 1.0)}
+    back = stock.ROPE_PARAMETERS[scaling](RopeConfig(**r), head_dim, L)
+    extra = [k for k, v in p.items() if v is not None and (k not in back or back[k] != v)]
+    if extra:
+        raise ValueError(f"rope_parameters {', '.join(f'{k}={p[k]!r}' for k in extra)}: not "
+                         f"computed by our {scaling!r} RoPE (it writes {back})")
+    return r, L
+
+
+def stock_length(c: dict, factor: float = 1.0) -> int:
+    """L: the training length our stock export recorded, else max_position_embeddings (over the
+    PI factor: our export writes the extended length there)."""
+    prov = c.get(stock.PROVENANCE) or {}
+    return int(prov.get("train_length") or c["max_position_embeddings"] // factor)
+
+
+def _llama(c: dict, where: Path) -> Reading:
+    m = _common(c)
+    rope, L = _rope(c, m["hidden_size"] // m["num_attention_heads"])
+    window = c.get("sliding_window") if c["architectures"][0] == "MistralForCausalLM" else None
+    return Reading({**m, "seq_length": L}, {"position": "rope", "rope": rope, "window": window},
+                   [("rope", window, None)] * m["num_layers"])
+
+
+def _smollm3(c: dict, where: Path) -> Reading:
+    m = _common(c)
+    rope, L = _rope(c, m["hidden_size"] // m["num_attention_heads"])
+    n, w = m["num_layers"], c.get("sliding_window")
+    types = c.get("layer_types") or ["full_attention"] * n
+    flags = c.get("no_rope_layers") or [int((i + 1) % c.get("no_rope_layer_interval", 4) != 0)
+                                        for i in range(n)]
+    specs = [("rope" if f else "nope",
+              w if c.get("use_sliding_window") and t == "sliding_attention" else None, None)
+             for f, t in zip(flags, types)]
+    return Reading({**m, "seq_length": L}, {"rope": rope}, specs)
+
+
+def _llama4(c: dict, where: Path) -> Reading:
+    c = {"use_qk_norm": True, **c}  # Llama4TextConfig's default
+    if c.get("model_type") == "llama4" or "text_config" in c:
+        raise ValueError("Llama4ForConditionalGeneration (multimodal): import the text model "
+                         "(a Llama4ForCausalLM folder)")
+    n = c["num_hidden_layers"]
+    moe = c.get("moe_layers")
+    if moe is None or moe:
+        raise ValueError(f"moe_layers={moe!r}: mixture-of-experts layers (dense MLPs only: "
+                         "moe_layers [])")
+    m = _common(c, "intermediate_size_mlp")
+    rope, L = _rope(c, m["hidden_size"] // m["num_attention_heads"])
+    flags = c.get("no_rope_layers") or [int((i + 1) % 4 != 0) for i in range(n)]
+    types = c.get("layer_types") or ["chunked_attention" if f else "full_attention" for f in flags]
+    specs = [("rope" if f else "nope", None,
+              c.get("attention_chunk_size") if t == "chunked_attention" else None)
+             for f, t in zip(flags, types)]
+    temp = ({"kind": "llama4", "layers": "nope",
+             **{k: float(c.get(k, v)) for k, v in LLAMA4_DEFAULTS.items()}}
+            if c.get("attn_temperature_tuning", True) else {"kind": "none"})
+    positions = [x for x, *_ in specs]
+    model = {**m, "seq_length": L}
+    theirs, ours = stock.LLAMA4_MLP[1], stock.LLAMA4_MLP[0]
+    shape = type("M", (), {"num_attention_heads": m["num_attention_heads"],
+                           "kv_heads": m["num_query_groups"] or m["num_attention_heads"],
+                           "head_dim": m["hidden_size"] // m["num_attention_heads"]})
+    return Reading(model, {"rope": rope, "temperature": temp}, specs,
+                   key=lambda k: k.replace(theirs, ours),
+                   tensor=lambda k, w: stock.llama4_rope_rows(k, w, shape, positions, inverse=True))
+
+
+def _lenext(c: dict, where: Path) -> Reading:
+    """Our custom export: every attention option is in config.json (attention_options)."""
+    m = _common(c)
+    attn = {"position": c["position"], "rope": c["rope"], **(c.get("attention_options") or {})}
+    model = {**m, "seq_length": int(c["train_length"])}
+    return Reading(model, attn, [])  # head scales: _fold_head_scales
+
+
+READERS: dict[str, Callable[[dict, Path], Reading]] = {
+    "LlamaForCausalLM": _llama, "MistralForCausalLM": _llama, "SmolLM3ForCausalLM": _smollm3,
+    "Llama4ForCausalLM": _llama4, "LenextForCausalLM": _lenext}
+"""config.json `architectures[0]` -> its reader; any other architecture is refused by name."""
+
+
+def _layout(specs: list, attention: dict) -> dict:
+    """Each layer's (variant, window, chunk) -> attention.position / window / chunked / layout:
+    uniform when all layers agree, else `explicit` with the local layers sharing one span."""
+    if not specs:
+        return attention
+    local = sorted({(w, ch) for _, w, ch in specs if (w, ch) != (None, None)}, key=str)
+    if len(local) > 1:
+        raise ValueError(f"layers with different windows / chunks {local}: one span per model")
+    w, ch = local[0] if local else (None, None)
+    names = [x for x, *_ in specs]
+    out = {**attention, "position": "rope" if "rope" in names else "nope", "window": w, "chunked": ch}
+    if len(set(specs)) > 1:
+        out["layout"] = {"kind": "explicit", "layers": names,
+                         "global_layers": [i + 1 for i, (_, a, b) in enumerate(specs)
+                                           if (a, b) == (None, None)] if local else []}
+    return out
+
+
+# ------------------------------------------------------------------ weights, lazily
+
+
+class LazyWeights:
+    """HF key -> tensor, read from its safetensors shard on lookup (the reader's names/layout
+    applied); iteration gives the Llama-named keys without reading any tensor."""
+
+    def __init__(self, folder: Path, reading: Reading):
+        from safetensors import safe_open
+
+        index = folder / "model.safetensors.index.json"
+        if index.is_file():
+            files = json.loads(index.read_text())["weight_map"]
+        elif (folder / "model.safetensors").is_file():
+            with safe_open(str(folder / "model.safetensors"), "pt") as f:
+                files = {k: "model.safetensors" for k in f.keys()}
+        else:
+            pickles = sorted(p.name for p in folder.glob("pytorch_model*.bin"))
+            raise _refuse(folder, (f"{pickles[0]} is a pickle (loading it can run code): save the "
+                                   "model as safetensors first" if pickles else
+                                   "no model.safetensors or model.safetensors.index.json"))
+        self.folder, self.reading = folder, reading
+        self.names = {reading.key(k): (k, f) for k, f in files.items()}
+
+    def __iter__(self):
+        return iter(self.names)
+
+    def __len__(self):
+        return len(self.names)
+
+    def __contains__(self, k):
+        return k in self.names
+
+    def __getitem__(self, k):
+        from safetensors import safe_open
+
+        theirs, f = self.names[k]
+        with safe_open(str(self.folder / f), "pt") as h:  # one tensor, then the file is closed
+            return self.reading.tensor(k, h.get_tensor(theirs))
+
+
+_HINTS = (("q_norm", "qk-norm (not built yet)"), ("k_norm", "qk-norm (not built yet)"),
+          (".bias", "biases"), ("experts", "mixture-of-experts layers"),
+          ("router", "mixture-of-experts layers"), ("vision", "a vision tower"))
+
+
+def _unknown_names(weights: LazyWeights, shape: Shape) -> Optional[str]:
+    """What the weight names say the key map cannot take (by name), or None."""
+    for part, what in _HINTS:
+        hit = next((k for k in weights if part in k), None)
+        if hit:
+            return f"{hit}: {what}"
+    if "lm_head.weight" in weights and shape.tie_embeddings:
+        return "lm_head.weight with tie_word_embeddings=true"
+    return None
+
+
+# ------------------------------------------------------------------ the import
+
+
+def read_config(folder: Path, overrides=()) -> tuple[dict, Reading, str]:
+    """(config.json, its Reading, architecture): every refusal of the config, no weight read.
+    A stock architecture with `auto_map` runs its own code (never run here), which may compute
+    something else (a Llama-shaped NoPE checkpoint): refused unless an attention.* override says
+    what it computes."""
+    f = folder / "config.json"
+    if not f.is_file():
+        raise _refuse(folder, "no config.json (a Hugging Face model folder is needed)")
+    c = json.loads(f.read_text())
+    arch = (c.get("architectures") or [c.get("model_type", "?")])[0]
+    if arch not in READERS:
+        raise _refuse(f, f"architecture {arch!r} (importable: {', '.join(READERS)})")
+    if c.get("auto_map") and arch != "LenextForCausalLM" and not any(
+            o.startswith("attention.") for o in overrides):
+        raise _refuse(f, f"auto_map {sorted(c['auto_map'].values())}: the model runs its own code, "
+                      f"not stock {arch} (code is never run here); read it and say what it "
+                      "computes with attention.* overrides, e.g. attention.position=nope")
+    try:
+        reading = READERS[arch](c, folder)
+        reading.attention = _layout(reading.specs, reading.attention)
+    except (ValueError, KeyError) as e:
+        what = e.args[0] if isinstance(e, ValueError) else f"config.json lacks {e.args[0]!r}"
+        raise _refuse(f, f"{arch} with {what}") from None
+    return c, reading, arch
+
+
+def run_config(c: dict, reading: Reading, out: Path, name: str, overrides: list[str]):
+    """The RunConfig written with the import (strict loader, so a bad override is one line)."""
+    from lenext_dist.config import load_config
+
+    tok = (out / "tokenizer.model").resolve() if (out / "tokenizer.model").is_file() else ""
+    bos = c.get("bos_at_document_start")
+    if bos is None:
+        tc = out / "tokenizer_config.json"
+        bos = json.loads(tc.read_text()).get("add_bos_token", False) if tc.is_file() else False
+    # L stays the pretrained length when a model.seq_length override trains longer (YaRN's
+    # original length, the temperature schedules, lenext extend's base L)
+    tree = {"name": name, "model": {"name": name, **reading.model,
+                                    "train_length": reading.model["seq_length"]},
+            "attention": reading.attention,
+            "data": {"tokenizer": str(tok), "bos": bool(bos)},  # "": no SentencePiece model
+            "checkpoint": {"init_from": str((out / "checkpoints").resolve())}}
+    f = out / CONFIG
+    f.write_text(yaml.safe_dump(tree, sort_keys=False))
+    return load_config(f, list(overrides))
+
+
+def import_hf(folder, out, *, overrides: list[str] = (), name: Optional[str] = None) -> dict:
+    """Import the HF model folder `folder` into the run folder `out` (see the module docstring);
+    returns a summary. ImportRefused (one line) before any weight is read, for what we cannot
+    express; OutputError for an --out that exists."""
+    from lenext_dist.config import save_config, to_dict
+
+    folder, final = Path(folder), Path(out)
+    c, reading, arch = read_config(folder, overrides)
+    replaces = check_out(final, False, [folder])
+    weights = LazyWeights(folder, reading)
+    with staged(final, replaces) as tmp:
+        for t in TOKENIZER_FILES:
+            if (folder / t).is_file():
+                shutil.copyfile(folder / t, tmp / t)
+        cfg = run_config(c, reading, tmp, name or folder.resolve().name, overrides)
+        m = cfg.model
+        shape = Shape.from_run_config(cfg)
+        why = _unknown_names(weights, shape)
+        if why:
+            raise _refuse(folder, why)
+        if arch == "LenextForCausalLM":  # learned/uniform scales: fold, keep scale_c = 1
+            _fold_head_scales(weights, cfg)
+        try:
+            state = hf_to_megatron(weights, shape)
+        except KeyError as e:
+            raise _refuse(folder, e.args[0]) from None
+        step = tmp / "checkpoints" / tag_for(0)
+        step.mkdir(parents=True)
+        torch.save({"module": state}, step / "mp_rank_00_model_states.pt")
+        del state
+        final_cfg = _relocated(cfg, tmp, final)
+        save_config(final_cfg, step / CONFIG)  # resolved, as train writes a step's
+        tree = to_dict(final_cfg)  # to train from: run_dir / checkpoint.dir follow `name`
+        tree["run_dir"] = tree["checkpoint"]["dir"] = None
+        (tmp / CONFIG).write_text(yaml.safe_dump(tree, sort_keys=False))
+        (step / COMPLETE).write_text("1\n")
+        (tmp / "checkpoints" / LATEST).write_text(tag_for(0) + "\n")
+        summary = {"source": str(folder.resolve()), "architecture": arch, "out": str(final),
+                   "layers": cfg.layer_positions, "windows": cfg.layer_windows,
+                   "chunks": cfg.layer_chunks, "temperature": cfg.attention.temperature.kind,
+                   "rope": cfg.attention.rope.scaling, "train_length": m.train_length,
+                   "tokenizer": [t for t in TOKENIZER_FILES if (tmp / t).is_file()]}
+        (tmp / "import.json").write_text(json.dumps(summary, indent=1) + "\n")
+    return summary
+
+
+def _relocated(cfg, tmp: Path, final: Path):
+    """The config with the staging folder's paths replaced by the final ones."""
+    import dataclasses
+
+    fix = lambda p: p.replace(str(tmp.resolve()), str(final.resolve())) if p else p  # noqa: E731
+    return dataclasses.replace(
+        cfg, data=dataclasses.replace(cfg.data, tokenizer=fix(cfg.data.tokenizer)),
+        checkpoint=dataclasses.replace(cfg.checkpoint, init_from=fix(cfg.checkpoint.init_from)))
+
+
+def _fold_head_scales(weights: LazyWeights, cfg) -> None:
+    """Our custom export's per-head scales [h] per layer: a uniform c stays attention.scale_c;
+    anything else is folded into q_proj's rows (as the stock export does) with scale_c 1."""
+    m = cfg.model
+    keys = [HF_HEAD_SCALE.format(i=i) for i in range(m.num_layers)]
+    if not all(k in weights for k in keys):
+        return
+    scales = torch.stack([weights[k].float() for k in keys])  # [layers, heads]
+    for k in keys:
+        del weights.names[k]
+    if bool((scales == scales.flatten()[0]).all()):
+        cfg.attention.scale_c = float(scales.flatten()[0])
+        return
+    cfg.attention.scale_c = 1.0
+    rows = {HF_Q_PROJ.format(i=i): r for i, r in enumerate(scales)}
+    inner = weights.reading.tensor
+    weights.reading.tensor = lambda k, w: (stock.fold_head_scales(
+        {HF_Q_PROJ.format(i=0): inner(k, w)}, rows[k].view(1, -1), m.num_attention_heads,
+        m.head_dim)[HF_Q_PROJ.format(i=0)] if k in rows else inner(k, w))
+
+
+__all__ = ["import_hf", "read_config", "READERS", "ImportRefused", "LazyWeights"]

@@ -1,0 +1,248 @@
+"""The import (lenext convert --from-hf, issue 41): models that transformers builds here (random
+weights, small shapes, nothing downloaded) of every architecture we export, saved as
+safetensors (one file or shards), imported into a training checkpoint; the megatron model built
+from that checkpoint gives transformers' logits (fp32, 1e-4) at 1x and 4x the training length;
+exporting the import gives back the same weights bit for bit; what our model cannot express is
+refused by name before any weight is read."""
+import json
+import os
+
+import pytest
+import torch
+
+from lenext_dist.convert import export
+from lenext_dist.convert.export import megatron_reference
+from lenext_dist.convert.hf_import import ImportRefused, import_hf
+
+os.environ.setdefault("DS_ACCELERATOR", "cpu")
+L = 16  # the training length of the tiny models; 4x = 64 tokens
+COMMON = dict(vocab_size=256, hidden_size=64, intermediate_size=96, num_hidden_layers=4,
+              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=L,
+              rms_norm_eps=1e-5, tie_word_embeddings=False, bos_token_id=1, eos_token_id=2,
+              pad_token_id=0)
+
+
+def _llama(**kw):
+    from transformers import LlamaConfig
+    return LlamaConfig(**{**COMMON, **kw})
+
+
+def _mistral(**kw):
+    from transformers import MistralConfig
+    return MistralConfig(**{**COMMON, "head_dim": 16, **kw})
+
+
+def _smollm3(**kw):
+    from transformers import SmolLM3Config
+    return SmolLM3Config(**{**COMMON, **kw})
+
+
+def _llama4(**kw):
+    from transformers import Llama4TextConfig
+    c = {**COMMON, "head_dim": 16, "intermediate_size_mlp": 96, "moe_layers": [],
+         "use_qk_norm": False, "no_rope_layers": [1, 1, 1, 0], "attention_chunk_size": 8,
+         "attn_temperature_tuning": True, "floor_scale": 4, "attn_scale": 0.5,
+         "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}, **kw}
+    return Llama4TextConfig(**c)
+
+
+ROPE_YARN = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+             "original_max_position_embeddings": L, "beta_fast": 32.0, "beta_slow": 1.0,
+             "truncate": True}
+CASES = {
+    "llama": lambda: _llama(),
+    "llama-pi": lambda: _llama(rope_parameters={"rope_type": "linear", "rope_theta": 10000.0,
+                                                "factor": 2.0}, max_position_embeddings=2 * L),
+    "llama-yarn": lambda: _llama(rope_parameters=ROPE_YARN),
+    "llama-tied-mha": lambda: _llama(tie_word_embeddings=True, num_key_value_heads=4),
+    "mistral-window": lambda: _mistral(sliding_window=8),
+    "smollm3-nope": lambda: _smollm3(no_rope_layers=[0, 0, 0, 0]),
+    "smollm3-interleaved-window": lambda: _smollm3(
+        no_rope_layers=[1, 1, 1, 0], use_sliding_window=True, sliding_window=8,
+        layer_types=["sliding_attention"] * 3 + ["full_attention"]),
+    "llama4-irope": lambda: _llama4(),
+}
+
+
+def make_hf(folder, config, seed=0, shard=None):
+    """A transformers model of `config` with random weights (norms away from 1, larger
+    projections: position-dependent attention), saved as safetensors."""
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    config.architectures = None
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.rand_like(p) * 0.2) if p.dim() == 1 else p.mul_(4.0)
+    model.save_pretrained(folder, max_shard_size=shard or "2GB")
+    return model
+
+
+def logits_equal(hf, step_dir, lengths=(L, 4 * L)):
+    ref = megatron_reference(step_dir)
+    for n in lengths:
+        tokens = torch.randint(0, 256, (2, n), generator=torch.Generator().manual_seed(n))
+        pos = torch.arange(n).expand_as(tokens)
+        with torch.no_grad():
+            a = ref(tokens, pos, attention_mask=None).float()
+            b = hf(input_ids=tokens, use_cache=False).logits.float()
+        assert (a - b).abs().max().item() < 1e-4, (n, (a - b).abs().max().item())
+
+
+def safetensors_state(folder):
+    from safetensors.torch import load_file
+    out = {}
+    for f in sorted(folder.glob("*.safetensors")):
+        out.update(load_file(f))
+    return out
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_import_equals_transformers_and_round_trips(case, tmp_path, megatron_1rank):
+    hf_dir, run = tmp_path / "hf", tmp_path / "run"
+    hf = make_hf(hf_dir, CASES[case](), shard="60KB" if case == "llama" else None)
+    if case == "llama":
+        assert (hf_dir / "model.safetensors.index.json").is_file()  # sharded: read shard by shard
+    info = import_hf(hf_dir, run)
+    step = run / "checkpoints" / "step_0000000"
+    assert (step / "COMPLETE").is_file() and (run / "checkpoints" / "latest").is_file()
+    logits_equal(hf, step)
+    assert info["architecture"] == type(hf).__name__
+
+    back = tmp_path / "back"
+    export(run / "checkpoints", back, tokenizer="", fmt="stock")
+    assert json.loads((back / "config.json").read_text())["architectures"] == [type(hf).__name__]
+    a, b = safetensors_state(hf_dir), safetensors_state(back)
+    assert sorted(a) == sorted(b)
+    assert all(torch.equal(a[k], b[k]) for k in a), [k for k in a if not torch.equal(a[k], b[k])]
+
+
+def test_custom_export_imports_with_its_head_scales(tmp_path, megatron_1rank):
+    """Our custom export (learned per-head scales, a window): imported with the scales folded
+    into q_proj equals its logits; a uniform c comes back as attention.scale_c, bit for bit."""
+    from transformers import AutoModelForCausalLM
+
+    hf_dir = tmp_path / "hf"
+    make_hf(hf_dir, _smollm3(no_rope_layers=[0, 0, 0, 0], use_sliding_window=True,
+                             sliding_window=8, layer_types=["sliding_attention"] * 4))
+    import_hf(hf_dir, tmp_path / "run")
+    scales = 0.8 + torch.rand(4, 4, generator=torch.Generator().manual_seed(3))
+    for name, kw in (("learned", {"head_scales": scales}), ("uniform", {"scale_c": 1.25})):
+        custom = tmp_path / f"custom-{name}"
+        export(tmp_path / "run" / "checkpoints", custom, tokenizer="", **kw)
+        import_hf(custom, tmp_path / f"run-{name}")
+        hf = AutoModelForCausalLM.from_pretrained(custom, trust_remote_code=True,
+                                                  dtype=torch.float32).eval()
+        logits_equal(hf, tmp_path / f"run-{name}" / "checkpoints" / "step_0000000")
+    export(tmp_path / "run-uniform" / "checkpoints", tmp_path / "back", tokenizer="")
+    a, b = safetensors_state(tmp_path / "custom-uniform"), safetensors_state(tmp_path / "back")
+    assert sorted(a) == sorted(b) and all(torch.equal(a[k], b[k]) for k in a)
+
+
+REFUSED = {
+    "moe": (lambda: _llama4(moe_layers=[1]), "moe_layers"),
+    "qk-norm": (lambda: _llama4(use_qk_norm=True), "qk-norm"),
+    "bias": (lambda: _llama(attention_bias=True), "attention_bias"),
+    "mlp-bias": (lambda: _llama(mlp_bias=True), "mlp_bias"),
+    "head-dim": (lambda: _mistral(head_dim=32), "head_dim"),
+    "rope-llama3": (lambda: _llama(rope_parameters={
+        "rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0, "original_max_position_embeddings": L}), "rope_type 'llama3'"),
+    "rope-yarn-mscale": (lambda: _llama(rope_parameters={**ROPE_YARN, "attention_factor": 2.0}),
+                         "attention_factor"),
+    "partial-rotary": (lambda: _llama(partial_rotary_factor=0.5), "partial rotary"),
+    "activation": (lambda: _llama(hidden_act="gelu"), "hidden_act"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(REFUSED))
+def test_refused_by_name_before_any_weight(case, tmp_path):
+    make_cfg, named = REFUSED[case]
+    hf_dir = tmp_path / "hf"
+    hf_dir.mkdir()
+    cfg = make_cfg()
+    cfg.architectures = [{"Llama4TextConfig": "Llama4ForCausalLM"}.get(
+        type(cfg).__name__, type(cfg).__name__.replace("Config", "ForCausalLM"))]
+    cfg.save_pretrained(hf_dir)  # config only: a weight read would fail another way
+    with pytest.raises(ImportRefused) as e:
+        import_hf(hf_dir, tmp_path / "run")
+    msg = str(e.value)
+    assert named in msg and "\n" not in msg and not (tmp_path / "run").exists(), msg
+
+
+def test_refuses_pickles_unknown_architectures_and_unknown_weights(tmp_path):
+    hf_dir = tmp_path / "hf"
+    make_hf(hf_dir, _llama())
+    st = next(hf_dir.glob("*.safetensors"))
+    st.rename(hf_dir / "pytorch_model.bin")
+    with pytest.raises(ImportRefused, match="pytorch_model.bin is a pickle"):
+        import_hf(hf_dir, tmp_path / "run")
+    cfg = json.loads((hf_dir / "config.json").read_text())
+    (hf_dir / "config.json").write_text(json.dumps({**cfg, "architectures": ["Qwen2ForCausalLM"]}))
+    with pytest.raises(ImportRefused, match="architecture 'Qwen2ForCausalLM'"):
+        import_hf(hf_dir, tmp_path / "run")
+    # weights the config does not announce (a q_norm): named by the weight, nothing written
+    (hf_dir / "config.json").write_text(json.dumps(cfg))
+    from safetensors.torch import load_file, save_file
+    (hf_dir / "pytorch_model.bin").rename(st)
+    state = load_file(st)
+    save_file({**state, "model.layers.0.self_attn.q_norm.weight": torch.ones(16)}, st)
+    with pytest.raises(ImportRefused, match="q_norm.weight: qk-norm"):
+        import_hf(hf_dir, tmp_path / "run")
+    assert not (tmp_path / "run").exists()
+
+
+def test_remote_code_model_needs_an_attention_override(tmp_path, megatron_1rank):
+    """A Llama-shaped checkpoint whose own code (auto_map) runs it without RoPE, as a NoPE
+    TinyLlama could be published: refused as stock Llama; with attention.position=nope it is
+    imported as NoPE (equal to a SmolLM3 all-NoPE model of the same weights)."""
+    hf_dir = tmp_path / "hf"
+    make_hf(hf_dir, _llama())
+    cfg = json.loads((hf_dir / "config.json").read_text())
+    cfg["auto_map"] = {"AutoModelForCausalLM": "modeling_nope.NoPELlamaForCausalLM"}
+    (hf_dir / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ImportRefused, match="auto_map.*attention.position=nope"):
+        import_hf(hf_dir, tmp_path / "run")
+    import_hf(hf_dir, tmp_path / "run", overrides=["attention.position=nope"])
+    nope = make_hf(tmp_path / "smol", _smollm3(no_rope_layers=[0, 0, 0, 0]))
+    from safetensors.torch import load_file
+    with torch.no_grad():
+        nope.load_state_dict(load_file(hf_dir / "model.safetensors"))
+    logits_equal(nope, tmp_path / "run" / "checkpoints" / "step_0000000")
+
+
+def test_legacy_rope_scaling_key_and_single_reads_of_shards(tmp_path, megatron_1rank):
+    """A config.json of transformers < 5 (`rope_scaling` {type: linear}) is read, not ignored; a
+    sharded folder's tensors are each read once (the megatron state is the only copy built)."""
+    from lenext_dist.convert.hf_import import LazyWeights
+
+    hf_dir = tmp_path / "hf"
+    hf = make_hf(hf_dir, CASES["llama-pi"](), shard="60KB")
+    cfg = json.loads((hf_dir / "config.json").read_text())
+    cfg.pop("rope_parameters")
+    cfg.update(rope_theta=10000.0, rope_scaling={"type": "linear", "factor": 2.0})
+    (hf_dir / "config.json").write_text(json.dumps(cfg))
+    reads = []
+    get = LazyWeights.__getitem__
+    LazyWeights.__getitem__ = lambda self, k: reads.append(k) or get(self, k)
+    try:
+        info = import_hf(hf_dir, tmp_path / "run")
+    finally:
+        LazyWeights.__getitem__ = get
+    assert info["rope"] == "pi"
+    logits_equal(hf, tmp_path / "run" / "checkpoints" / "step_0000000")
+    assert sorted(reads) == sorted(safetensors_state(hf_dir))  # every tensor, once
+
+
+def test_longer_seq_length_override_keeps_the_pretrained_length(tmp_path, megatron_1rank):
+    """Continued pretraining at 4x the length (model.seq_length=64) keeps L = 16, which YaRN
+    reads: the imported model still equals transformers'."""
+    from lenext_dist.checkpoint.layout import run_config
+
+    hf = make_hf(tmp_path / "hf", CASES["llama-yarn"]())
+    import_hf(tmp_path / "hf", tmp_path / "run", overrides=[f"model.seq_length={4 * L}"])
+    step = tmp_path / "run" / "checkpoints" / "step_0000000"
+    m = run_config(step).model
+    assert (m.seq_length, m.train_length) == (4 * L, L)
+    logits_equal(hf, step)
