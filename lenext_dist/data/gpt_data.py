@@ -16,6 +16,8 @@ megatron's cached sample indices of a run without BOS are never reused with it.
 Answer loss (`data.task_loss: answers`): shards of generated task documents carry an answer mask
 beside them (`<prefix>_answers`, same document lengths); megatron's own sample walk over it gives
 each sample's mask, and the loss mask keeps the answer tokens only. Text shards are unchanged.
+A shard is text when its manifest says so or its blend item says `text: true`: a shard with neither
+a mask nor such word (a task shard copied without its mask) is refused, not trained on its filler.
 Before megatron builds, each mask is checked against its shard (present when the shard's manifest
 says --format tasks, whole, uint8, the same document lengths, some answer token); the run records
 the masks' sha256 in <run_dir>/data_inputs.json and warns when its first steps hold no answer.
@@ -205,11 +207,27 @@ def _check_answers(items: list[BlendItem], key: str) -> dict[str, dict]:
     for it in items:
         mask = answers_prefix(it.prefix)
         made = shard_manifest(it.prefix)
-        tasks = made is not None and made[1].get("settings", {}).get("format") == "tasks"
-        if not (tasks or os.path.isfile(mask + ".bin") or os.path.isfile(mask + ".idx")):
-            continue  # a text shard: every token trains
+        fmt = made[1].get("settings", {}).get("format") if made is not None else None
+        tasks = fmt == "tasks"
+        has_mask = os.path.isfile(mask + ".bin") or os.path.isfile(mask + ".idx")
         remake = ("copy it beside its shard again, or remake both (`make task-shards`, or "
                   "`shard.py --format tasks`)")
+        if it.text and (tasks or has_mask):
+            said = (f"its manifest {made[0]} says --format tasks" if tasks
+                    else f"{mask}.bin/.idx lies beside it")
+            raise ConfigError(f"{key}: {it.prefix} is marked `text: true` but is a task shard "
+                              f"({said}); drop `text: true` to train on its answers, or set "
+                              "data.task_loss 'all'")
+        if not (tasks or has_mask):
+            if it.text or made is not None:
+                continue  # a text shard (said by the config or by its manifest): every token trains
+            # the data says nothing: a task shard copied without its mask and manifest would
+            # train on all its filler tokens unnoticed
+            raise ConfigError(f"{key}: {it.prefix} has no answer mask ({mask}.bin/.idx) and no "
+                              "manifest beside it saying it is text: under data.task_loss 'answers' "
+                              "copy its mask beside it (or remake both: `make task-shards`), or, "
+                              "for a text shard that trains on all its tokens, add `text: true` "
+                              "to its blend item")
         for ext in (".bin", ".idx"):
             if not os.path.isfile(mask + ext):
                 said = f" (its manifest {made[0]} says --format tasks)" if tasks else ""
