@@ -9,6 +9,9 @@ rank 0 (alone: every rank of one training, on any node, shares the folder under 
   with flock (`lenext_dist.prep.lock.try_lock`, as shard.py locks its --out; the kernel drops it
   when the process dies, so a kill -9 leaves no stale lock): a second training is refused while
   the first runs. The lock file names its holder (pid, host, start time) for that message;
+- refuses a symbolic link anywhere inside them (a copied or shared run folder whose `lock`,
+  `deepspeed.json`, `zero_to_fp32.py`, step folder or cache file links elsewhere would have
+  training truncate, overwrite or fill the link's target); the folders themselves may be links;
 - with checkpoint.resume=false, refuses a folder holding an earlier run's outputs (the files
   training writes: metrics.jsonl, config.yaml, ..., `latest`, step_* folders) unless
   checkpoint.start_over=true;
@@ -52,6 +55,8 @@ class RunDirLock:
         try:
             fd = try_lock(str(path))
         except OSError as e:
+            if e.errno == errno.ELOOP:  # O_NOFOLLOW: a link planted after _refuse_links looked
+                raise CheckpointError(_link_message(path, folder)) from None
             if e.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
                 raise
             # a filesystem without flock (a Lustre mount without -o flock): go on, unlocked
@@ -76,6 +81,26 @@ class RunDirLock:
         for fd in self.fds.values():
             os.close(fd)  # closing the descriptor drops the flock
         self.fds = {}
+
+
+def _link_message(path: Path, folder: Path) -> str:
+    try:
+        to = f" (to {os.readlink(path)})"
+    except OSError:
+        to = ""
+    return (f"{path} is a symbolic link{to}: training writes into {folder} and would write through "
+            "it, into the link's target; remove the link or replace it by a copy of what it names "
+            "(a run folder must hold no links; for a shared sample-index cache set data.cache_dir)")
+
+
+def _refuse_links(folders: list[Path]) -> None:
+    """No symbolic link inside the run's folders (not followed: os.walk does not enter them)."""
+    for folder in folders:
+        for top, dirs, files in os.walk(folder):
+            for name in sorted(dirs + files):
+                path = Path(top) / name
+                if path.is_symlink():
+                    raise CheckpointError(_link_message(path, folder))
 
 
 def _inside(path: Path, folder: Path) -> bool:
@@ -120,6 +145,7 @@ def _aside(folder: Path) -> Path:
 def _claim0(cfg, lock: RunDirLock) -> tuple[Optional[str], list[str]]:
     """Rank 0's part: lock, then refuse or move aside. -> (init_from, notes)."""
     folders = _folders(cfg)
+    _refuse_links(folders)
     for f in folders:
         lock.take(f)
     found = earlier_run(cfg)

@@ -103,3 +103,45 @@ def test_an_empty_or_cache_only_run_dir_is_no_earlier_run(tmp_path):
     claim(cfg(run, "checkpoint.resume=false"), rank=0).release()
     claim(cfg(run, "checkpoint.start_over=true"), rank=0).release()
     assert not (tmp_path / "run.old-1").exists()
+
+
+@pytest.mark.parametrize("link", ["lock", "deepspeed.json", "checkpoints/zero_to_fp32.py",
+                                  "checkpoints/step_0000006", "checkpoints/step_0000004/COMPLETE",
+                                  "data_cache/x-sample_index.npy"])
+def test_a_symlink_in_a_copied_run_folder_is_refused_and_its_target_untouched(tmp_path, link):
+    """A run folder copied with links in it: training would write through each of them (the lock
+    note truncates, deepspeed.json and zero_to_fp32.py overwrite, a step folder receives a
+    checkpoint). Refused in one line naming the link; the target keeps its bytes."""
+    run = tmp_path / "run"
+    earlier_run(run)
+    target = tmp_path / "victim"
+    target.mkdir() if link.startswith("checkpoints/step_0000006") else target.write_text("precious\n")
+    path = run / link
+    if path.exists():
+        path.unlink()
+    path.symlink_to(target)
+    with pytest.raises(CheckpointError) as e:
+        claim(cfg(run), rank=0)
+    assert str(e.value).startswith(f"{path} is a symbolic link (to {target}): training writes into ")
+    assert "\n" not in str(e.value)
+    assert list(target.iterdir()) == [] if target.is_dir() else target.read_text() == "precious\n"
+    path.unlink()
+    claim(cfg(run), rank=0).release()  # the link gone, the run resumes
+    # the run folder itself may be a link (a run_dir on another disk)
+    (tmp_path / "elsewhere").symlink_to(run)
+    claim(cfg(tmp_path / "elsewhere"), rank=0).release()
+
+
+def test_the_lock_is_opened_without_following_a_link(tmp_path):
+    """try_lock (shared with shard.py's --out lock) refuses a link even if one appears after the
+    folder was checked: O_NOFOLLOW."""
+    import errno
+
+    from lenext_dist.prep.lock import try_lock
+
+    target = tmp_path / "victim"
+    target.write_text("precious\n")
+    (tmp_path / "lock").symlink_to(target)
+    with pytest.raises(OSError) as e:
+        try_lock(str(tmp_path / "lock"))
+    assert e.value.errno == errno.ELOOP and target.read_text() == "precious\n"
