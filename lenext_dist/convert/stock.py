@@ -193,7 +193,9 @@ def _llama4_config(cfg, common: dict):
     return Llama4TextConfig(
         **common, head_dim=m.head_dim, intermediate_size_mlp=m.ffn_hidden_size, moe_layers=[],
         use_qk_norm=False, no_rope_layers=[int(x == "rope") for x in cfg.layer_positions],
-        attention_chunk_size=a.chunked,
+        # without attention.chunked no layer is chunked (layer_types), but Llama4TextModel builds
+        # its chunked mask on every forward and fails on a null size: any size, read by no layer
+        attention_chunk_size=a.chunked if a.chunked is not None else m.train_length,
         layer_types=["full_attention" if c is None else "chunked_attention" for c in cfg.layer_chunks],
         attn_temperature_tuning=t.kind == "llama4", floor_scale=int(floor_scale),
         attn_scale=attn_scale,
