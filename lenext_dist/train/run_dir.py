@@ -5,8 +5,9 @@ with checkpoint.resume=false in a folder that holds an earlier run would truncat
 metrics.jsonl, overwrite its step folders and move `latest` back. So before anything is written,
 rank 0 (alone: every rank of one training, on any node, shares the folder under rank 0's lock):
 
-- locks `<run_dir>/lock` (and `<checkpoint.dir>/lock` when the checkpoints live outside run_dir)
-  with flock (`lenext_dist.prep.lock.try_lock`, as shard.py locks its --out; the kernel drops it
+- locks `<run_dir>/lock` and `<checkpoint.dir>/lock` (the checkpoint folder too when it lies
+  inside run_dir: a checkpoint.dir pointed into another live run's folder is then refused) with
+  flock (`lenext_dist.prep.lock.try_lock`, as shard.py locks its --out; the kernel drops it
   when the process dies, so a kill -9 leaves no stale lock): a second training is refused while
   the first runs. The lock file names its holder (pid, host, start time) for that message;
 - refuses a symbolic link anywhere inside them (a copied or shared run folder whose `lock`,
@@ -113,6 +114,12 @@ def _folders(cfg) -> list[Path]:
     return [run] if _inside(ckpt, run) else [run, ckpt]
 
 
+def _locked(cfg) -> list[Path]:
+    """What is locked: run_dir and checkpoint.dir, each (the checkpoints are written too)."""
+    run, ckpt = Path(cfg.run_dir).absolute(), Path(cfg.checkpoint.dir).absolute()
+    return [run] if ckpt == run else [run, ckpt]
+
+
 def earlier_run(cfg) -> list[tuple[Path, str]]:
     """What an earlier training left in run_dir / checkpoint.dir: (path, what) pairs, [] if none."""
     run, ckpt = Path(cfg.run_dir).absolute(), Path(cfg.checkpoint.dir).absolute()
@@ -144,9 +151,9 @@ def _aside(folder: Path) -> Path:
 
 def _claim0(cfg, lock: RunDirLock) -> tuple[Optional[str], list[str]]:
     """Rank 0's part: lock, then refuse or move aside. -> (init_from, notes)."""
-    folders = _folders(cfg)
+    folders, locked = _folders(cfg), _locked(cfg)
     _refuse_links(folders)
-    for f in folders:
+    for f in locked:
         lock.take(f)
     found = earlier_run(cfg)
     used = [f for f in folders if any(_inside(p, f) for p, _ in found)]
@@ -154,7 +161,9 @@ def _claim0(cfg, lock: RunDirLock) -> tuple[Optional[str], list[str]]:
     if used and cfg.checkpoint.start_over:
         for f in used:
             dest = _aside(f)
-            lock.take(f)  # the new, empty folder: a training that raced us for it is refused
+            for g in locked:  # the new, empty folders: a training that raced us for one is refused
+                if _inside(g, f):
+                    lock.take(g)
             if f == folders[0] and cfg.data.cache_dir is None and (dest / CACHE).is_dir():
                 os.rename(dest / CACHE, f / CACHE)
             if init_from and _inside(Path(init_from).absolute(), f):

@@ -70,7 +70,9 @@ def test_start_over_moves_the_earlier_run_aside_and_keeps_the_cache(tmp_path):
     lock = claim(c, rank=0)
     old = tmp_path / "run.old-1"
     assert snapshot(old) == {k: v for k, v in before.items() if not k.startswith("data_cache")}
-    assert snapshot(run) == {k: v for k, v in before.items() if k.startswith("data_cache")}
+    # the cache comes back; the fresh checkpoints folder holds its lock only
+    assert snapshot(run) == {**{k: v for k, v in before.items() if k.startswith("data_cache")},
+                             "checkpoints": None}
     assert c.checkpoint.init_from == str(old / "checkpoints" / "step_0000002")
     with pytest.raises(CheckpointError, match="in use"):  # the new run_dir is locked too
         claim(cfg(run), rank=0)
@@ -145,3 +147,37 @@ def test_the_lock_is_opened_without_following_a_link(tmp_path):
     with pytest.raises(OSError) as e:
         try_lock(str(tmp_path / "lock"))
     assert e.value.errno == errno.ELOOP and target.read_text() == "precious\n"
+
+
+def test_checkpoint_dir_inside_another_live_run_is_refused(tmp_path):
+    """A checkpoint.dir pointed into another training's run_dir (its checkpoints inside it, the
+    default) would have both write the same step folders: the checkpoint folder is locked too."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    first = claim(cfg(a), rank=0)
+    with pytest.raises(CheckpointError, match=rf"{a}/checkpoints is in use by another training"):
+        claim(cfg(b, f"checkpoint.dir={a}/checkpoints"), rank=0)
+    with pytest.raises(CheckpointError, match=rf"{a} is in use by another training"):
+        claim(cfg(b, f"checkpoint.dir={a}"), rank=0)
+    first.release()
+    claim(cfg(b, f"checkpoint.dir={a}/checkpoints"), rank=0).release()
+
+
+def test_a_resume_never_truncates_metrics_it_moves_the_records_past_the_resume_step_aside(tmp_path, capsys):
+    """checkpoint.dir changed (no checkpoint there: the resume starts at 0) in a run_dir whose
+    metrics.jsonl holds an earlier run's 10 records: they are moved aside, not deleted."""
+    from lenext_dist.train.metrics import Metrics
+
+    run = tmp_path / "run"
+    earlier_run(run)
+    log = (run / "metrics.jsonl").read_text()
+    with open(run / "metrics.jsonl", "a") as f:
+        f.write('{"step": 11, "lo')  # the line a kill cut short
+    m = Metrics(str(run), 20, 1, 1.0, 1.0, 1, tensorboard=False, enabled=True, start_step=3)
+    m.close()
+    lines = log.splitlines(keepends=True)
+    assert (run / "metrics.jsonl").read_text() == "".join(lines[:3])
+    assert (run / "metrics.dropped-1.jsonl").read_text() == "".join(lines[3:]) + '{"step": 11, "lo\n'
+    assert f"8 lines of {run / 'metrics.jsonl'} past it (run again now) moved to " in capsys.readouterr().out
+    Metrics(str(run), 20, 1, 1.0, 1.0, 1, tensorboard=False, enabled=True, start_step=0).close()
+    assert (run / "metrics.jsonl").read_text() == ""
+    assert (run / "metrics.dropped-2.jsonl").read_text() == "".join(lines[:3])
