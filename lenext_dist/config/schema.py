@@ -349,6 +349,20 @@ class RunConfig:
         why = layout.refusal(specs, a.rope.scaling)
         if why:
             raise ConfigError(why)
+        names, n = [x for x, *_ in specs], self.model.num_layers
+        _check(a.layout.kind in ("uniform", "explicit") or len(set(specs)) > 1, "attention.layout",
+               f"{a.layout.kind!r} (every {a.layout.every}) over model.num_layers {n} leaves every "
+               f"layer {names[0]}: it would do nothing; give every <= {n} (and a position other "
+               "than nope), or kind 'uniform'")
+        t = a.temperature
+        _check(t.kind == "none" or t.layers == "all" or "nope" in names, "attention.temperature.layers",
+               f"'nope', but no layer is NoPE ({layout.describe(names)}): temperature {t.kind!r} would "
+               "scale nothing; set attention.temperature.layers 'all', or a layout with NoPE layers")
+        from lenext_dist.attention.temperature import NEEDS_LENGTH
+
+        _check(t.kind not in NEEDS_LENGTH or self.model.train_length >= 2, "model.train_length",
+               f"{self.model.train_length}: temperature {t.kind!r} divides by ln L (0 for L = 1); "
+               "give the training length (>= 2)")
 
     @property
     def layer_positions(self) -> list[str]:
