@@ -36,6 +36,7 @@ import contextlib
 import hashlib
 import json
 import os
+import stat
 import struct
 import types
 from dataclasses import dataclass
@@ -307,6 +308,40 @@ def _no_pickle(cache: str):
             m.numpy = numpy
 
 
+def _regular_cache_files(cache: str) -> None:
+    """Every entry of the sample-index cache a regular file or folder, by lstat (nothing opened):
+    a FIFO named *.npy would block megatron's read forever (the run hung with its lock held, its
+    signals never handled), a link would be read, or written, through."""
+    for name in sorted(os.listdir(cache)) if os.path.isdir(cache) else ():
+        path = os.path.join(cache, name)
+        mode = os.lstat(path).st_mode
+        if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+            what = "a symbolic link" if stat.S_ISLNK(mode) else "not a regular file (a FIFO, socket or device)"
+            raise ConfigError(f"data.cache_dir: {path}: {what}, refused: reading it could hang or "
+                              "read elsewhere; delete it (megatron rebuilds its sample indices)")
+
+
+_NUMPY_READERS = (f"{os.sep}numpy{os.sep}",)  # numpy.load, its memmap
+
+
+@contextlib.contextmanager
+def _damaged_cache_is_one_line(cache: str):
+    """A plain but damaged cached sample index (truncated: an interrupted copy, a full disk) fails
+    inside numpy's reader during megatron's build: one line naming the cache, not a traceback."""
+    try:
+        yield
+    except (ValueError, EOFError, OSError) as e:
+        tb, inside_numpy = e.__traceback__, False
+        while tb is not None:
+            inside_numpy = inside_numpy or any(d in tb.tb_frame.f_code.co_filename for d in _NUMPY_READERS)
+            tb = tb.tb_next
+        if not inside_numpy:
+            raise
+        raise ConfigError(f"data.cache_dir: {cache}: a cached sample index could not be read "
+                          f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else 'damaged'}); "
+                          f"delete {cache} (megatron rebuilds it) and start again") from None
+
+
 def _first_answers(dataset, cfg: RunConfig) -> tuple[int, int]:
     """(loss tokens, samples) of the first steps (at most 4) of `dataset`."""
     t = cfg.train
@@ -362,7 +397,8 @@ def build_datasets(cfg: RunConfig, world_size: int, record: bool = False):
                           "--format tasks`): remake the task shards (`make task-shards`) or set 'all'")
     # plain runs: megatron's own class (its name is part of the sample-index cache names)
     cls = _gpt_dataset_class(answer_loss) if d.bos or answer_loss else GPTDataset
-    with _no_pickle(cache):
+    _regular_cache_files(cache)
+    with _no_pickle(cache), _damaged_cache_is_one_line(cache):
         train, valid, _ = BlendedMegatronDatasetBuilder(cls, sizes, lambda: True, gcfg).build()
     if answer_loss and (not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0):
         tokens, n = _first_answers(train, cfg)
