@@ -9,6 +9,7 @@ of this runs, so a dataclass here only ever sees values of its declared types.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Literal, Optional
 
@@ -307,7 +308,11 @@ class RunConfig:
     logging: LoggingConfig = field(default_factory=LoggingConfig)
 
     def __post_init__(self):
-        if self.run_dir is None:
+        if self.run_dir is None:  # the name is then a folder of runs/: one plain folder name
+            _check(bool(self.name) and self.name not in (".", "..") and "/" not in self.name
+                   and os.sep not in self.name and "\0" not in self.name, "name",
+                   f"{self.name!r} is not a plain folder name (runs/<name> would lie outside runs/ "
+                   "or be runs/ itself); use letters, digits, '-', '_', '.', or set run_dir")
             self.run_dir = f"runs/{self.name}"
         if self.checkpoint.dir is None:
             self.checkpoint.dir = f"{self.run_dir}/checkpoints"
