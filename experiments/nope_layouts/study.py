@@ -90,7 +90,7 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     out = Path(a.out or REPO / f"results/nope_layouts{'-quick' if a.quick else ''}")
     if a.publish:
-        publish(out, HERE / "results", ("summary.json", "LAYOUTS.md"))
+        publish(out, HERE / "results", ("summary.json", "LAYOUTS.md"), full=full_plan())
         return 0
     plan = replace(quick_plan() if a.quick else full_plan(), nproc=a.nproc)
     study = Study(plan, out)

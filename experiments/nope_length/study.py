@@ -298,12 +298,26 @@ def summarize_fit(summary: dict) -> Optional[float]:
     return fit.get("a")
 
 
-def publish(out: Path, dest: Path, names: tuple[str, ...] = ("summary.json", "STUDY.md")) -> None:
+def publish(out: Path, dest: Path, names: tuple[str, ...] = ("summary.json", "STUDY.md"), *,
+            full: Plan) -> None:
     """Copy a study's records to `dest`: summary.json (every number, the per-model results and
-    the timings included) and the page generated from it."""
+    the timings included) and the page generated from it. Refused unless its summary.json's plan
+    is the full study's `full` (ranks aside): a --quick run, whatever --out or flag named it,
+    would overwrite the published study."""
     missing = [n for n in names if not (out / n).is_file()]
     if missing:
         raise SystemExit(f"error: {out} has no {', '.join(missing)}: run the study first")
+    try:
+        plan = json.loads((out / "summary.json").read_text()).get("plan") or {}
+    except (OSError, ValueError, AttributeError):
+        plan = {}
+    want = json.loads(json.dumps(asdict(full)))
+    differ = sorted(k for k in want if k != "nproc" and plan.get(k) != want[k])
+    if differ:
+        got = f"steps {plan.get('steps')}, {len(plan.get('models') or [])} models"
+        raise SystemExit(f"error: {out}/summary.json is not the full study's ({got}; its "
+                         f"{', '.join(differ)} differ: a --quick run?): --publish takes the full "
+                         f"study's results only, nothing copied to {dest}")
     dest.mkdir(parents=True, exist_ok=True)
     for n in names:
         shutil.copy(out / n, dest / n)
@@ -327,9 +341,7 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     out = Path(a.out or REPO / f"results/nope_length{'-quick' if a.quick else ''}")
     if a.publish:
-        if a.quick:
-            raise SystemExit("error: --publish takes the full study's results; drop --quick")
-        publish(out, HERE / "results")
+        publish(out, HERE / "results", full=full_plan())
         return 0
     plan = replace(quick_plan() if a.quick else full_plan(), nproc=a.nproc)
     summary = Study(plan, out).run()

@@ -104,6 +104,8 @@ def check(section) -> None:
         if v is not None and key not in reads:
             raise ValueError(f"attention.temperature.{key} is not read by kind {kind!r} (it reads "
                              f"{list(reads) or 'nothing'})")
+        if v is not None and not math.isfinite(float(v)):  # NaN / inf: every logit NaN
+            raise ValueError(f"attention.temperature.{key} must be a finite number, got {v}")
         if v is not None and key in ("c", "floor_scale") and not float(v) > 0:
             raise ValueError(f"attention.temperature.{key} must be > 0, got {v}")
     for key in REQUIRED.get(kind, ()):

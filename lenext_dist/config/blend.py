@@ -12,6 +12,11 @@ class BlendItem:
     """Path prefix of a megatron .bin/.idx pair (relative paths are from the current directory)."""
     weight: float = 1.0
     """Sampling weight in the blend (normalized over all items)."""
+    text: bool = False
+    """Under data.task_loss 'answers': this shard is text and trains on all its tokens. Needed for
+    a shard with neither an answer mask nor a manifest beside it saying it is text (a task shard
+    copied without its mask would otherwise train on its filler unnoticed), e.g.
+    `{prefix: shards/web_train, weight: 0.5, text: true}`; refused on a shard with a mask."""
 
     def __post_init__(self):
         _check(self.weight > 0, "data.blend[].weight", "must be > 0")

@@ -10,6 +10,7 @@ of this runs, so a dataclass here only ever sees values of its declared types.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Literal, Optional
 
@@ -302,7 +303,11 @@ class RunConfig:
     logging: LoggingConfig = field(default_factory=LoggingConfig)
 
     def __post_init__(self):
-        if self.run_dir is None:
+        if self.run_dir is None:  # the name is then a folder of runs/: one plain folder name
+            _check(bool(self.name) and self.name not in (".", "..") and "/" not in self.name
+                   and os.sep not in self.name and "\0" not in self.name, "name",
+                   f"{self.name!r} is not a plain folder name (runs/<name> would lie outside runs/ "
+                   "or be runs/ itself); use letters, digits, '-', '_', '.', or set run_dir")
             self.run_dir = f"runs/{self.name}"
         if self.checkpoint.dir is None:
             self.checkpoint.dir = f"{self.run_dir}/checkpoints"
@@ -353,6 +358,20 @@ class RunConfig:
                 rotary_dims(self.model.head_dim, a.rope.fraction)
             except ValueError as e:
                 raise ConfigError(str(e)) from None
+        names, n = [x for x, *_ in specs], self.model.num_layers
+        _check(a.layout.kind in ("uniform", "explicit") or len(set(specs)) > 1, "attention.layout",
+               f"{a.layout.kind!r} (every {a.layout.every}) over model.num_layers {n} leaves every "
+               f"layer {names[0]}: it would do nothing; give every <= {n} (and a position other "
+               "than nope), or kind 'uniform'")
+        t = a.temperature
+        _check(t.kind == "none" or t.layers == "all" or "nope" in names, "attention.temperature.layers",
+               f"'nope', but no layer is NoPE ({layout.describe(names)}): temperature {t.kind!r} would "
+               "scale nothing; set attention.temperature.layers 'all', or a layout with NoPE layers")
+        from lenext_dist.attention.temperature import NEEDS_LENGTH
+
+        _check(t.kind not in NEEDS_LENGTH or self.model.train_length >= 2, "model.train_length",
+               f"{self.model.train_length}: temperature {t.kind!r} divides by ln L (0 for L = 1); "
+               "give the training length (>= 2)")
 
     @property
     def layer_positions(self) -> list[str]:

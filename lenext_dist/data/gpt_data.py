@@ -16,6 +16,8 @@ megatron's cached sample indices of a run without BOS are never reused with it.
 Answer loss (`data.task_loss: answers`): shards of generated task documents carry an answer mask
 beside them (`<prefix>_answers`, same document lengths); megatron's own sample walk over it gives
 each sample's mask, and the loss mask keeps the answer tokens only. Text shards are unchanged.
+A shard is text when its manifest says so or its blend item says `text: true`: a shard with neither
+a mask nor such word (a task shard copied without its mask) is refused, not trained on its filler.
 Before megatron builds, each mask is checked against its shard (present when the shard's manifest
 says --format tasks, whole, uint8, the same document lengths, some answer token); the run records
 the masks' sha256 in <run_dir>/data_inputs.json and warns when its first steps hold no answer.
@@ -207,11 +209,27 @@ def _check_answers(items: list[BlendItem], key: str) -> dict[str, dict]:
     for it in items:
         mask = answers_prefix(it.prefix)
         made = shard_manifest(it.prefix)
-        tasks = made is not None and made[1].get("settings", {}).get("format") == "tasks"
-        if not (tasks or os.path.isfile(mask + ".bin") or os.path.isfile(mask + ".idx")):
-            continue  # a text shard: every token trains
+        fmt = made[1].get("settings", {}).get("format") if made is not None else None
+        tasks = fmt == "tasks"
+        has_mask = os.path.isfile(mask + ".bin") or os.path.isfile(mask + ".idx")
         remake = ("copy it beside its shard again, or remake both (`make task-shards`, or "
                   "`lenext prep --format tasks`)")
+        if it.text and (tasks or has_mask):
+            said = (f"its manifest {made[0]} says --format tasks" if tasks
+                    else f"{mask}.bin/.idx lies beside it")
+            raise ConfigError(f"{key}: {it.prefix} is marked `text: true` but is a task shard "
+                              f"({said}); drop `text: true` to train on its answers, or set "
+                              "data.task_loss 'all'")
+        if not (tasks or has_mask):
+            if it.text or made is not None:
+                continue  # a text shard (said by the config or by its manifest): every token trains
+            # the data says nothing: a task shard copied without its mask and manifest would
+            # train on all its filler tokens unnoticed
+            raise ConfigError(f"{key}: {it.prefix} has no answer mask ({mask}.bin/.idx) and no "
+                              "manifest beside it saying it is text: under data.task_loss 'answers' "
+                              "copy its mask beside it (or remake both: `make task-shards`), or, "
+                              "for a text shard that trains on all its tokens, add `text: true` "
+                              "to its blend item")
         for ext in (".bin", ".idx"):
             if not os.path.isfile(mask + ext):
                 said = f" (its manifest {made[0]} says --format tasks)" if tasks else ""
@@ -318,6 +336,40 @@ def _no_pickle(cache: str):
             m.numpy = numpy
 
 
+def _regular_cache_files(cache: str) -> None:
+    """Every entry of the sample-index cache a regular file or folder, by lstat (nothing opened):
+    a FIFO named *.npy would block megatron's read forever (the run hung with its lock held, its
+    signals never handled), a link would be read, or written, through."""
+    for name in sorted(os.listdir(cache)) if os.path.isdir(cache) else ():
+        path = os.path.join(cache, name)
+        mode = os.lstat(path).st_mode
+        if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+            what = "a symbolic link" if stat.S_ISLNK(mode) else "not a regular file (a FIFO, socket or device)"
+            raise ConfigError(f"data.cache_dir: {path}: {what}, refused: reading it could hang or "
+                              "read elsewhere; delete it (megatron rebuilds its sample indices)")
+
+
+_NUMPY_READERS = (f"{os.sep}numpy{os.sep}",)  # numpy.load, its memmap
+
+
+@contextlib.contextmanager
+def _damaged_cache_is_one_line(cache: str):
+    """A plain but damaged cached sample index (truncated: an interrupted copy, a full disk) fails
+    inside numpy's reader during megatron's build: one line naming the cache, not a traceback."""
+    try:
+        yield
+    except (ValueError, EOFError, OSError) as e:
+        tb, inside_numpy = e.__traceback__, False
+        while tb is not None:
+            inside_numpy = inside_numpy or any(d in tb.tb_frame.f_code.co_filename for d in _NUMPY_READERS)
+            tb = tb.tb_next
+        if not inside_numpy:
+            raise
+        raise ConfigError(f"data.cache_dir: {cache}: a cached sample index could not be read "
+                          f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else 'damaged'}); "
+                          f"delete {cache} (megatron rebuilds it) and start again") from None
+
+
 def _first_answers(dataset, cfg: RunConfig) -> tuple[int, int]:
     """(loss tokens, samples) of the first steps (at most 4) of `dataset`."""
     t = cfg.train
@@ -373,7 +425,8 @@ def build_datasets(cfg: RunConfig, world_size: int, record: bool = False):
                           "--format tasks`): remake the task shards (`make task-shards`) or set 'all'")
     # plain runs: megatron's own class (its name is part of the sample-index cache names)
     cls = _gpt_dataset_class(answer_loss) if d.bos or answer_loss else GPTDataset
-    with _no_pickle(cache):
+    _regular_cache_files(cache)
+    with _no_pickle(cache), _damaged_cache_is_one_line(cache):
         train, valid, _ = BlendedMegatronDatasetBuilder(cls, sizes, lambda: True, gcfg).build()
     if answer_loss and (not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0):
         tokens, n = _first_answers(train, cfg)

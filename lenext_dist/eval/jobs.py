@@ -35,6 +35,20 @@ class EvalError(UserError, ValueError):
     """An evaluation cannot run as asked (the message names the flag or file)."""
 
 
+def _applies_somewhere(model, section: dict) -> None:
+    """--temperature on the NoPE layers of a model with none would scale nothing while the result
+    files are named after it: refused."""
+    from lenext_dist.attention.temperature import applies
+
+    from .adapter import attention_layers
+
+    names = [getattr(a.position, "name", None) for a in attention_layers(model)]
+    if not any(applies(section, n) for n in names):
+        raise EvalError(f"--temperature {section.get('kind')}: on {section.get('layers', 'nope')} "
+                        f"layers, but this model has no NoPE layer ({', '.join(map(str, sorted(set(names))))}): "
+                        "it would change nothing; add layers=all to the spec, or drop it")
+
+
 @dataclass(kw_only=True)
 class EvalJob:
     """Options every evaluation shares (the flags of `lenext eval <kind>`; see eval/cli.py)."""
@@ -123,7 +137,7 @@ class EvalJob:
         """-> (model with this job's eval-time options applied, training length L, meta dict)."""
         import torch
 
-        from .adapter import set_uniform_scale, set_variant, train_length, trained_with_bos
+        from .adapter import layout, set_uniform_scale, set_variant, train_length, trained_with_bos
 
         if self.threads:
             torch.set_num_threads(self.threads)
@@ -136,8 +150,16 @@ class EvalJob:
                    temperature_section(self.temperature))) if v is not None}
         rope = {k: v for k, v in (("scaling", self.rope_scaling), ("factor", self.rope_factor))
                 if v is not None}
-        if options or rope:
+        # --train-length is L for the model too (the temperature schedules of i / L, YaRN's
+        # original length), not only for the plots: the export's variants are rebuilt with it
+        relength = (self.train_length is not None and layout(model) == "lenext"
+                    and self.train_length != train_length(model))
+        if relength:
+            model.config.train_length = self.train_length
+        if options or rope or relength:
             set_variant(model, rope=rope or None, **options)
+        if options.get("temperature", {}).get("kind", "none") != "none":
+            _applies_somewhere(model, options["temperature"])
         L = self.train_length or train_length(model)
         if self.bos is None:  # the model's training decides (recorded in the JSON's args)
             self.bos = trained_with_bos(model, self.model)

@@ -23,8 +23,10 @@ from .errors import PrepError
 
 def try_lock(path: str, shared: bool = False) -> int | None:
     """Open (creating) `path` and flock it without waiting: the descriptor that holds the lock
-    (closing it releases it), or None when another process holds it."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    (closing it releases it), or None when another process holds it. A symbolic link at `path`
+    raises OSError ELOOP (O_NOFOLLOW): its target, not the folder, would be truncated by the
+    holder's note."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
     try:
         fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -48,7 +50,12 @@ class RunLock:
                        f"task {task[0]} of {task[1]}")
 
     def _take(self, path: str, shared: bool, what: str) -> None:
-        fd = try_lock(path, shared)
+        try:
+            fd = try_lock(path, shared)
+        except OSError as e:
+            self.release()
+            link = "; it is a symbolic link: remove it" if os.path.islink(path) else ""
+            raise PrepError(f"cannot lock {path} ({e.strerror or e}{link})") from None
         if fd is None:
             self.release()
             raise PrepError(

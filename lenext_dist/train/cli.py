@@ -40,8 +40,8 @@ DeepSpeed's launcher with N ranks (one GPU each, or N CPU processes); with --npr
 this process. Any config key can be set on the command line as --a.b=value (or --a.b value);
 every key is in docs/configuration.md. Outputs go to runs/<name>/: the resolved config,
 metrics.jsonl, TensorBoard logs and checkpoints; rerunning the same command resumes from the
-latest checkpoint. SIGUSR1 to the whole process group (Slurm's --signal=USR1): every rank saves a
-checkpoint at the next step and the command exits 0."""
+latest checkpoint. SIGTERM or SIGUSR1 to this command or its whole process group (Slurm's
+--signal=USR1): every rank saves a checkpoint at the next step and the command exits 0."""
 
 EPILOG = """examples:
   lenext train --nproc 2 --config configs/exp/tiny-cpu-nope.yaml
@@ -107,7 +107,8 @@ def build_parser(p: Optional[argparse.ArgumentParser] = None) -> argparse.Argume
 
 def run(args: argparse.Namespace) -> None:
     """Train (or dry-run) args.config on args.nproc local ranks. More than one: this process
-    becomes DeepSpeed's launcher (exec), with SIGUSR1 ignored; its exit status is the run's."""
+    starts DeepSpeed's launcher (lenext_dist.train.launch.run_launcher: SIGTERM and SIGUSR1 reach
+    the ranks as a request to save and exit 0); its exit status is the run's."""
     from lenext_dist.errors import UserError
 
     if args.nproc < 1:
@@ -120,6 +121,6 @@ def run(args: argparse.Namespace) -> None:
     from lenext_dist.config import load_config, split_cli_overrides
 
     load_config(args.config, split_cli_overrides(list(args.overrides)))  # a bad key fails here, once
-    from .launch import exec_launcher, launch_command
+    from .launch import launch_command, run_launcher
 
-    exec_launcher(launch_command(args.config, args.nproc, args.port, args.overrides))
+    run_launcher(launch_command(args.config, args.nproc, args.port, args.overrides))

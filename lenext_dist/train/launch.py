@@ -4,16 +4,19 @@ needs no script of the checkout). `lenext train`, `lenext extend`'s HeadScale se
 check all launch through `launch_command`.
 
 SIGUSR1 (lenext_dist/train/signals.py): the ranks save and exit 0 on it; DeepSpeed's launchers
-have no handler for it and would die of it (exit 138) when it reaches their process group.
-`exec_launcher` starts the runner with SIGUSR1 ignored, which its launcher inherits and which each
-rank replaces with its own handler.
+have no handler for it and would die of it (exit 138) when it reaches their process group, and
+their SIGTERM handler terminates the ranks and SIGKILLs them 30 s later. `run_launcher` starts the
+runner with SIGUSR1 ignored (its launcher inherits that; each rank replaces it with its own
+handler) in a session of its own, and passes SIGTERM / SIGUSR1 on to it as SIGUSR1.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import signal
 import socket
+import subprocess
 import sys
 from pathlib import Path
 from typing import NoReturn, Optional, Sequence, Union
@@ -46,10 +49,34 @@ def ignore_stop_signal() -> None:
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)
 
 
-def exec_launcher(cmd: Sequence[str], env: Optional[dict] = None) -> NoReturn:
-    """Replace this process by the launcher of `cmd` (SIGUSR1 ignored): its exit status is the
-    command's, and a signal to the process group reaches the launcher and the ranks only."""
-    ignore_stop_signal()
+def run_launcher(cmd: Sequence[str], env: Optional[dict] = None) -> NoReturn:
+    """Run the launcher of `cmd` as a child in a session of its own (SIGUSR1 ignored) and exit
+    with its status. SIGTERM or SIGUSR1 to this process, or to its process group, reaches the
+    launcher's group as SIGUSR1: the ranks save at the next step boundary and exit 0, the
+    launchers ignore it. DeepSpeed's launch.py never sees a SIGTERM: its handler would terminate
+    the ranks and SIGKILL them 30 s later, losing a step + save that takes longer. SIGINT and
+    SIGHUP are passed on as they are (Ctrl-C stops the run). A kill -9 of this process leaves
+    the launcher running: signal its group (the pid it prints) then."""
+    ignore_stop_signal()  # inherited by the launcher (fork and exec); its ranks install theirs
     print(f"[lenext train] {shlex.join(cmd)}", flush=True)
     sys.stderr.flush()
-    os.execve(cmd[0], list(cmd), dict(os.environ if env is None else env))
+    child: list = []
+
+    def forward(signum, _frame):
+        sig = signal.SIGUSR1 if signum in (signal.SIGTERM, signal.SIGUSR1) else signum
+        if signum == signal.SIGTERM:
+            print("[lenext train] SIGTERM: passed on to the ranks as SIGUSR1 (they save at the "
+                  "next step boundary and exit 0)", flush=True)
+        if child:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(child[0].pid, sig)
+
+    for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(s, forward)
+    # SIGUSR1 still ignored here: exec keeps an ignored signal ignored but resets a handled one
+    child.append(subprocess.Popen(list(cmd), env=dict(os.environ if env is None else env),
+                                  start_new_session=True))
+    signal.signal(signal.SIGUSR1, forward)
+    print(f"[lenext train] launcher pid {child[0].pid} (its process group)", flush=True)
+    rc = child[0].wait()  # a handled signal interrupts the wait, which Python resumes (PEP 475)
+    sys.exit(rc if rc >= 0 else 128 - rc)

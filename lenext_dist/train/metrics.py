@@ -58,18 +58,28 @@ def _fmt_eta(seconds: float) -> str:
 
 
 def _drop_records_after(path: Path, step: int) -> None:
-    """Rewrite metrics.jsonl without its records past `step`, and without a line a kill cut short."""
+    """Move metrics.jsonl's records past `step` (and a line a kill cut short) to the first free
+    `metrics.dropped-N.jsonl` beside it, with a note: they are run again, and nothing is deleted
+    (a resume from another checkpoint.dir, with no checkpoint yet, starts at 0 and would
+    otherwise wipe an earlier run's whole log)."""
     if not path.exists():
         return
-    keep = []
+    keep, drop = [], []
     for line in path.read_text().splitlines():
         try:
             rec = json.loads(line)
         except json.JSONDecodeError:
-            continue  # the half-written last line of a killed run
-        if rec.get("step", 0) <= step:
-            keep.append(line + "\n")
+            rec = None  # the half-written last line of a killed run
+        (keep if isinstance(rec, dict) and rec.get("step", 0) <= step else drop).append(line + "\n")
+    if not drop:
+        return
+    n = 1
+    while (aside := path.with_name(f"metrics.dropped-{n}.jsonl")).exists():
+        n += 1
+    atomic_write(aside, "".join(drop))
     atomic_write(path, "".join(keep))
+    print(f"[lenext] resuming at step {step}: {len(drop)} lines of {path} past it (run again now) "
+          f"moved to {aside}", flush=True)
 
 
 class Metrics:
@@ -79,7 +89,7 @@ class Metrics:
                  peak_tflops: float, world_size: int, tensorboard: bool, enabled: bool,
                  start_step: int = 0, stage: Optional[int] = None, tokens_offset: int = 0):
         """`start_step`: the step a resumed run starts from; what an earlier run logged past it
-        (the steps between its last checkpoint and its end) is dropped, since they are run again.
+        (the steps between its last checkpoint and its end) is moved aside, since they are run again.
         `stage`: the length stage these steps are of (train.stages; None: a one-stage run), on
         every record and log line with its MFU and memory; `tokens_offset`: tokens at step 0 of a
         line through this stage's tokens per step (earlier stages had others)."""

@@ -5,10 +5,14 @@ with checkpoint.resume=false in a folder that holds an earlier run would truncat
 metrics.jsonl, overwrite its step folders and move `latest` back. So before anything is written,
 rank 0 (alone: every rank of one training, on any node, shares the folder under rank 0's lock):
 
-- locks `<run_dir>/lock` (and `<checkpoint.dir>/lock` when the checkpoints live outside run_dir)
-  with flock (`lenext_dist.prep.lock.try_lock`, as shard.py locks its --out; the kernel drops it
+- locks `<run_dir>/lock` and `<checkpoint.dir>/lock` (the checkpoint folder too when it lies
+  inside run_dir: a checkpoint.dir pointed into another live run's folder is then refused) with
+  flock (`lenext_dist.prep.lock.try_lock`, as shard.py locks its --out; the kernel drops it
   when the process dies, so a kill -9 leaves no stale lock): a second training is refused while
   the first runs. The lock file names its holder (pid, host, start time) for that message;
+- refuses a symbolic link anywhere inside them (a copied or shared run folder whose `lock`,
+  `deepspeed.json`, `zero_to_fp32.py`, step folder or cache file links elsewhere would have
+  training truncate, overwrite or fill the link's target); the folders themselves may be links;
 - with checkpoint.resume=false, refuses a folder holding an earlier run's outputs (the files
   training writes: metrics.jsonl, config.yaml, ..., `latest`, step_* folders) unless
   checkpoint.start_over=true;
@@ -52,6 +56,8 @@ class RunDirLock:
         try:
             fd = try_lock(str(path))
         except OSError as e:
+            if e.errno == errno.ELOOP:  # O_NOFOLLOW: a link planted after _refuse_links looked
+                raise CheckpointError(_link_message(path, folder)) from None
             if e.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
                 raise
             # a filesystem without flock (a Lustre mount without -o flock): go on, unlocked
@@ -78,6 +84,26 @@ class RunDirLock:
         self.fds = {}
 
 
+def _link_message(path: Path, folder: Path) -> str:
+    try:
+        to = f" (to {os.readlink(path)})"
+    except OSError:
+        to = ""
+    return (f"{path} is a symbolic link{to}: training writes into {folder} and would write through "
+            "it, into the link's target; remove the link or replace it by a copy of what it names "
+            "(a run folder must hold no links; for a shared sample-index cache set data.cache_dir)")
+
+
+def _refuse_links(folders: list[Path]) -> None:
+    """No symbolic link inside the run's folders (not followed: os.walk does not enter them)."""
+    for folder in folders:
+        for top, dirs, files in os.walk(folder):
+            for name in sorted(dirs + files):
+                path = Path(top) / name
+                if path.is_symlink():
+                    raise CheckpointError(_link_message(path, folder))
+
+
 def _inside(path: Path, folder: Path) -> bool:
     return path == folder or folder in path.parents
 
@@ -86,6 +112,12 @@ def _folders(cfg) -> list[Path]:
     """run_dir, and checkpoint.dir when it is not inside run_dir."""
     run, ckpt = Path(cfg.run_dir).absolute(), Path(cfg.checkpoint.dir).absolute()
     return [run] if _inside(ckpt, run) else [run, ckpt]
+
+
+def _locked(cfg) -> list[Path]:
+    """What is locked: run_dir and checkpoint.dir, each (the checkpoints are written too)."""
+    run, ckpt = Path(cfg.run_dir).absolute(), Path(cfg.checkpoint.dir).absolute()
+    return [run] if ckpt == run else [run, ckpt]
 
 
 def earlier_run(cfg) -> list[tuple[Path, str]]:
@@ -119,8 +151,9 @@ def _aside(folder: Path) -> Path:
 
 def _claim0(cfg, lock: RunDirLock) -> tuple[Optional[str], list[str]]:
     """Rank 0's part: lock, then refuse or move aside. -> (init_from, notes)."""
-    folders = _folders(cfg)
-    for f in folders:
+    folders, locked = _folders(cfg), _locked(cfg)
+    _refuse_links(folders)
+    for f in locked:
         lock.take(f)
     found = earlier_run(cfg)
     used = [f for f in folders if any(_inside(p, f) for p, _ in found)]
@@ -128,7 +161,9 @@ def _claim0(cfg, lock: RunDirLock) -> tuple[Optional[str], list[str]]:
     if used and cfg.checkpoint.start_over:
         for f in used:
             dest = _aside(f)
-            lock.take(f)  # the new, empty folder: a training that raced us for it is refused
+            for g in locked:  # the new, empty folders: a training that raced us for one is refused
+                if _inside(g, f):
+                    lock.take(g)
             if f == folders[0] and cfg.data.cache_dir is None and (dest / CACHE).is_dir():
                 os.rename(dest / CACHE, f / CACHE)
             if init_from and _inside(Path(init_from).absolute(), f):

@@ -1,8 +1,10 @@
-"""`lenext train`, the front door of training (issue 35): `--nproc 2` becomes DeepSpeed's launcher
+"""`lenext train`, the front door of training (issue 35): `--nproc 2` starts DeepSpeed's launcher
 of `python -m lenext_dist.train` on 2 gloo ranks; SIGUSR1 to the whole process group (as Slurm's
---signal=USR1 sends it) makes both ranks save and the command exit 0 (the launcher ignores it,
-instead of dying with 138); the same command with --nproc 1 resumes that run in its own process.
+--signal=USR1 sends it), or SIGTERM to the command, makes both ranks save and the command exit 0
+(the launchers ignore USR1 instead of dying with 138, and never see the TERM); the same command
+with --nproc 1 resumes that run in its own process.
 About a minute on 2 cores."""
+import contextlib
 import os
 import signal
 import sys
@@ -15,7 +17,12 @@ pytestmark = pytest.mark.e2e
 LENEXT = [sys.executable, "-m", "lenext_dist", "train"]
 
 
-def test_lenext_train_two_ranks_stop_on_sigusr1_then_resume_in_one_process(sample_shards, tmp_path):
+@pytest.mark.parametrize("send,sig", [(os.killpg, signal.SIGUSR1), (os.kill, signal.SIGTERM)],
+                         ids=["usr1-to-group", "term-to-lenext"])
+def test_lenext_train_two_ranks_stop_on_a_signal_then_resume_in_one_process(sample_shards, tmp_path,
+                                                                           send, sig):
+    """SIGUSR1 to the whole group (Slurm), or SIGTERM to `lenext train` (issue 40: it returned
+    143 at once while DeepSpeed's launcher SIGKILLed the ranks 30 s later): both save, exit 0."""
     cfg = write_config(tmp_path, sample_shards, "front", train={"steps": 400, "eval_interval": 0},
                        checkpoint={"interval": 0})
     run_dir = tmp_path / "front"
@@ -25,16 +32,20 @@ def test_lenext_train_two_ranks_stop_on_sigusr1_then_resume_in_one_process(sampl
     try:
         assert wait_for(lambda: metrics.exists() and len(metrics.read_text().splitlines()) >= 2,
                         timeout=300), log.read_text()[-3000:]
-        os.killpg(first.pid, signal.SIGUSR1)  # lenext (now the launcher), its launch.py, both ranks
+        send(first.pid, sig)  # `lenext train` (and its group); it passes it on to the ranks
         assert first.wait(timeout=180) == 0, log.read_text()[-3000:]
     finally:
         if first.poll() is None:
-            os.killpg(first.pid, signal.SIGKILL)
+            first.kill()
             first.wait()
+        launcher = [int(x.split()[0]) for x in log.read_text().split("launcher pid ")[1:]]
+        for pid in launcher:  # in a session of its own
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
     text = log.read_text()
     assert "[lenext train] " in text and "deepspeed.launcher.runner" in text
     assert "--module lenext_dist.train" in text and "world 2" in text
-    assert "SIGUSR1 received" in text
+    assert "SIGUSR1 received" in text and ("passed on to the ranks" in text) == (sig == signal.SIGTERM)
     stopped = int(text.split("stopped at step ")[1].split(";")[0])
     assert (run_dir / "checkpoints" / "latest").read_text().strip() == f"step_{stopped:07d}"
 

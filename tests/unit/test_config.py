@@ -144,3 +144,17 @@ def test_deeply_nested_yaml_is_a_config_error_not_a_recursion_error(tmp_path):
         load_config(p)
     with pytest.raises(ConfigError, match="override train.steps: mappings/lists nested"):
         load_config(None, ["train.steps=" + "{a: " * 5_000 + "1" + "}" * 5_000])
+
+
+@pytest.mark.parametrize("name", ["../..", "", ".", "..", "a/b", "/etc"])
+def test_a_name_that_is_no_plain_folder_is_refused(name):
+    """runs/<name> must be a folder of runs/ (issue 40: '../..', '', '.' gave run folders outside
+    their own); with run_dir set, the name is free text again."""
+    with pytest.raises(ConfigError, match=r"name: .* is not a plain folder name") as e:
+        load_config(None, [f"name='{name}'"])
+    assert "\n" not in str(e.value)
+    assert load_config(None, [f"name='{name}'", "run_dir=/tmp/r"]).run_dir == "/tmp/r"
+
+
+def test_a_plain_name_gives_its_runs_folder():
+    assert load_config(None, ["name=tiny.v2_a-1"]).run_dir == "runs/tiny.v2_a-1"

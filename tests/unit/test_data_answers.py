@@ -34,11 +34,12 @@ def shards(tmp_path_factory):
 
 
 def run_cfg(blend, tmp, **data):
+    """`blend`: (prefix, weight) or (prefix, weight, text) items."""
     return RunConfig(model=ModelConfig(num_layers=1, hidden_size=32, num_attention_heads=2,
                                        ffn_hidden_size=64, vocab_size=4096, seq_length=160),
                      train=TrainConfig(steps=20, micro_batch_size=2, global_batch_size=2,
                                        eval_interval=0),
-                     data=DataConfig(blend=[BlendItem(prefix=p, weight=w) for p, w in blend],
+                     data=DataConfig(blend=[BlendItem(*item) for item in blend],
                                      tokenizer=TOKENIZER, cache_dir=str(tmp), **data))
 
 
@@ -97,6 +98,33 @@ def refused(blend, tmp, match):
     with pytest.raises(ConfigError, match=match) as e:
         build_datasets(run_cfg(blend, tmp / "cache", task_loss="answers"), 1)
     assert "\n" not in str(e.value)
+
+
+def test_a_shard_copied_without_mask_and_manifest_is_refused_unless_marked_text(shards, gloo_1rank, tmp_path):
+    tasks, text, _, _ = shards
+    # a task shard's .bin/.idx alone: nothing in the data says it is text, so under 'answers' it
+    # would train on all its filler; refused by name, even beside a shard that has a mask
+    alone = tmp_path / "alone"
+    alone.mkdir()
+    for ext in (".bin", ".idx"):
+        shutil.copy(tasks + ext, alone / f"tasks_train{ext}")
+    bare = str(alone / "tasks_train")
+    refused([(tasks, 0.5), (bare, 0.5)], tmp_path, rf"data.blend: {bare} has no answer mask "
+            rf"\({bare}_answers.bin/.idx\) and no manifest beside it saying it is text: .*"
+            "add `text: true` to its blend item")
+    # the config says explicitly it is text: every one of its tokens trains, the task shard's
+    # samples are cut to their answers
+    train, _ = build_datasets(run_cfg([(tasks, 0.5), (bare, 0.5, True)], tmp_path / "c",
+                                      task_loss="answers"), 1)
+    cut = [not collate(train, [i])["loss_mask"][0].all() for i in range(40)]
+    assert 10 <= sum(cut) <= 30
+    # a text shard with its manifest needs no flag (the data says it); `text: true` on a task
+    # shard (mask or manifest beside it) is a contradiction, refused
+    build_datasets(run_cfg([(tasks, 0.5), (text, 0.5)], tmp_path / "d", task_loss="answers"), 1)
+    refused([(tasks, 1.0, True)], tmp_path, rf"data.blend: {tasks} is marked `text: true` but is a "
+            r"task shard \(its manifest .*tasks.manifest.json says --format tasks\)")
+    # under data.task_loss 'all' nothing is asked
+    build_datasets(run_cfg([(bare, 1.0)], tmp_path / "e"), 1)
 
 
 def test_a_mask_missing_truncated_of_other_shards_or_of_another_dtype_is_named(shards, gloo_1rank, tmp_path):

@@ -123,3 +123,31 @@ def test_eval_time_options_reach_the_layers_or_are_refused(monkeypatch):
     set_variant(model, window=16)  # known to that code: fine
     with pytest.raises(ValueError, match="modeling code predates temperature: re-export"):
         set_variant(model, temperature={"kind": "log_fit", "a": 0.3}, window=16)
+
+
+def test_train_length_reaches_the_temperature_schedule_and_a_schedule_on_no_layer_is_refused(tmp_path):
+    """issue 40: `--train-length` set L for the plots only, while the schedule of i / L kept the
+    export's; and a --temperature on the NoPE layers of a model with none scaled nothing while
+    the result files were named after it."""
+    from lenext_dist.eval.jobs import EvalError, PplJob
+
+    data = [f"{REPO}/data/sample/heldout/code.jsonl.zst"]
+    x = torch.randint(3, 512, (1, 64), generator=torch.Generator().manual_seed(0))
+
+    def logits(mdir, **kw):
+        job = PplJob(model=mdir, data=data, out=str(tmp_path / "res"), lengths=[64],
+                     temperature="log_fit:a=0.5", **kw)
+        model, L, _ = job._setup()
+        with torch.no_grad():
+            return model(input_ids=x, use_cache=False).logits, L
+
+    long = save_tiny_lenext(str(tmp_path / "l32"), position="nope", vocab_size=512, train_length=32)
+    short = save_tiny_lenext(str(tmp_path / "l8"), position="nope", vocab_size=512, train_length=8)
+    a, la = logits(long, train_length=8)
+    b, lb = logits(short)
+    c, _ = logits(long)
+    assert la == lb == 8 and torch.allclose(a, b, atol=1e-5) and not torch.allclose(a, c, atol=1e-3)
+    rope = save_tiny_lenext(str(tmp_path / "rope"), position="rope", vocab_size=512, train_length=32)
+    with pytest.raises(EvalError, match=r"--temperature log_fit: on nope layers, but this model has "
+                                        r"no NoPE layer \(rope\)"):
+        logits(rope)

@@ -1,5 +1,5 @@
 """`lenext prep|train|convert|eval|report|extend` (issue 35): each command is the package's own
-(the scripts of a checkout are aliases of them); `lenext train --nproc N` becomes DeepSpeed's
+(the scripts of a checkout are aliases of them); `lenext train --nproc N` starts DeepSpeed's
 launcher with SIGUSR1 ignored, and trains in its own process for N = 1; the HeadScale search of
 `lenext extend` is launched by the same command."""
 import os
@@ -19,17 +19,20 @@ class Exec(Exception):
 
 @pytest.fixture
 def execve(monkeypatch):
-    """os.execve recorded instead of run; SIGUSR1's disposition restored after the test."""
+    """The launcher's start (subprocess.Popen in launch.py) recorded instead of run; the signal
+    dispositions run_launcher sets restored after the test."""
     calls = []
 
-    def fake(path, argv, env):
-        calls.append((path, list(argv), signal.getsignal(signal.SIGUSR1)))
+    def fake(argv, env=None, start_new_session=False):
+        calls.append((argv[0], list(argv), signal.getsignal(signal.SIGUSR1), start_new_session))
         raise Exec
 
-    old = signal.getsignal(signal.SIGUSR1)
-    monkeypatch.setattr(launch.os, "execve", fake)
+    sigs = (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+    old = {s: signal.getsignal(s) for s in sigs}
+    monkeypatch.setattr(launch.subprocess, "Popen", fake)
     yield calls
-    signal.signal(signal.SIGUSR1, old)
+    for s in sigs:
+        signal.signal(s, old[s])
 
 
 def test_lenext_lists_every_stage():
@@ -37,16 +40,17 @@ def test_lenext_lists_every_stage():
     assert list(sub.choices) == ["prep", "train", "convert", "eval", "report", "extend"]
 
 
-def test_lenext_train_nproc_n_execs_the_runner_with_sigusr1_ignored(execve, tmp_path, capsys):
+def test_lenext_train_nproc_n_starts_the_runner_with_sigusr1_ignored(execve, tmp_path, capsys):
     cfg = tmp_path / "c.yaml"
     cfg.write_text("train: {steps: 5}\n")
     with pytest.raises(Exec):
         cli.main(["train", "--nproc", "2", "--port", "29611", "--config", str(cfg),
                   "--optim.lr=3e-4", "--train.steps", "100"])
-    (path, argv, usr1), = execve
-    assert path == sys.executable and usr1 == signal.SIG_IGN
+    (path, argv, usr1, session), = execve
+    assert path == sys.executable and usr1 == signal.SIG_IGN and session  # its own session
+    assert signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL  # passed on, not fatal
     assert argv == launch.launch_command(cfg, 2, 29611, ["--optim.lr=3e-4", "--train.steps", "100"])
-    assert "[lenext train] " in capsys.readouterr().out  # the command, printed before exec
+    assert "[lenext train] " in capsys.readouterr().out  # the command, printed before the start
 
 
 def test_lenext_train_refuses_a_bad_override_before_launching(execve, tmp_path, capsys):

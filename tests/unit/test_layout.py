@@ -87,6 +87,11 @@ def test_presets():
     (["attention.layout.kind=explicit", "attention.layout.layers=[rope,nope,rope,nope]",
       "attention.layout.global_layers=[5]"], "global_layers \\[5\\] are not layers 1..4"),
     (["attention.layout.kind=irope", "attention.chunked=8"], "needs attention.position 'rope'"),
+    # issue 40: a period past the last layer makes no layer NoPE: the layout would do nothing
+    (["attention.position=rope", "attention.layout.kind=nope_every", "attention.layout.every=5"],
+     "attention.layout: 'nope_every' \\(every 5\\) over model.num_layers 4 leaves every layer rope"),
+    (["attention.position=rope", "attention.layout.kind=irope", "attention.chunked=8",
+      "attention.layout.every=8"], "'irope' \\(every 8\\) .* leaves every layer rope"),
 ])
 def test_config_refusals_are_one_line(overrides, match):
     with pytest.raises(ConfigError, match=match) as e:
@@ -263,7 +268,9 @@ def test_megatron_and_hf_run_the_layout(megatron_1rank, kind, extra, windows, ch
         torch.testing.assert_close(step.logits, hf(input_ids=x, use_cache=False).logits[:, -3:],
                                    atol=1e-5, rtol=1e-5)
         # the layout is the function: the same weights with every layer RoPE differ
-        uniform, _ = megatron_and_hf(layout_cfg(layout=LayoutConfig(), **extra), megatron_1rank)
+        # (without the temperature: on no NoPE layer it would be refused as doing nothing)
+        same = {k: v for k, v in extra.items() if k != "temperature"}
+        uniform, _ = megatron_and_hf(layout_cfg(layout=LayoutConfig(), **same), megatron_1rank)
         uniform.load_state_dict(meg.state_dict(), strict=False)
         assert not torch.allclose(uniform(x, pos, None), meg(x, pos, None), atol=1e-3)
 

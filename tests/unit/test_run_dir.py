@@ -70,7 +70,9 @@ def test_start_over_moves_the_earlier_run_aside_and_keeps_the_cache(tmp_path):
     lock = claim(c, rank=0)
     old = tmp_path / "run.old-1"
     assert snapshot(old) == {k: v for k, v in before.items() if not k.startswith("data_cache")}
-    assert snapshot(run) == {k: v for k, v in before.items() if k.startswith("data_cache")}
+    # the cache comes back; the fresh checkpoints folder holds its lock only
+    assert snapshot(run) == {**{k: v for k, v in before.items() if k.startswith("data_cache")},
+                             "checkpoints": None}
     assert c.checkpoint.init_from == str(old / "checkpoints" / "step_0000002")
     with pytest.raises(CheckpointError, match="in use"):  # the new run_dir is locked too
         claim(cfg(run), rank=0)
@@ -103,3 +105,79 @@ def test_an_empty_or_cache_only_run_dir_is_no_earlier_run(tmp_path):
     claim(cfg(run, "checkpoint.resume=false"), rank=0).release()
     claim(cfg(run, "checkpoint.start_over=true"), rank=0).release()
     assert not (tmp_path / "run.old-1").exists()
+
+
+@pytest.mark.parametrize("link", ["lock", "deepspeed.json", "checkpoints/zero_to_fp32.py",
+                                  "checkpoints/step_0000006", "checkpoints/step_0000004/COMPLETE",
+                                  "data_cache/x-sample_index.npy"])
+def test_a_symlink_in_a_copied_run_folder_is_refused_and_its_target_untouched(tmp_path, link):
+    """A run folder copied with links in it: training would write through each of them (the lock
+    note truncates, deepspeed.json and zero_to_fp32.py overwrite, a step folder receives a
+    checkpoint). Refused in one line naming the link; the target keeps its bytes."""
+    run = tmp_path / "run"
+    earlier_run(run)
+    target = tmp_path / "victim"
+    target.mkdir() if link.startswith("checkpoints/step_0000006") else target.write_text("precious\n")
+    path = run / link
+    if path.exists():
+        path.unlink()
+    path.symlink_to(target)
+    with pytest.raises(CheckpointError) as e:
+        claim(cfg(run), rank=0)
+    assert str(e.value).startswith(f"{path} is a symbolic link (to {target}): training writes into ")
+    assert "\n" not in str(e.value)
+    assert list(target.iterdir()) == [] if target.is_dir() else target.read_text() == "precious\n"
+    path.unlink()
+    claim(cfg(run), rank=0).release()  # the link gone, the run resumes
+    # the run folder itself may be a link (a run_dir on another disk)
+    (tmp_path / "elsewhere").symlink_to(run)
+    claim(cfg(tmp_path / "elsewhere"), rank=0).release()
+
+
+def test_the_lock_is_opened_without_following_a_link(tmp_path):
+    """try_lock (shared with shard.py's --out lock) refuses a link even if one appears after the
+    folder was checked: O_NOFOLLOW."""
+    import errno
+
+    from lenext_dist.prep.lock import try_lock
+
+    target = tmp_path / "victim"
+    target.write_text("precious\n")
+    (tmp_path / "lock").symlink_to(target)
+    with pytest.raises(OSError) as e:
+        try_lock(str(tmp_path / "lock"))
+    assert e.value.errno == errno.ELOOP and target.read_text() == "precious\n"
+
+
+def test_checkpoint_dir_inside_another_live_run_is_refused(tmp_path):
+    """A checkpoint.dir pointed into another training's run_dir (its checkpoints inside it, the
+    default) would have both write the same step folders: the checkpoint folder is locked too."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    first = claim(cfg(a), rank=0)
+    with pytest.raises(CheckpointError, match=rf"{a}/checkpoints is in use by another training"):
+        claim(cfg(b, f"checkpoint.dir={a}/checkpoints"), rank=0)
+    with pytest.raises(CheckpointError, match=rf"{a} is in use by another training"):
+        claim(cfg(b, f"checkpoint.dir={a}"), rank=0)
+    first.release()
+    claim(cfg(b, f"checkpoint.dir={a}/checkpoints"), rank=0).release()
+
+
+def test_a_resume_never_truncates_metrics_it_moves_the_records_past_the_resume_step_aside(tmp_path, capsys):
+    """checkpoint.dir changed (no checkpoint there: the resume starts at 0) in a run_dir whose
+    metrics.jsonl holds an earlier run's 10 records: they are moved aside, not deleted."""
+    from lenext_dist.train.metrics import Metrics
+
+    run = tmp_path / "run"
+    earlier_run(run)
+    log = (run / "metrics.jsonl").read_text()
+    with open(run / "metrics.jsonl", "a") as f:
+        f.write('{"step": 11, "lo')  # the line a kill cut short
+    m = Metrics(str(run), 20, 1, 1.0, 1.0, 1, tensorboard=False, enabled=True, start_step=3)
+    m.close()
+    lines = log.splitlines(keepends=True)
+    assert (run / "metrics.jsonl").read_text() == "".join(lines[:3])
+    assert (run / "metrics.dropped-1.jsonl").read_text() == "".join(lines[3:]) + '{"step": 11, "lo\n'
+    assert f"8 lines of {run / 'metrics.jsonl'} past it (run again now) moved to " in capsys.readouterr().out
+    Metrics(str(run), 20, 1, 1.0, 1.0, 1, tensorboard=False, enabled=True, start_step=0).close()
+    assert (run / "metrics.jsonl").read_text() == ""
+    assert (run / "metrics.dropped-2.jsonl").read_text() == "".join(lines[:3])

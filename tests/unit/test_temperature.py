@@ -163,10 +163,19 @@ def test_schedules_reach_the_layers_they_name():
                                            "attention.head_scale.enabled"),
     (["attention.temperature.kind=none", "attention.temperature.layers=some"], "layers"),
     (["attention.chunked=0"], "attention.chunked: must be >= 1"),
+    # issue 40: a schedule that would do nothing, or NaN everywhere ("training diverged")
+    (["attention.position=rope", "attention.temperature.kind=uniform", "attention.temperature.c=1.2"],
+     "attention.temperature.layers: 'nope', but no layer is NoPE \\(rope x4\\)"),
+    (["attention.temperature.kind=uniform", "attention.temperature.c=.nan"], "c must be a finite number"),
+    (["attention.temperature.kind=llama4", "attention.temperature.attn_scale=.inf"],
+     "attn_scale must be a finite number"),
+    (["attention.temperature.kind=log_fit", "attention.temperature.a=-.inf"], "a must be a finite"),
+    (["attention.temperature.kind=qwen_logn", "model.seq_length=1"],
+     "model.train_length: 1: temperature 'qwen_logn' divides by ln L"),
 ])
 def test_config_refusals_are_one_line(overrides, match):
     with pytest.raises(ConfigError, match=match) as e:
-        load_config(None, overrides)
+        load_config(None, ["model.num_layers=4", *overrides])
     assert "\n" not in str(e.value)
 
 
