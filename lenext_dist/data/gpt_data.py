@@ -342,32 +342,14 @@ def _regular_cache_files(cache: str) -> None:
     signals never handled), a link would be read, or written, through."""
     for name in sorted(os.listdir(cache)) if os.path.isdir(cache) else ():
         path = os.path.join(cache, name)
-        mode = os.lstat(path).st_mode
+        try:
+            mode = os.lstat(path).st_mode
+        except FileNotFoundError:  # another rank's or run's temporary, renamed into place since
+            continue
         if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
             what = "a symbolic link" if stat.S_ISLNK(mode) else "not a regular file (a FIFO, socket or device)"
             raise ConfigError(f"data.cache_dir: {path}: {what}, refused: reading it could hang or "
                               "read elsewhere; delete it (megatron rebuilds its sample indices)")
-
-
-_NUMPY_READERS = (f"{os.sep}numpy{os.sep}",)  # numpy.load, its memmap
-
-
-@contextlib.contextmanager
-def _damaged_cache_is_one_line(cache: str):
-    """A plain but damaged cached sample index (truncated: an interrupted copy, a full disk) fails
-    inside numpy's reader during megatron's build: one line naming the cache, not a traceback."""
-    try:
-        yield
-    except (ValueError, EOFError, OSError) as e:
-        tb, inside_numpy = e.__traceback__, False
-        while tb is not None:
-            inside_numpy = inside_numpy or any(d in tb.tb_frame.f_code.co_filename for d in _NUMPY_READERS)
-            tb = tb.tb_next
-        if not inside_numpy:
-            raise
-        raise ConfigError(f"data.cache_dir: {cache}: a cached sample index could not be read "
-                          f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else 'damaged'}); "
-                          f"delete {cache} (megatron rebuilds it) and start again") from None
 
 
 def _first_answers(dataset, cfg: RunConfig) -> tuple[int, int]:
@@ -426,7 +408,7 @@ def build_datasets(cfg: RunConfig, world_size: int, record: bool = False):
     # plain runs: megatron's own class (its name is part of the sample-index cache names)
     cls = _gpt_dataset_class(answer_loss) if d.bos or answer_loss else GPTDataset
     _regular_cache_files(cache)
-    with _no_pickle(cache), _damaged_cache_is_one_line(cache):
+    with _no_pickle(cache):
         train, valid, _ = BlendedMegatronDatasetBuilder(cls, sizes, lambda: True, gcfg).build()
     if answer_loss and (not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0):
         tokens, n = _first_answers(train, cfg)
