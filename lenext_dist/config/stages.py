@@ -22,7 +22,7 @@ would be (T x G_k samples), and optimizer step t reads its samples [t x G_k, (t 
 samples a run at stage k's settings would read at step t. The offset is thus derived from the
 step alone (the samples stage k skips, [0, s_k x G_k), are never read at that length), so a
 resume anywhere needs only the step, and stage k equals "stop at s_k and resume the run with
-stage k's settings" (tests/distributed/test_stages.py checks exactly that). The checkpoint's
+stage k's settings" (tests/distributed/test_stages_train.py checks exactly that). The checkpoint's
 consumed_samples counts the samples actually read, summed over the stages.
 
 Boundaries: the loop saves a checkpoint at every s_k and builds the next stage's model, data and

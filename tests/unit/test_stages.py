@@ -1,5 +1,5 @@
 """train.stages at the config edge (one-line errors naming the stage) and the dry run of every
-shipped staged config (docs/recipe.md); the training behaviour: tests/distributed/test_stages.py."""
+shipped staged config (docs/recipe.md); the training behaviour: tests/distributed/test_stages_train.py."""
 import re
 
 import pytest
