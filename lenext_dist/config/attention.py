@@ -232,6 +232,10 @@ class AttentionConfig:
     long (>= 1024) evaluation passes on CPU, else chunked SDPA (see benchmarks/bench_attention_paths.py)."""
     chunk_size: int = 256
     """Query rows per block of the chunked kernel (memory ~ heads x chunk x (window + chunk))."""
+    sdpa_backends: list[str] = field(default_factory=list)
+    """SDPA kernels to try first, in order (`flash`, `efficient`, `cudnn`, `math`), e.g. [cudnn,
+    flash] for cuDNN's attention on an H100 where this torch has it; math stays the last fallback.
+    Empty: torch's own choice. Training and `lenext extend` runs only (the math is the same)."""
     rope: RopeConfig = field(default_factory=RopeConfig)
     kerple: KerpleConfig = field(default_factory=KerpleConfig)
     sandwich: SandwichConfig = field(default_factory=SandwichConfig)
@@ -252,6 +256,10 @@ class AttentionConfig:
             _check(self.rope.fraction == 1.0 or registry.POSITIONS[self.position].rope_scalings,
                    "attention.rope.fraction", f"{self.rope.fraction} rotates part of each head "
                    f"with RoPE; position {self.position!r} has no RoPE rotation")
+        from lenext_dist.attention.backends import SDPA_BACKENDS
+
+        bad = [x for x in self.sdpa_backends if x not in SDPA_BACKENDS]
+        _check(not bad, "attention.sdpa_backends", f"unknown {bad}: use names of {list(SDPA_BACKENDS)}")
         if self.window is not None:
             _check(self.window >= 1, "attention.window", "must be >= 1 (or null)")
         if self.chunked is not None:

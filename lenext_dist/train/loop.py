@@ -119,12 +119,23 @@ def _train(cfg: RunConfig, stop: StopSignal, owns_group: bool, rank: int, world:
             with open(os.path.join(cfg.run_dir, name), "w") as f:
                 json.dump(run.ds_config, f, indent=2)
         end = stages.bounds(cfg)[k][1]
-        step, stopped, diverged = _step_loop(run, stop, step, consumed, end)
+        with sdpa_preference(cfg):
+            step, stopped, diverged = _step_loop(run, stop, step, consumed, end)
         if stopped or diverged is not None or step >= cfg.train.steps:
             return _finish(run, step, stopped, diverged, owns_group)
         k += 1  # the boundary's checkpoint is saved: free this stage's engine, build the next
         del run
         _free_device_memory()
+
+
+def sdpa_preference(cfg: RunConfig):
+    """attention.sdpa_backends as torch's SDPA priority for the step loop (a no-op when empty)."""
+    import contextlib
+
+    from lenext_dist.attention.backends import prefer_sdpa_backends
+
+    names = cfg.attention.sdpa_backends
+    return prefer_sdpa_backends(names) if names else contextlib.nullcontext()
 
 
 def _resume_step(cfg: RunConfig) -> int:

@@ -60,3 +60,22 @@ def test_the_implementation_is_noted_and_logged_once(caplog):
         assert last_impl() == "sdpa"
     lines = [r.getMessage() for r in caplog.records if "implementation" in r.getMessage()]
     assert sum("chunked" in line for line in lines) <= 1  # once per process, never per call
+
+
+def test_the_config_option_sets_the_priority_of_the_training_loop():
+    """attention.sdpa_backends: names checked at the config edge; the loop's context prefers them
+    (on this CPU torch, 'flash' is its fused CPU kernel) and is a no-op when empty."""
+    from lenext_dist.attention.backends import last_backend, record_sdpa_backends
+    from lenext_dist.config import ConfigError, load_config
+    from lenext_dist.train.loop import sdpa_preference
+
+    with pytest.raises(ConfigError, match=r"attention.sdpa_backends: unknown \['fa9'\]"):
+        load_config(None, ["attention.sdpa_backends=[fa9]"])
+    q = torch.randn(1, 2, 64, 16)
+    for names, want in ((["math"], "math"), (["flash"], "flash_cpu")):
+        cfg = load_config(None, [f"attention.sdpa_backends=[{','.join(names)}]"])
+        with sdpa_preference(cfg), record_sdpa_backends():
+            torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True)
+        assert want in last_backend(), (names, last_backend())
+    with sdpa_preference(load_config(None, [])):
+        pass
