@@ -257,6 +257,10 @@ def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Ru
     except ConfigError as e:
         key = str(e).split(":", 1)[0].split("[")[0]
         where = origin.get(key) or _nearest_origin(key, origin) or (str(path) if path else "defaults")
+        if where != "command line" and overrides:
+            # a check across keys (e.g. a batch size against another) may fail through an
+            # override of another key than the one named: the file alone is not to blame
+            where += f" with the command line's {', '.join(map(str, overrides))}"
         raise ConfigError(f"{where}: {e}") from None
 
 

@@ -158,3 +158,18 @@ def test_a_name_that_is_no_plain_folder_is_refused(name):
 
 def test_a_plain_name_gives_its_runs_folder():
     assert load_config(None, ["name=tiny.v2_a-1"]).run_dir == "runs/tiny.v2_a-1"
+
+
+def test_an_override_behind_a_check_of_another_key_is_named_beside_the_file(tmp_path):
+    """issue 40: a check across keys failed through a command-line override was blamed on the
+    YAML file alone."""
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("train: {global_batch_size: 8}\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(cfg, ["train.micro_batch_size=3"])
+    msg = str(e.value)
+    assert msg.startswith(f"{cfg} with the command line's train.micro_batch_size=3: "
+                          "train.global_batch_size: 8 is not a multiple") and "\n" not in msg
+    cfg.write_text("train: {global_batch_size: 7, micro_batch_size: 2}\n")
+    with pytest.raises(ConfigError, match=rf"^{cfg}: train.global_batch_size"):  # no override: the file
+        load_config(cfg, [])
