@@ -109,6 +109,8 @@ def set_uniform_scale(model: torch.nn.Module, c: float) -> None:
     for m in model.modules():
         if isinstance(m, LenextCoreAttention):
             getattr(m, HEAD_SCALE).fill_(float(c))
+            if m.uniform_scale is not None:  # a fixed scale goes to the kernel as a number
+                m.uniform_scale = float(c)
 
 
 @torch.no_grad()
