@@ -391,6 +391,7 @@ def megatron_reference(step_dir: Union[str, Path], head_scales: Optional[Tensor]
         with torch.no_grad():
             for mod, row in zip(attn, head_scales):
                 mod.head_scale.copy_(row)
+                mod.uniform_scale = None  # the layer reads the per-head values just written
     return model.eval()
 
 
