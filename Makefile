@@ -161,7 +161,7 @@ wheelhouse: setup
 gpu-site:
 	@test -f $(WHEELHOUSE)/requirements.txt || { echo "gpu-check: no $(WHEELHOUSE)/requirements.txt: \
 	run 'make wheelhouse PYVER=$(PYVER)' where there is network, then copy wheelhouse/ here"; exit 1; }
-	$(GPU_PY) -m pip install -q --disable-pip-version-check --no-index --no-deps --upgrade \
+	$(GPU_PY) -m pip install -q --disable-pip-version-check --no-index --no-deps --no-compile --upgrade \
 	    --find-links $(WHEELHOUSE) --target $(GPU_SITE) -r $(WHEELHOUSE)/requirements.txt
 
 gpu-check: gpu-site

@@ -47,7 +47,8 @@ def parse(argv):
     ap.add_argument("--budget-s", type=float, default=BUDGET_S, help="time budget of the whole check")
     ap.add_argument("--long", type=int, default=plan.LONG, help="the long attention length")
     ap.add_argument("--mfu-floor", type=float, default=MFU_FLOOR, help="fail a training case below it")
-    ap.add_argument("--only", default="", help="run only the cases whose name contains this")
+    ap.add_argument("--only", default="", help="run only the cases whose name contains one of these "
+                    "comma-separated parts (e.g. train/,long/: a rerun of what a spent budget left out)")
     ap.add_argument("--launch", metavar="CONFIG", help="also launch a short ZeRO-2 training of CONFIG "
                     "on all GPUs as `lenext train` does (its data made: `make shards` for "
                     "configs/exp/tiny-cpu-nope.yaml)")
@@ -117,7 +118,8 @@ def main(argv=None) -> int:
         print(f"gpu-check: SKIPPED: no NVIDIA device on this host (no /{probe.DRIVER_FILE}, no "
               f"/{probe.DEVICE_NODE}, no nvidia-smi). Nothing was run or measured; `--dry` writes the plan.")
         return 0
-    cases = [c for c in plan.build_plan(args.config, args.long) if args.only in c.name]
+    parts = [p for p in args.only.split(",") if p] or [""]
+    cases = [c for c in plan.build_plan(args.config, args.long) if any(p in c.name for p in parts)]
     if not cases:  # an empty check would pass without measuring anything
         print(f"gpu-check: --only {args.only!r} matches no case (names: train/, export/, position/, "
               "layout/, temperature/, documents/, window/, chunked/, long/; --dry lists them all)")
