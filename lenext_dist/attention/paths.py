@@ -196,6 +196,12 @@ def _chunk(qs: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor], q0: int, lo
     return F.scaled_dot_product_attention(qs, k, v, attn_mask=am, enable_gqa=gqa, scale=scale)
 
 
+CHUNK_BIAS_BYTES = 256 * 2**20
+"""Most bytes of one chunk's additive mask (as fp32): fewer query rows per chunk at long range.
+Measured on an H200 (benchmarks/results/gpu/): 256 rows at 32K keys and 32 heads allocated 1 GiB
+in one piece, 5.2 GiB peak for one ALiBi call, where q, k, v and their gradients take 0.9."""
+
+
 def chunked_attention(q: Tensor, k: Tensor, v: Tensor, m: Tensor, *,
                       q_scale: Optional[Tensor] = None, bias: Optional[Tensor] = None,
                       mask: MaskSpec = MaskSpec(), chunk_size: int = 256, documents=None) -> Tensor:
@@ -204,6 +210,8 @@ def chunked_attention(q: Tensor, k: Tensor, v: Tensor, m: Tensor, *,
     per layer with a bias, 47 GB over 22 layers at 8K), so memory stays O(chunk x keys)."""
     sq, sk = q.shape[2], k.shape[2]
     off = sk - sq
+    if bias is not None:  # an additive [b|1, h, c, keys] block per chunk: bounded, not O(h c L)
+        chunk_size = max(16, min(chunk_size, CHUNK_BIAS_BYTES // (q.shape[0] * q.shape[1] * sk * 4)))
     qs, scale = query_and_scale(q, m, q_scale)
     k, v, gqa = sdpa_kv(q, k, v, masked=True)  # once for all chunks
     starts = range(0, sq, chunk_size)
@@ -284,8 +292,14 @@ FLEX_MAX_SHAPES = 8
 """Distinct flex call signatures compiled per process (torch.compile with static shapes compiles
 once per sequence length; dynamo's own recompile limit is 8, past which it would silently run
 the unfused flex that materializes the scores). Further shapes take the chunked path."""
-_flex_shapes: set = set()
-_flex_broken: list = []  # the first compile error, if torch.compile cannot run here
+FLEX_KERNEL_LADDER = (None, {"num_stages": 2}, {"BLOCK_M": 64, "BLOCK_N": 64, "num_stages": 1})
+"""Triton kernel options tried in turn on CUDA when a compile runs out of shared memory.
+Measured on an H200 (torch 2.11, benchmarks/results/gpu/): the default H100 forward tile for bf16
+d = 64 (BLOCK_M = BLOCK_N = 128, 3 stages) compiles for a block mask alone but needs 245760 bytes
+of shared memory (limit 232448) once a score_mod reads a bias table (ALiBi, KERPLE, Sandwich);
+fewer stages, then smaller tiles, fit. Tiles stay divisors of FLEX_BLOCK (the block mask's)."""
+_flex_shapes: dict = {}   # call signature -> the kernel options it compiled with
+_flex_broken: dict = {}   # call signature -> the error that sent it to the chunked path
 
 
 def _flex_key(q: Tensor, k: Tensor, bias: Optional[Tensor], mask: MaskSpec, documents,
@@ -298,7 +312,8 @@ def _flex_key(q: Tensor, k: Tensor, bias: Optional[Tensor], mask: MaskSpec, docu
 
 
 def _flex_forward(q: Tensor, k: Tensor, v: Tensor, m: Tensor, q_scale: Optional[Tensor],
-                  bias: Optional[Tensor], mask: MaskSpec, documents=None) -> Tensor:
+                  bias: Optional[Tensor], mask: MaskSpec, documents=None,
+                  options: Optional[dict] = None) -> Tensor:
     sq, sk = q.shape[2], k.shape[2]
     block_mask = (_flex_block_mask(mask, sq, sk, str(q.device)) if documents is None
                   else documents.flex_block_mask(mask))
@@ -306,21 +321,53 @@ def _flex_forward(q: Tensor, k: Tensor, v: Tensor, m: Tensor, q_scale: Optional[
     # ALiBi/KERPLE/Sandwich logits by up to +-0.25 at long range
     score_mod = None if bias is None else _bias_score_mod(bias.float(), sk - sq)
     qs, scale = query_and_scale(q, m, q_scale)
+    extra = {"kernel_options": options} if options else {}
     return _compiled_flex()(qs, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale,
-                            enable_gqa=k.shape[1] != q.shape[1])
+                            enable_gqa=k.shape[1] != q.shape[1], **extra)
 
 
 def _probe_backward(q: Tensor, k: Tensor, v: Tensor, m: Tensor, q_scale: Optional[Tensor],
-                    bias: Optional[Tensor], mask: MaskSpec, documents=None) -> None:
+                    bias: Optional[Tensor], mask: MaskSpec, documents=None,
+                    options: Optional[dict] = None) -> None:
     """Forward + backward once on detached copies, so that the backward's compile (which would
     otherwise happen at the caller's first `loss.backward()`, outside any try, e.g. KERPLE's
     learnable bias on CUDA, or no FlexAttention backward at all on CPU) fails here, where the
     caller can still fall back. Costs one extra attention pass per new training shape."""
     leaves = [t if not isinstance(t, Tensor) else t.detach().requires_grad_(t.requires_grad)
               for t in (q, k, v, m, q_scale, bias)]
-    out = _flex_forward(*leaves[:5], leaves[5], mask, documents)
+    out = _flex_forward(*leaves[:5], leaves[5], mask, documents, options)
     wrt = [t for t in leaves if isinstance(t, Tensor) and t.requires_grad]
     torch.autograd.grad(out.float().sum(), wrt)
+
+
+def kernel_ladder(device_type: str) -> tuple:
+    """FLEX_KERNEL_LADDER on CUDA (Triton tiles); elsewhere the defaults alone."""
+    return FLEX_KERNEL_LADDER if device_type == "cuda" else FLEX_KERNEL_LADDER[:1]
+
+
+def _first_compile(key: tuple, grad: bool, args: tuple) -> Optional[Tensor]:
+    """Compile flex for a new call signature, down FLEX_KERNEL_LADDER (CUDA) while the compile
+    runs out of shared memory; None (the signature recorded as broken, one warning) when no rung
+    compiles or the error is another (no compiler, no backward on this device)."""
+    import warnings
+
+    ladder = kernel_ladder(args[0].device.type)
+    for options in ladder:
+        try:
+            if grad:
+                _probe_backward(*args, options=options)
+            out = _flex_forward(*args, options=options)
+        except Exception as e:  # noqa: BLE001 - no compiler / unsupported backend: stay correct
+            if "out of resource" in str(e) and options is not ladder[-1]:
+                continue  # a smaller tile may fit the shared memory
+            warnings.warn(f"FlexAttention unavailable here ({type(e).__name__}: {e}); "
+                          "using the chunked SDPA path")
+            _flex_broken[key] = e
+            note_impl("chunked", f"flex unavailable: {type(e).__name__}")
+            return None
+        _flex_shapes[key] = options
+        return out
+    return None  # unreachable: the last rung returns or records
 
 
 def flex_path_attention(q: Tensor, k: Tensor, v: Tensor, m: Tensor, *,
@@ -330,28 +377,20 @@ def flex_path_attention(q: Tensor, k: Tensor, v: Tensor, m: Tensor, *,
     grad = torch.is_grad_enabled() and any(
         isinstance(t, Tensor) and t.requires_grad for t in (q, k, v, m, q_scale, bias))
     key = _flex_key(q, k, bias, mask, documents, grad)
-    if _flex_broken or (key not in _flex_shapes and len(_flex_shapes) >= FLEX_MAX_SHAPES):
-        note_impl("chunked", "flex failed earlier in this process" if _flex_broken else
-                  f"flex past FLEX_MAX_SHAPES={FLEX_MAX_SHAPES} shapes")
-        return chunked_attention(q, k, v, m, q_scale=q_scale, bias=bias, mask=mask,
-                                 chunk_size=chunk_size, documents=documents)
-    try:
-        if grad and key not in _flex_shapes:
-            _probe_backward(q, k, v, m, q_scale, bias, mask, documents)
-        out = _flex_forward(q, k, v, m, q_scale, bias, mask, documents)
-    except Exception as e:  # noqa: BLE001 - no compiler / unsupported backend: stay correct
-        if key in _flex_shapes:
-            raise
-        import warnings
-
-        warnings.warn(f"FlexAttention unavailable here ({type(e).__name__}: {e}); "
-                      "using the chunked SDPA path")
-        _flex_broken.append(e)
-        note_impl("chunked", f"flex unavailable: {type(e).__name__}")
-        return chunked_attention(q, k, v, m, q_scale=q_scale, bias=bias, mask=mask,
-                                 chunk_size=chunk_size, documents=documents)
-    _flex_shapes.add(key)
-    return out
+    args = (q, k, v, m, q_scale, bias, mask, documents)
+    if key in _flex_shapes:
+        return _flex_forward(*args, options=_flex_shapes[key])
+    out = None
+    if key in _flex_broken:
+        note_impl("chunked", "flex failed earlier for this call signature")
+    elif len(_flex_shapes) >= FLEX_MAX_SHAPES:
+        note_impl("chunked", f"flex past FLEX_MAX_SHAPES={FLEX_MAX_SHAPES} shapes")
+    else:
+        out = _first_compile(key, grad, args)
+    if out is not None:
+        return out
+    return chunked_attention(q, k, v, m, q_scale=q_scale, bias=bias, mask=mask,
+                             chunk_size=chunk_size, documents=documents)
 
 
 FLEX_MIN_LENGTH = 1024

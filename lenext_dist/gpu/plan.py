@@ -185,19 +185,16 @@ def train_plan(cfg, device_bytes: Optional[int] = None) -> dict:
     counts = parameter_counts(cfg)
     cap = 0.9 * (device_bytes or 80 * 2**30)
     est = {}
-    start = MICRO_BATCHES[-1]
     for b in MICRO_BATCHES:
         c = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, micro_batch_size=b, global_batch_size=b))
-        est = memory_estimate(c, counts["total"], counts["total"], 1)
-        if est["total"] <= cap:
-            start = b
-            break
+        est[b] = round(memory_estimate(c, counts["total"], counts["total"], 1)["total"])
+    start = next((b for b in MICRO_BATCHES if est[b] <= cap), MICRO_BATCHES[-1])
     m = cfg.model
     return {"layers": m.num_layers, "hidden": m.hidden_size, "heads": m.num_attention_heads,
             "query_groups": m.num_query_groups, "seq": m.seq_length, "parameters": counts["total"],
             "zero_stage": cfg.parallel.zero_stage, "precision": cfg.train.precision,
             "micro_batch_start": start, "micro_batches": [b for b in MICRO_BATCHES if b <= start],
-            "memory_estimate_bytes": round(est.get("total", 0)),
+            "memory_estimate_bytes": est[start], "estimates": est,
             "kernel": "sdpa:flash" if cfg.attention.position == "nope" else "see attention cases"}
 
 

@@ -15,18 +15,15 @@ import torch
 from . import kernels, plan
 
 
-def _reset_flex_state() -> int:
+def _reset_flex_state() -> None:
     """Each case compiles afresh: torch.compile's per-function recompile limit and paths.py's
-    process-wide count of flex shapes (FLEX_MAX_SHAPES, past which it takes the chunked path)
-    would otherwise push the later cases off FlexAttention. Returns the count of recorded flex
-    failures, to tell a fallback during this case."""
+    process-wide record of flex signatures (FLEX_MAX_SHAPES, past which it takes the chunked
+    path; failed signatures) would otherwise push the later cases off FlexAttention."""
     from lenext_dist.attention import paths
 
     torch._dynamo.reset()
-    shapes = getattr(paths, "_flex_shapes", None)
-    if shapes is not None:
-        shapes.clear()
-    return len(getattr(paths, "_flex_broken", []))
+    paths._flex_shapes.clear()
+    paths._flex_broken.clear()
 
 
 def one_call(variant, case: plan.Case, shape, dtype, dev: torch.device) -> dict:
@@ -48,7 +45,7 @@ def one_call(variant, case: plan.Case, shape, dtype, dev: torch.device) -> dict:
             t.grad = None
         attend(q, k, v, m, variant, documents=docs).float().sum().backward()
 
-    broken = _reset_flex_state()
+    _reset_flex_state()
     step()  # compiles FlexAttention where it runs
     seen = kernels.backends_run(step)
     kernels.synchronize(dev)
@@ -58,13 +55,13 @@ def one_call(variant, case: plan.Case, shape, dtype, dev: torch.device) -> dict:
     ms = 1000 * (time.perf_counter() - t0)
     peak, largest = kernels.largest_allocation(step, dev)
     expected = plan.attention_kernel(variant, case.documents, shape, dtype)
-    broken_now = getattr(paths, "_flex_broken", [])
     out = {"expected": expected, "sdpa_calls": seen, "ms": round(ms, 2), "peak_bytes": peak,
            "largest_alloc_bytes": largest}
     if expected == "flex":  # FlexAttention runs no SDPA op; the chunked path is SDPA per chunk
-        out["kernel"] = "chunked" if seen or len(broken_now) > broken else "flex"
-        if len(broken_now) > broken:  # it was tried and failed (paths.py warns once, process-wide)
-            out["flex_error"] = f"{type(broken_now[-1]).__name__}: {broken_now[-1]}"[:300]
+        out["kernel"] = "chunked" if seen or paths._flex_broken else "flex"
+        out["flex_kernel_options"] = [o for o in paths._flex_shapes.values()]
+        for e in paths._flex_broken.values():  # it was tried and failed (paths.py warned)
+            out["flex_error"] = f"{type(e).__name__}: {e}"[:300]
     else:
         out["kernel"] = "sdpa:" + "+".join(sorted(seen)) if seen else "none seen"
     return out

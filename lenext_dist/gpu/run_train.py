@@ -71,6 +71,8 @@ def run(case: plan.Case, ctx) -> dict:
     for b in tp["micro_batches"]:
         try:
             return {**measure(_with_micro(cfg, b), b, ctx.mfu_floor, ctx.device), "out_of_memory_at": oom,
+                    # the dry run's estimate at the micro-batch that ran (the report's budget)
+                    "budget_bytes": tp["estimates"][b],
                     "shape": {k: tp[k] for k in ("layers", "hidden", "heads", "seq", "parameters",
                                                  "zero_stage", "precision")}}
         except (torch.cuda.OutOfMemoryError, RuntimeError) as e:  # DeepSpeed's hooks may re-wrap it

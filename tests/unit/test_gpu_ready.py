@@ -295,8 +295,8 @@ def test_flex_backward_failure_falls_back_before_the_callers_backward(monkeypatc
     pytest.importorskip("torch.nn.attention.flex_attention")
     from lenext_dist.attention import KerpleLog, paths
 
-    monkeypatch.setattr(paths, "_flex_shapes", set())
-    monkeypatch.setattr(paths, "_flex_broken", [])
+    monkeypatch.setattr(paths, "_flex_shapes", {})
+    monkeypatch.setattr(paths, "_flex_broken", {})
     gen = torch.Generator().manual_seed(3)
     q = torch.randn(1, 4, 32, 16, generator=gen, requires_grad=True)
     k, v = (torch.randn(1, 2, 32, 16, generator=gen, requires_grad=True) for _ in range(2))
@@ -306,13 +306,13 @@ def test_flex_backward_failure_falls_back_before_the_callers_backward(monkeypatc
     assert bias.requires_grad
     with pytest.warns(UserWarning, match="FlexAttention unavailable"):
         out = paths.flex_path_attention(q, k, v, m, bias=bias)
-    assert "backward" in str(paths._flex_broken[0])  # caught in the probe, under autograd
+    assert "backward" in str(next(iter(paths._flex_broken.values())))  # caught in the probe, under autograd
     ref = paths.chunked_attention(q, k, v, m, bias=bias)
     torch.testing.assert_close(out, ref, rtol=0, atol=0)
     out.sum().backward()  # the caller's backward: no compile involved any more
     assert kerple.r1_raw.grad is not None and torch.isfinite(kerple.r1_raw.grad).all()
     with torch.no_grad():  # the forward alone did compile and run on CPU
-        monkeypatch.setattr(paths, "_flex_broken", [])
+        monkeypatch.setattr(paths, "_flex_broken", {})
         fwd = paths.flex_path_attention(q, k, v, m, bias=bias)
     torch.testing.assert_close(fwd, ref.detach(), atol=2e-5, rtol=1e-5)
 
@@ -455,3 +455,70 @@ def test_fp32_value_reads_the_shadow_only_while_it_matches_the_parameter():
     assert got[1] == 2.0 and got[0] == exact[0] and got[2] == exact[2]
     got.sum().backward()
     assert torch.equal(p.grad, torch.ones(3, dtype=torch.bfloat16))
+
+
+# ---- FlexAttention's shared-memory ladder (an H200 finding) ---------------------------------------
+
+def _flex_running_out_of_shared_memory(paths, monkeypatch, fits):
+    """The real compiled flex behind a stand-in for Triton's launch check: options that do not
+    `fits` fail as the H200 did ("out of resource", torch 2.11); the CPU flex takes no Triton
+    options, so a fitting call runs without them."""
+    real = paths._compiled_flex()
+    tried = []
+
+    def flex(*a, kernel_options=None, **kw):
+        tried.append(kernel_options)
+        if not fits(kernel_options):
+            raise RuntimeError("No valid triton configs. OutOfMemoryError: out of resource: "
+                               "triton_tem_fused_flex_attention_0 Required: 245760 Hardware limit:232448")
+        return real(*a, **kw)
+
+    monkeypatch.setattr(paths, "_compiled_flex", lambda: flex)
+    monkeypatch.setattr(paths, "kernel_ladder", lambda device_type: paths.FLEX_KERNEL_LADDER)
+    monkeypatch.setattr(paths, "_flex_shapes", {})
+    monkeypatch.setattr(paths, "_flex_broken", {})
+    return tried
+
+
+def test_flex_steps_down_its_tiles_when_shared_memory_runs_out(monkeypatch, recwarn):
+    pytest.importorskip("torch.nn.attention.flex_attention")
+    from lenext_dist.attention import paths
+
+    tried = _flex_running_out_of_shared_memory(paths, monkeypatch, lambda o: bool(o) and "BLOCK_M" in o)
+    gen = torch.Generator().manual_seed(4)
+    q, k, v = (torch.randn(1, 4, 256, 16, generator=gen) for _ in range(3))
+    bias = -torch.arange(256.0).expand(4, 256) * 0.1
+    with torch.no_grad():
+        out = paths.flex_path_attention(q, k, v, torch.ones(4), bias=bias)
+        again = paths.flex_path_attention(q, k, v, torch.ones(4), bias=bias)
+    assert tried[:3] == list(paths.FLEX_KERNEL_LADDER)  # every rung, in order, until one fits
+    assert tried[3] == paths.FLEX_KERNEL_LADDER[-1]  # the signature keeps the options that fit
+    assert not paths._flex_broken and not [w for w in recwarn if "FlexAttention" in str(w.message)]
+    ref = paths.chunked_attention(q, k, v, torch.ones(4), bias=bias)
+    torch.testing.assert_close(out, ref, atol=2e-5, rtol=1e-5)
+    torch.testing.assert_close(again, out, atol=0, rtol=0)
+
+
+def test_a_flex_failure_sends_only_its_own_signature_to_the_chunked_path(monkeypatch):
+    """On the H200 the first signature that failed (ALiBi's bias table) sent every later flex
+    call of the process to the chunked path, document masks included; now only its own."""
+    pytest.importorskip("torch.nn.attention.flex_attention")
+    from lenext_dist.attention import paths
+    from lenext_dist.attention.mask import MaskSpec
+
+    fits = {}  # "now": whether a compile fits the shared memory
+    _flex_running_out_of_shared_memory(paths, monkeypatch, lambda o: fits["now"])
+    gen = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(1, 4, 256, 16, generator=gen) for _ in range(3))
+    bias = -torch.arange(256.0).expand(4, 256) * 0.1
+    fits["now"] = False
+    with torch.no_grad(), pytest.warns(UserWarning, match="FlexAttention unavailable"):
+        paths.flex_path_attention(q, k, v, torch.ones(4), bias=bias)
+    assert len(paths._flex_broken) == 1 and not paths._flex_shapes
+    fits["now"] = True
+    with torch.no_grad():
+        out = paths.flex_path_attention(q, k, v, torch.ones(4), mask=MaskSpec(window=64))
+        paths.flex_path_attention(q, k, v, torch.ones(4), bias=bias)  # stays chunked: no retry
+    assert len(paths._flex_shapes) == 1 and len(paths._flex_broken) == 1
+    ref = paths.chunked_attention(q, k, v, torch.ones(4), mask=MaskSpec(window=64))
+    torch.testing.assert_close(out, ref, atol=2e-5, rtol=1e-5)

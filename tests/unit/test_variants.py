@@ -391,8 +391,8 @@ def test_flex_falls_back_to_chunked_when_it_cannot_compile(monkeypatch):
         raise RuntimeError("no compiler")
 
     monkeypatch.setattr(paths, "_compiled_flex", broken)
-    monkeypatch.setattr(paths, "_flex_shapes", set())
-    monkeypatch.setattr(paths, "_flex_broken", [])
+    monkeypatch.setattr(paths, "_flex_shapes", {})
+    monkeypatch.setattr(paths, "_flex_broken", {})
     q, k, v = rand_qkv(16, seed=10)
     var = make("alibi", window=5)
     ref = attend(q, k, v, torch.ones(H), var, eager=True)
