@@ -115,8 +115,33 @@ def staged(out: Path, replaces: list[Path]) -> Iterator[Path]:
             out.rmdir()  # empty
         os.replace(tmp, out)
     except BaseException as e:
+        failed = _write_failure(e)
+        free = _free(tmp) if failed else ""
         shutil.rmtree(tmp, ignore_errors=True)
-        if isinstance(e, OSError):
-            raise OutputError(f"writing {out} failed: {e.strerror or e} ({e.filename or tmp}); "
+        if failed:
+            raise OutputError(f"writing {out} failed: {failed} ({free} free there when it failed); "
                               "nothing was written; free space or choose a writable --out") from None
         raise
+
+
+def _write_failure(e: BaseException) -> str:
+    """Why a library's writer did not get its bytes to disk ('' for any other error): an OSError;
+    safetensors' SafetensorError on an I/O error ("... No space left on device (os error 28)");
+    torch.save's zip writer on a short write (RuntimeError "... unexpected pos 3520 vs 3414": the
+    disk filled mid-file, without an errno). Seen on a full tmpfs (tests/e2e/test_safety_cli.py)."""
+    if isinstance(e, OSError):
+        return f"{e.strerror or e} ({e.filename})" if e.filename else str(e.strerror or e)
+    text = str(e)
+    if isinstance(e, Exception) and any(s in text for s in ("os error", "unexpected pos",
+                                                            "file write failed")):
+        if "unexpected pos" in text:
+            return "torch.save wrote fewer bytes than it meant to (a short write: is the disk full?)"
+        return text.splitlines()[0][:200]
+    return ""
+
+
+def _free(path: Path) -> str:
+    try:
+        return f"{shutil.disk_usage(path).free / 2**20:.1f} MiB"
+    except OSError:
+        return "unknown"

@@ -13,10 +13,12 @@ scale) are options of the job, applied to the loaded model; they also name the r
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
 import os
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import ClassVar, Optional
 
@@ -29,6 +31,13 @@ from .model_io import default_dtype, load_model, model_info, write_json
 from .options import (DTYPES, PROTOCOLS, ROPE_SCALINGS, TASK_NAMES, depths, ints, nonneg_int, paths,
                       pos_float, pos_int, task_names, temperature, temperature_section)
 from .ruler_tasks import LM_EVAL_SAMPLES, OFFLINE, ruler_task_names
+
+
+NAME_MAX = 200
+"""Longest result file stem (the file system allows 255 bytes; suffixes such as
+`_losses.npz` come on top)."""
+NOT_PROTOCOL = ("out", "no_progress", "threads", "device", "batch_size")
+"""Options that do not change what a result measures: a rerun with other values may overwrite."""
 
 
 class EvalError(UserError, ValueError):
@@ -104,16 +113,62 @@ class EvalJob:
         """Result path without extension (the JSON, PNG, NPZ share it)."""
         raise NotImplementedError
 
+    def _stem(self, name: str) -> Path:
+        """out_dir / name, the name bounded (a long --task-set list or temperature spec would pass
+        the file system's 255 bytes only when the results are written, after the whole run):
+        past NAME_MAX characters its tail becomes a hash of the full name."""
+        if len(name) > NAME_MAX:
+            name = name[:NAME_MAX - 13] + "_" + hashlib.sha1(name.encode()).hexdigest()[:12]
+        return self.out_dir / name
+
     @property
     def result_path(self) -> Path:
         return self.stem.with_name(self.stem.name + ".json")
 
+    def _recorded_args(self) -> Optional[dict]:
+        """The options of the run whose results sit at result_path (None: no such file)."""
+        try:
+            return json.loads(self.result_path.read_text()).get("args", {})
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError, AttributeError) as e:
+            raise EvalError(f"{self.result_path}: not a readable result ({type(e).__name__}); "
+                            "move it away or pass --out") from None
+
+    def _differences(self, recorded: dict) -> list[str]:
+        """The options (set in this job) that differ from those the recorded run used."""
+        def norm(name, v):
+            if name in ("model", "tokenizer") and v is not None:
+                return os.path.realpath(v)
+            if name == "data" and v is not None:
+                return [os.path.abspath(x) for x in v]
+            return json.loads(json.dumps(v, default=str))
+
+        out = []
+        for f in fields(self):
+            mine = getattr(self, f.name)
+            if f.name in NOT_PROTOCOL or mine is None or f.name not in recorded:
+                continue
+            if norm(f.name, mine) != norm(f.name, recorded[f.name]):
+                out.append(f"--{f.name.replace('_', '-')} {recorded[f.name]} there, {mine} here")
+        return out
+
     def done(self) -> bool:
-        return self.result_path.exists()
+        """The results exist and were made with this job's options (a run with others: False,
+        and run() then refuses to overwrite them)."""
+        recorded = self._recorded_args()
+        return recorded is not None and not self._differences(recorded)
 
     # ------------------------------------------------------------------ running
     def run(self) -> list[str]:
-        """Evaluate and write the results; returns the files written (also printed)."""
+        """Evaluate and write the results; returns the files written (also printed). Results of
+        a run with other options at the same path are refused before anything runs."""
+        recorded = self._recorded_args()
+        diff = self._differences(recorded) if recorded is not None else []
+        if diff:
+            raise EvalError(f"lenext eval {self.kind}: {self.result_path} holds results made with "
+                            f"other options ({'; '.join(diff)}); pass --out to another folder, or "
+                            "remove the file")
         try:
             files = self._run()
         except (ValueError, TypeError) as e:
@@ -206,7 +261,7 @@ class PplJob(DataJob):
 
     @property
     def stem(self) -> Path:
-        return self.out_dir / f"ppl_{self.protocol}{self.suffix}"
+        return self._stem(f"ppl_{self.protocol}{self.suffix}")
 
     def _run(self) -> list[str]:
         from . import plots
@@ -224,7 +279,7 @@ class PplJob(DataJob):
         files = [write_json(res, stem + ".json"), plots.plot_ppl(res, stem + ".png")]
         if any("penalty_binned" in d for d in res["diagnostics"]):
             files.append(plots.plot_penalty(res, str(
-                self.out_dir / f"penalty_{self.protocol}{self.suffix}.png")))
+                self._stem(f"penalty_{self.protocol}{self.suffix}")) + ".png"))
         for r in res["results"]:
             print(f"W={r['length']:>6}  {self.protocol}  ppl {r['ppl']:.4f}  "
                   f"({r['scored_tokens']} tokens, {r['windows']} windows)")
@@ -249,7 +304,7 @@ class PasskeyJob(EvalJob):
 
     @property
     def stem(self) -> Path:
-        return self.out_dir / f"passkey{self.suffix}"
+        return self._stem(f"passkey{self.suffix}")
 
     def _run(self) -> list[str]:
         from . import plots
@@ -294,7 +349,7 @@ class TasksJob(DataJob):
     def stem(self) -> Path:
         # other generator parameters name the file too (a variant never overwrites the default)
         sets = "".join(f"_{s.replace('=', '-').replace(':', '-')}" for s in self.task_set)
-        return self.out_dir / f"tasks{self.suffix}{sets}"
+        return self._stem(f"tasks{self.suffix}{sets}")
 
     def _run(self) -> list[str]:
         from . import plots
@@ -327,7 +382,7 @@ class EntropyJob(DataJob):
 
     @property
     def stem(self) -> Path:
-        return self.out_dir / f"entropy{self.suffix}_{self.length}"
+        return self._stem(f"entropy{self.suffix}_{self.length}")
 
     @property
     def npz_path(self) -> Path:
@@ -424,7 +479,7 @@ class RulerJob(EvalJob):
 
     @property
     def stem(self) -> Path:
-        return self.out_dir / f"ruler{self.suffix}"
+        return self._stem(f"ruler{self.suffix}")
 
     def _run(self) -> list[str]:
         from .ruler import evaluate_ruler, preflight

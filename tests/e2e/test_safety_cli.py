@@ -268,3 +268,33 @@ def test_a_plain_package_install_trains_one_process_without_mpi4py(run, tmp_path
     assert p.returncode == 0, p.stderr[-3000:]
     assert "no mpi4py" in p.stdout and "{'step': 2" in p.stdout
     assert losses(tmp_path / "v") == losses(run["dir"])  # the same run as the checkout's
+
+
+def _full_disk_cli(*args, size="300k"):
+    """`lenext convert ARGS` in a user + mount namespace where /mnt is a tmpfs of `size` (a real
+    file system that fills up; no root needed where user namespaces are allowed)."""
+    if not shutil.which("unshare") or subprocess.run(
+            ["unshare", "-rm", "sh", "-c", "mount -t tmpfs -o size=1k tmpfs /mnt"],
+            capture_output=True).returncode:
+        pytest.skip("no user namespaces with tmpfs mounts here (unshare -rm)")
+    cmd = " ".join([sys.executable, "-m", "lenext_dist.convert", *map(str, args)])
+    return subprocess.run(["unshare", "-rm", "sh", "-c", f"mount -t tmpfs -o size={size} tmpfs /mnt "
+                           f"&& {cmd}; rc=$?; ls -A /mnt; exit $rc"],
+                          capture_output=True, text=True, env=env(), cwd=REPO)
+
+
+@pytest.mark.parametrize("direction", ["export", "import"])
+def test_a_full_disk_is_one_line_and_leaves_nothing_behind(run, tmp_path, direction):
+    """Issue 40, F8: the export on a full disk died in safetensors' SafetensorError, the import in
+    torch.save's "unexpected pos" RuntimeError, both as tracebacks."""
+    if direction == "export":
+        args = ["--checkpoint", run["ckpt"], "--out", "/mnt/hf", "--no-tokenizer"]
+    else:
+        hf = tmp_path / "hf"
+        assert convert_cli("--checkpoint", run["ckpt"], "--out", hf, "--no-tokenizer").returncode == 0
+        args = ["--from-hf", hf, "--out", "/mnt/imported"]
+    p = _full_disk_cli(*args)
+    assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr[-2000:]
+    (line,) = p.stderr.strip().splitlines()
+    assert line.startswith(f"error: writing /mnt/{args[3].split('/')[-1]} failed:") and "free space" in line
+    assert p.stdout.strip() == ""  # `ls -A /mnt`: no partial folder left

@@ -61,3 +61,43 @@ def test_ppl_cli(model_dir, tmp_path):
     for s in ("## Perplexity", "| r | last-stride |", "r (c=1.2)", "## Passkey",
               "## Attention entropy", "## Uniform-scale sweep", "](r/passkey.png)"):
         assert s in text
+
+
+def test_results_of_other_options_are_never_overwritten(model_dir, tmp_path, capsys):
+    """Issue 40, F8: a second evaluation into the same folder with other options (here other
+    --lengths and --stride: another protocol of the same file name) is refused in one line before
+    the model loads, naming the file and the options; a rerun with the same options overwrites
+    (resume), and an option that changes nothing measured (--batch-size) is not a difference."""
+    out = tmp_path / "r"
+    args = ["eval", "ppl", "--model", model_dir, "--data", DATA, "--stride", "8",
+            "--budget-tokens", "32", "--no-penalty", "--out", str(out), "--no-progress"]
+    run(*args, "--lengths", "32")
+    first = (out / "ppl_last-stride.json").read_text()
+    capsys.readouterr()
+    code = main([*args[:7], "16", *args[8:], "--lengths", "64"])
+    msg = capsys.readouterr().err.strip()
+    assert code != 0 and len(msg.splitlines()) == 1, msg
+    assert "Loading weights" not in msg  # refused before the model loads
+    assert "ppl_last-stride.json holds results made with other options" in msg
+    assert "--lengths [32] there, [64] here" in msg and "--stride 8 there, 16 here" in msg
+    assert (out / "ppl_last-stride.json").read_text() == first  # nothing lost
+    run(*args, "--lengths", "32", "--batch-size", "2")  # the same measurement: may be redone
+
+
+def test_a_long_task_set_list_names_a_file_the_system_can_write(model_dir, tmp_path):
+    """Issue 40, F8: twenty --task-set values made a name past 255 bytes, refused by the file
+    system only when the results were written, after the whole run."""
+    from lenext_dist.eval.jobs import NAME_MAX, TasksJob
+
+    sets = [f"kv.values={2 + i % 3}:{5 + i % 3}" for i in range(20)] + ["kv.distractors=1"]
+    argv = ["eval", "tasks", "--model", model_dir, "--data", DATA, "--lengths", "128", "--tasks", "kv",
+            "--docs", "1", "--max-docs", "2", "--out", str(tmp_path), "--no-progress"]
+    run(*argv, *[x for s in sets for x in ("--task-set", s)])
+    (name,) = [p.name for p in tmp_path.glob("tasks*.json")]
+    assert len(name) <= NAME_MAX + len(".json")
+    job = TasksJob(model=model_dir, data=[DATA], lengths=[128], tasks=["kv"], docs=1, max_docs=2,
+                   out=str(tmp_path), task_set=sets)
+    assert job.result_path.name == name and job.done()
+    other = TasksJob(model=model_dir, data=[DATA], lengths=[128], tasks=["kv"], out=str(tmp_path),
+                     task_set=sets[:-1] + ["kv.distractors=2"])
+    assert other.result_path.name != name  # the hash keeps the full list apart
