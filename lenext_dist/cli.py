@@ -61,8 +61,8 @@ SUBCOMMANDS = {
               _train),
     "convert": ("export a training checkpoint to a Hugging Face model folder (--from-hf: import one)",
                 _convert),
-    "eval": ("measure a model folder at several lengths: ppl, passkey, tasks, entropy, scale-sweep",
-             _eval),
+    "eval": ("measure a model folder at several lengths (perplexity, retrieval, entropy, ...: "
+             "`lenext eval --help` lists the kinds)", _eval),
     "report": ("one markdown report of the results of lenext eval", _report),
     "extend": ("length extension of a pretrained run: scale sweep, HeadScale search, export, "
                "evaluation, report", _extend),

@@ -9,17 +9,22 @@ Modules: `data` (documents), `scoring` (batched per-token losses), `ppl`, `passk
 -> a job), `claims` (the paper's claims on measured numbers, for `lenext extend`). The tiny
 random models of the tests and benchmarks live in tests/tiny_models.py.
 """
-from .adapter import capture_qk, head_scales, set_head_scales, set_uniform_scale, train_length
-from .data import DocSet, EvalDoc, load_documents, load_tokenizer
-from .entropy import entropy_by_position, entropy_from_probs, evaluate_entropy
-from .passkey import build_prompt, passkey_match, run_passkey
-from .ppl import PROTOCOLS, context_diagnostics, evaluate_ppl, plan_windows, run_ppl
-from .scale_sweep import best_c_for_length, fit_log_scale, run_scale_sweep
-from .scoring import Window, score_windows
+import importlib
 
-__all__ = ["capture_qk", "head_scales", "set_head_scales", "set_uniform_scale", "train_length",
-           "DocSet", "EvalDoc", "load_documents", "load_tokenizer", "entropy_by_position",
-           "entropy_from_probs", "evaluate_entropy", "build_prompt", "passkey_match",
-           "run_passkey", "PROTOCOLS", "context_diagnostics", "evaluate_ppl", "plan_windows",
-           "run_ppl", "best_c_for_length", "fit_log_scale", "run_scale_sweep", "Window",
-           "score_windows"]
+_HOMES = {"adapter": ("capture_qk", "head_scales", "set_head_scales", "set_uniform_scale", "train_length"),
+          "data": ("DocSet", "EvalDoc", "load_documents", "load_tokenizer"),
+          "entropy": ("entropy_by_position", "entropy_from_probs", "evaluate_entropy"),
+          "passkey": ("build_prompt", "passkey_match", "run_passkey"),
+          "ppl": ("PROTOCOLS", "context_diagnostics", "evaluate_ppl", "plan_windows", "run_ppl"),
+          "scale_sweep": ("best_c_for_length", "fit_log_scale", "run_scale_sweep"),
+          "scoring": ("Window", "score_windows")}
+_HOME = {name: module for module, names in _HOMES.items() for name in names}
+__all__ = sorted(_HOME)
+
+
+def __getattr__(name: str):
+    """The package's names, imported on first use (PEP 562): `lenext eval --help` and
+    `lenext report` load eval/cli.py and eval/report.py without torch."""
+    if name in _HOME:
+        return getattr(importlib.import_module(f".{_HOME[name]}", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

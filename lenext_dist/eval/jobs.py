@@ -20,13 +20,14 @@ import sys
 import time
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import ClassVar, Optional
+from typing import Callable, ClassVar, Optional
 
 import numpy as np
 
 from lenext_dist.errors import UserError
 from lenext_dist.flags import check_fields, from_args, option
 
+from . import sections
 from .model_io import default_dtype, load_model, model_info, write_json
 from .options import (DTYPES, PROTOCOLS, ROPE_SCALINGS, TASK_NAMES, depths, ints, nonneg_int, paths,
                       pos_float, pos_int, task_names, temperature, temperature_section)
@@ -60,8 +61,20 @@ def _applies_somewhere(model, section: dict) -> None:
 
 @dataclass(kw_only=True)
 class EvalJob:
-    """Options every evaluation shares (the flags of `lenext eval <kind>`; see eval/cli.py)."""
+    """Options every evaluation shares (the flags of `lenext eval <kind>`; see eval/cli.py).
+
+    A kind is one class, registered with `register`: its options (fields), `run` (which writes
+    the JSON with `"kind": result_kind` and its plots), the texts of `lenext eval KIND --help`
+    (help, description, example) and the section `lenext report` renders from its results."""
     kind: ClassVar[str] = ""
+    help: ClassVar[str] = ""
+    """One line, in `lenext eval --help`'s list of kinds."""
+    description: ClassVar[str] = ""
+    example: ClassVar[str] = ""
+    result_kind: ClassVar[str] = ""
+    """The `kind` its result JSON records (default: `kind`)."""
+    section: ClassVar[Optional[Callable[[list, Callable], list[str]]]] = None
+    """(pairs of (run, result JSON), label(run, json)) -> the markdown lines of `lenext report`."""
     model: str = option(None, str, "HF model directory (config.json, weights, tokenizer.model); loaded "
                         "with trust_remote_code=True", required=True)
     out: Optional[str] = option(None, str, "output folder (default results/<model name>)")
@@ -247,6 +260,14 @@ class DataJob(EvalJob):
 class PplJob(DataJob):
     """Sliding-window perplexity at several lengths (`lenext eval ppl`)."""
     kind: ClassVar[str] = "ppl"
+    help: ClassVar[str] = "sliding-window perplexity by length, with context-use and extrapolation diagnostics"
+    description: ClassVar[str] = (
+        "Sliding-window perplexity of --data at each of --lengths.\n\nWith context use and "
+        "the extrapolation penalty past the training length.")
+    example: ClassVar[str] = (
+        "lenext eval ppl --model hf/tiny-nope --data data/sample/heldout/books.jsonl.zst "
+        "--lengths 128,256,512,1024 --stride 64")
+    section = staticmethod(sections.ppl)
     lengths: list[int] = option(None, ints, "e.g. 2048,4096,8192", required=True)
     stride: int = option(256, pos_int, "S (last-stride and yarn)")
     protocol: str = option("last-stride", choices=PROTOCOLS)
@@ -296,6 +317,13 @@ class PplJob(DataJob):
 class PasskeyJob(EvalJob):
     """Passkey retrieval, length x depth (`lenext eval passkey`)."""
     kind: ClassVar[str] = "passkey"
+    help: ClassVar[str] = "passkey retrieval, length x depth"
+    description: ClassVar[str] = (
+        "Passkey retrieval by prompt length and depth of the key.\n\nA 5-digit key hidden in "
+        "filler, asked for at the end; greedy answers scored.")
+    example: ClassVar[str] = (
+        "lenext eval passkey --model hf/tiny-nope --lengths 128,256,512 --depths 5 --keys 10")
+    section = staticmethod(sections.passkey)
     lengths: list[int] = option(None, ints, required=True)
     depths: str = option("10", depths, "N evenly spaced depths in [0,1], or a list")
     keys: int = option(10, pos_int, "random 5-digit keys per cell")
@@ -329,6 +357,15 @@ class TasksJob(DataJob):
     """Task-format retrieval (documents of every task generator) by length (`lenext eval tasks`;
     eval/tasks.py): the skill a model learned from task documents, past its training length."""
     kind: ClassVar[str] = "tasks"
+    help: ClassVar[str] = "retrieval in the training task formats, by length (filler from --data)"
+    description: ClassVar[str] = (
+        "Retrieval in the formats of the training task documents, by length.\n\nFresh "
+        "documents of each generator at each length, filler from the held-out --data;\na "
+        "document is right when every answer token is.")
+    example: ClassVar[str] = (
+        "lenext eval tasks --model hf/tiny-nope --data data/sample/heldout/books.jsonl.zst "
+        "--lengths 128,256,512 --tasks passkey,recall,copy --docs 32")
+    section = staticmethod(sections.tasks)
     lengths: list[int] = option(None, ints, "document lengths, e.g. 128,256,512", required=True)
     tasks: list[str] = option(None, task_names, f"comma-separated, from {','.join(TASK_NAMES)} (default: all)")
     docs: int = option(32, pos_int, "documents per (task, length)")
@@ -375,6 +412,14 @@ class TasksJob(DataJob):
 class EntropyJob(DataJob):
     """Per-position attention entropy per head and layer (`lenext eval entropy`)."""
     kind: ClassVar[str] = "entropy"
+    help: ClassVar[str] = "attention entropy per position, head and layer"
+    description: ClassVar[str] = (
+        "Attention entropy per position, head and layer.\n\nAveraged over windows of "
+        "--length tokens, with the uniform-attention upper bound.")
+    example: ClassVar[str] = (
+        "lenext eval entropy --model hf/tiny-nope --data data/sample/heldout/books.jsonl.zst "
+        "--length 1024 --samples 8")
+    section = staticmethod(sections.entropy)
     length: int = option(None, pos_int, required=True)
     samples: int = option(8, pos_int, "windows averaged over")
     chunk_size: Optional[int] = option(None, pos_int, "query rows per chunk (default: from --mem-mb)")
@@ -419,6 +464,15 @@ class EntropyJob(DataJob):
 class ScaleSweepJob(DataJob):
     """Uniform-scale grid, best c per position, log fit (`lenext eval scale-sweep`)."""
     kind: ClassVar[str] = "scale-sweep"
+    help: ClassVar[str] = "the best uniform attention scale per position, and its log fit"
+    description: ClassVar[str] = (
+        "The best uniform attention scale c per position, and its log fit.\n\nThe loss per "
+        "position for each c of a grid; the fit c(s) = 1 + a ln s beyond the training length.")
+    example: ClassVar[str] = (
+        "lenext eval scale-sweep --model hf/tiny-nope --data data/sample/heldout/books.jsonl.zst "
+        "--length 1024 --c-min 0.8 --c-max 2.0 --c-step 0.05")
+    result_kind: ClassVar[str] = "scale_sweep"
+    section = staticmethod(sections.scale_sweep)
     length: int = option(None, pos_int, required=True)
     c_min: float = option(0.8, pos_float)
     c_max: float = option(2.0, pos_float)
@@ -462,6 +516,16 @@ class ScaleSweepJob(DataJob):
 class RulerJob(EvalJob):
     """lm-eval's offline RULER tasks by length (`lenext eval ruler`; eval/ruler.py)."""
     kind: ClassVar[str] = "ruler"
+    help: ClassVar[str] = "lm-eval's offline RULER tasks by length (needs lm_eval[ruler])"
+    description: ClassVar[str] = (
+        "RULER (lm-eval's ruler tasks) at each of --lengths.\n\nThe offline tasks (niah_single_1, "
+        "niah_multikey_2/3, vt, cwe, fwe): prompts made and scored\nby lm-eval with the export's "
+        "tokenizer, answers decoded greedily; beside each score a\nno-retrieval baseline. Tasks "
+        "that download data, and lengths a task cannot fill, are refused.")
+    example: ClassVar[str] = (
+        "lenext eval ruler --model hf/tiny-nope --lengths 1024,2048 --tasks niah_single_1,vt "
+        "--samples 20")
+    section = staticmethod(sections.ruler)
     lengths: list[int] = option(None, ints, "RULER lengths (lm-eval's max_seq_lengths), e.g. 1024,2048",
                                 required=True)
     tasks: list[str] = option(None, ruler_task_names, f"comma-separated, from {','.join(OFFLINE)} "
@@ -496,8 +560,24 @@ class RulerJob(EvalJob):
         return [write_json(res, str(self.stem) + ".json")]
 
 
-JOBS: dict[str, type[EvalJob]] = {j.kind: j for j in (PplJob, PasskeyJob, TasksJob, EntropyJob,
-                                                      ScaleSweepJob, RulerJob)}
+JOBS: dict[str, type[EvalJob]] = {}
+"""The registered kinds, in the order of `lenext eval --help` and of `lenext report`'s sections."""
+
+
+def register(job: type[EvalJob]) -> type[EvalJob]:
+    """Add a kind: `lenext eval KIND` (flags from its fields), its help and its report section.
+    A kind's name and its result kind are unique."""
+    if not job.kind or job.kind in JOBS:
+        raise ValueError(f"eval kind {job.kind!r}: empty or registered already")
+    job.result_kind = job.result_kind or job.kind
+    if job.result_kind in {j.result_kind for j in JOBS.values()}:
+        raise ValueError(f"eval kind {job.kind!r}: result kind {job.result_kind!r} is taken")
+    JOBS[job.kind] = job
+    return job
+
+
+for _job in (PplJob, PasskeyJob, TasksJob, EntropyJob, ScaleSweepJob, RulerJob):
+    register(_job)
 
 
 def job_from_args(args: argparse.Namespace) -> EvalJob:
