@@ -25,7 +25,8 @@ from torch import Tensor, nn
 
 from .alibi import _need_heads
 from .precision import fp32_value
-from .position import PositionVariant, cfg_get
+from .cfg import cfg_get
+from .position import PositionVariant
 
 
 def _softplus_inv(y: Tensor) -> Tensor:

@@ -42,7 +42,8 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Callable, NamedTuple, Optional
 
-from .position import PositionVariant, cfg_get
+from .cfg import cfg_get
+from .position import PositionVariant
 from .registry import POSITIONS, build_position
 
 

@@ -46,9 +46,8 @@ import torch
 from torch import Tensor, nn
 
 from .core import attend
-from .temperature import applies as _t_applies, check as _t_check
-from .temperature import describe as _t_describe, multiplier as _t_multiplier
-from .cfg import cfg_get  # noqa: F401  (re-exported: variants read their options with it)
+from .temperature import applies, check, describe, multiplier
+from .cfg import cfg_get
 from .mask import MaskSpec
 
 
@@ -85,8 +84,8 @@ class PositionVariant(nn.Module):
         self.chunked = cfg_get(attn_cfg, "chunked")
         section = cfg_get(attn_cfg, "temperature")
         if section is not None:
-            _t_check(section)
-        self.temperature = section if _t_applies(section, self.name) else None
+            check(section)
+        self.temperature = section if applies(section, self.name) else None
         self.impl = cfg_get(attn_cfg, "impl", default="auto")
         self.chunk_size = int(cfg_get(attn_cfg, "chunk_size", default=256))
         if self.window is not None and self.window < 1:
@@ -117,7 +116,7 @@ class PositionVariant(nn.Module):
         of query i are then m_h t_i / sqrt(d) q.k."""
         if self.temperature is None:
             return None
-        return _t_multiplier(self.temperature, positions, self.train_length)
+        return multiplier(self.temperature, positions, self.train_length)
 
     def distance_bias(self, n: int, device: Optional[torch.device] = None) -> Optional[Tensor]:
         """Additive logit bias [h, n] fp32 for query-key distances 0..n-1, or None."""
@@ -188,7 +187,7 @@ class PositionVariant(nn.Module):
             if getattr(self, k) is not None:
                 parts.append(f"{k}={getattr(self, k)}")
         if self.temperature is not None:
-            parts.append(f"temperature={_t_describe(self.temperature)}")
+            parts.append(f"temperature={describe(self.temperature)}")
         return ", ".join(parts)
 
 

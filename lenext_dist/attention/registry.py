@@ -11,7 +11,8 @@ from typing import Optional
 
 from .alibi import ALiBi
 from .kerple import KerpleLog, KerplePower
-from .position import NoPE, PositionVariant, cfg_get
+from .cfg import cfg_get
+from .position import NoPE, PositionVariant
 from .rope import RoPE
 from .sandwich import Sandwich
 from .xpos import XPOS

@@ -36,7 +36,8 @@ from typing import Callable, Optional, Union
 import torch
 from torch import Tensor
 
-from .position import PositionVariant, cfg_get
+from .cfg import cfg_get
+from .position import PositionVariant
 
 
 def _base_inv_freq(dim: int, base: float) -> Tensor:

@@ -22,7 +22,8 @@ import torch
 from torch import Tensor
 
 from .alibi import _need_heads
-from .position import PositionVariant, alibi_slopes, cfg_get
+from .cfg import cfg_get
+from .position import PositionVariant, alibi_slopes
 
 
 class Sandwich(PositionVariant):

@@ -29,7 +29,7 @@ from typing import Optional, Union
 import torch
 from torch import Tensor
 
-from .position import cfg_get
+from .cfg import cfg_get
 from .rope import RoPE, apply_rotary
 
 

@@ -36,10 +36,7 @@ from typing import Optional, Union
 import torch
 from torch import Tensor
 
-from lenext_dist.checkpoint.layout import resolve as resolve_checkpoint
-from lenext_dist.checkpoint.layout import run_config as load_run_config
-from lenext_dist.checkpoint.safe_load import load as safe_load
-from lenext_dist.checkpoint.weights import read_state as load_megatron_state
+from lenext_dist.checkpoint import layout, safe_load, weights
 from lenext_dist.errors import CheckpointError
 
 from . import stock
@@ -68,7 +65,7 @@ def head_scales_from(path: Union[str, Path], num_layers: int, num_heads: int) ->
     file (a tensor, or a dict with 'head_scales') or a .json file (a list of lists)."""
     p = Path(path)
     if p.is_dir():
-        state, _ = load_megatron_state(resolve_checkpoint(p))
+        state, _ = weights.read_state(layout.resolve(p))
         keys = [MEGATRON_HEAD_SCALE.format(i=i) for i in range(num_layers)]
         if not all(k in state for k in keys):
             raise ExportError(f"{p}: checkpoint has no learned head scales "
@@ -78,7 +75,7 @@ def head_scales_from(path: Union[str, Path], num_layers: int, num_heads: int) ->
         data = json.loads(p.read_text())
         t = torch.tensor(data["head_scales"] if isinstance(data, dict) else data, dtype=torch.float32)
     elif p.suffix in (".pt", ".pth"):
-        data = safe_load(p)
+        data = safe_load.load(p)
         t = (data["head_scales"] if isinstance(data, dict) else data).float()
     else:
         raise ExportError(f"{p}: head scales must be a checkpoint folder, .json or .pt")
@@ -245,8 +242,8 @@ def export(checkpoint: Union[str, Path], out: Union[str, Path], *, tag: Optional
         raise ExportError(str(e)) from None
     if fmt not in FORMATS:
         raise ExportError(f"format must be one of {sorted(FORMATS)}, got {fmt!r}")
-    step_dir = resolve_checkpoint(checkpoint, tag)
-    cfg = load_run_config(step_dir)
+    step_dir = layout.resolve(checkpoint, tag)
+    cfg = layout.run_config(step_dir)
     why = stock.refusal(cfg) if fmt == "stock" else None
     if why:  # before reading any weights
         raise ExportError(f"{step_dir}: no stock export: {why}")
@@ -259,7 +256,7 @@ def export(checkpoint: Union[str, Path], out: Union[str, Path], *, tag: Optional
                           "choose an output folder outside it")
     m = cfg.model
     shape = Shape.from_run_config(cfg)
-    state, weights_source = load_megatron_state(step_dir)
+    state, weights_source = weights.read_state(step_dir)
     check_weights(state, cfg, step_dir)
     try:
         hf_state = megatron_to_hf(state, shape)
@@ -375,9 +372,9 @@ def megatron_reference(step_dir: Union[str, Path], head_scales: Optional[Tensor]
     from lenext_dist.model import build_model, init_megatron, init_single_process_group
 
     step_dir = Path(step_dir)
-    cfg = load_run_config(step_dir)
+    cfg = layout.run_config(step_dir)
     cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, precision="fp32"))
-    state, _ = load_megatron_state(step_dir)
+    state, _ = weights.read_state(step_dir)
     init_single_process_group()
     init_megatron(cfg.train.seed)
     model = build_model(cfg, device="cpu")
@@ -426,6 +423,5 @@ def verify(out: Union[str, Path], *, tokens: Optional[Tensor] = None, seed: int 
     return (a - b).abs().max().item()
 
 
-__all__ = ["ExportError", "export", "verify", "megatron_reference", "resolve_checkpoint",
-           "load_megatron_state", "load_run_config", "head_scales_from", "write_attention_copy",
+__all__ = ["ExportError", "export", "verify", "megatron_reference", "head_scales_from", "write_attention_copy",
            "build_hf_config"]

@@ -15,7 +15,8 @@ _HOMES = {"adapter": ("capture_qk", "head_scales", "set_head_scales", "set_unifo
           "data": ("DocSet", "EvalDoc", "load_documents", "load_tokenizer"),
           "entropy": ("entropy_by_position", "entropy_from_probs", "evaluate_entropy"),
           "passkey": ("build_prompt", "passkey_match", "run_passkey"),
-          "ppl": ("PROTOCOLS", "context_diagnostics", "evaluate_ppl", "plan_windows", "run_ppl"),
+          "options": ("PROTOCOLS",),
+          "ppl": ("context_diagnostics", "evaluate_ppl", "plan_windows", "run_ppl"),
           "scale_sweep": ("best_c_for_length", "fit_log_scale", "run_scale_sweep"),
           "scoring": ("Window", "score_windows")}
 _HOME = {name: module for module, names in _HOMES.items() for name in names}

@@ -10,7 +10,7 @@ from typing import Optional
 
 import numpy as np
 
-from lenext_dist.plotting import plot_head_scales, pyplot, save_figure  # noqa: F401 (plot_head_scales: API)
+from lenext_dist.plotting import pyplot, save_figure
 
 
 def _mark_L(ax, L: Optional[int]):

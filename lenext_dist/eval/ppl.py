@@ -42,7 +42,7 @@ import numpy as np
 from torch import nn
 
 from .data import round_robin
-from .options import PROTOCOLS  # noqa: F401  (re-exported: lenext_dist.eval.PROTOCOLS)
+from .options import PROTOCOLS
 from .scoring import Window, score_windows
 
 S_EDGES = (1.0, 1.25, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0, 24.0, 32.0, 64.0)

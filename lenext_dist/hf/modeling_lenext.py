@@ -35,7 +35,6 @@ positions counted from its start, as training with data.document_mask did (no KV
 """
 from __future__ import annotations
 
-import inspect
 from types import SimpleNamespace
 from typing import Optional, Union
 
@@ -64,10 +63,8 @@ def _attn_cfg(config: LenextConfig):
 
 
 def _variant_kwargs(config: LenextConfig) -> dict:
-    kwargs = dict(head_dim=config.head_dim, train_length=int(config.train_length))
-    if "num_heads" in inspect.signature(build_position).parameters:
-        kwargs["num_heads"] = config.num_attention_heads
-    return kwargs
+    return dict(head_dim=config.head_dim, train_length=int(config.train_length),
+                num_heads=config.num_attention_heads)
 
 
 def build_variant(config: LenextConfig):
