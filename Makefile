@@ -128,7 +128,7 @@ mutation: setup
 # The NoPE length-generalization study in the synthetic key-value regime (experiments/nope_length,
 # an experiment on top of the library): results/nope_length/; `python -m experiments.nope_length
 # --publish` copies its records to experiments/nope_length/results/. The quick version is a smoke
-# run (what tests/e2e/test_nope_length_quick.py runs).
+# run (what experiments/nope_length/tests/test_nope_length_quick.py runs).
 study: setup
 	$(BIN)/python -m experiments.nope_length
 

@@ -7,13 +7,11 @@ import os
 
 import pytest
 import torch
-import torch.distributed as dist
 
 from lenext_dist.config import (AttentionConfig, HeadScaleConfig, ModelConfig,
                                 RunConfig, TrainConfig)
-from lenext_dist.model import (build_model, destroy_megatron, flops_per_token,
-                               head_scale_parameters, init_megatron, init_single_process_group,
-                               parameter_counts,
+from lenext_dist.model import (build_model, flops_per_token,
+                               head_scale_parameters, init_megatron, parameter_counts,
                                transformer_config)
 
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
@@ -24,15 +22,7 @@ TINYLLAMA = dict(name="tinyllama-1.1b", num_layers=22, hidden_size=2048, num_att
                  num_query_groups=4, ffn_hidden_size=5632, vocab_size=32000, seq_length=2048)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def megatron_1rank():
-    """One gloo rank + megatron parallel state for the module; torn down afterwards."""
-    own = init_single_process_group()  # in-memory 1-rank gloo group unless one exists
-    init_megatron(1234)
-    yield
-    destroy_megatron()
-    if own:
-        dist.destroy_process_group()
+pytestmark = pytest.mark.usefixtures("megatron_1rank")  # conftest.py: one gloo rank + megatron
 
 
 def tiny_cfg(position="nope", scale_c=1.0, head_scale=None, precision="fp32", **model):

@@ -8,10 +8,8 @@ import os
 
 import pytest
 import torch
-import torch.distributed as dist
 
 from lenext_dist.config import AttentionConfig, HeadScaleConfig, ModelConfig, RunConfig, TrainConfig
-from lenext_dist.model import destroy_megatron, init_megatron, init_single_process_group
 from lenext_dist.model.build import build_model, documented_fp32, place_parameters
 from lenext_dist.train import fp32_params
 
@@ -21,14 +19,7 @@ TINY = dict(num_layers=2, hidden_size=64, num_attention_heads=4, num_query_group
             ffn_hidden_size=176, vocab_size=128, seq_length=32)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def megatron_1rank():
-    own = init_single_process_group()
-    init_megatron(1234)
-    yield
-    destroy_megatron()
-    if own:
-        dist.destroy_process_group()
+pytestmark = pytest.mark.usefixtures("megatron_1rank")  # conftest.py: one gloo rank + megatron
 
 
 def cfg(precision="bf16", position="kerple_log"):

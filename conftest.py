@@ -5,8 +5,9 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch.distributed as dist
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests"))  # tests/helpers.py
 # The suite is the CPU/gloo tier: pin DeepSpeed to its CPU accelerator even on a GPU box.
@@ -41,3 +42,38 @@ def sample_shards(tmp_path_factory) -> dict:
                   {"prefix": str(out / "starcoder_train"), "weight": 0.31}],
         "valid_blend": [{"prefix": str(out / "slimpajama_valid"), "weight": 1.0}],
     }
+
+
+@pytest.fixture(scope="module")
+def gloo_1rank():
+    """A 1-rank in-memory gloo group for one module (megatron's dataset builder needs one)."""
+    from lenext_dist.model import init_single_process_group
+
+    own = init_single_process_group()
+    yield
+    if own:
+        destroy_group()
+
+
+@pytest.fixture(scope="module")
+def megatron_1rank():
+    """A 1-rank gloo group + megatron's parallel state for one module; yields `init_megatron`
+    (call it with a seed to re-seed megatron's RNG trackers)."""
+    from lenext_dist.model import destroy_megatron, init_megatron, init_single_process_group
+
+    own = init_single_process_group()
+    init_megatron(1234)
+    yield init_megatron
+    destroy_megatron()
+    if own:
+        destroy_group()
+
+
+def destroy_group():
+    """Destroy the 1-rank group, and DeepSpeed's cached clone of its WORLD (deepspeed.utils.groups
+    keeps it in a module global: an engine built under the next module's group would use the
+    destroyed one, 'Group ... is not registered')."""
+    dist.destroy_process_group()
+    groups = sys.modules.get("deepspeed.utils.groups")
+    if groups is not None and hasattr(groups, "_release_process_group_references"):
+        groups._release_process_group_references(None)
