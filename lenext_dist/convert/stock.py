@@ -391,7 +391,10 @@ def build_stock_config(cfg, *, scales: Tensor, scale_c: float, head_scale_source
         architectures=[form.architecture], vocab_size=m.vocab_size, hidden_size=m.hidden_size,
         intermediate_size=m.ffn_hidden_size, num_hidden_layers=m.num_layers,
         num_attention_heads=m.num_attention_heads, num_key_value_heads=m.kv_heads,
-        hidden_act="silu", max_position_embeddings=m.train_length, rms_norm_eps=m.norm_epsilon,
+        hidden_act="silu", rms_norm_eps=m.norm_epsilon,
+        # the longest context trained: a staged run's last stage (seq_length) beyond its L
+        # (train_length, stage 0's); serving engines read this as the model's length
+        max_position_embeddings=max(m.seq_length, m.train_length),
         initializer_range=m.init_method_std, tie_word_embeddings=m.tie_embeddings,
         attention_bias=False, mlp_bias=False,
         # ids inside the vocabulary (SmolLM3's defaults are 128000+): None when no tokenizer

@@ -51,5 +51,5 @@ def with_scaling(cfg, common: dict) -> tuple[dict, dict]:
     # the rotated dims: int(fraction d) under partial RoPE (transformers' partial_rotary_factor)
     params = ROPE_PARAMETERS[r.scaling](r, rotary_dims(m.head_dim, r.fraction), m.train_length)
     if r.scaling != "none":  # the extended length, informational (factor is given explicitly)
-        common = {**common, "max_position_embeddings": int(m.train_length * r.factor)}
+        common = {**common, "max_position_embeddings": max(int(m.train_length * r.factor), m.seq_length)}
     return params, common

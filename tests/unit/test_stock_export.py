@@ -412,3 +412,25 @@ def test_cli_refusal_is_one_line_exit_2(tmp_path, capsys):
     assert main(["--checkpoint", str(step), "--out", str(tmp_path / "o"), "--format", "stock"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "'alibi'" in err and "--format custom" in err
+
+
+def test_a_staged_runs_stock_export_carries_its_last_stages_length_and_theta(tmp_path, megatron_1rank):
+    """Issue 42: a run trained at L = 16 then, from step 2, at 32 tokens with RoPE theta 40000
+    (train.stages) exports its last stage: max_position_embeddings 32 (serving engines cap the
+    context there; it said 16), rope theta 40000; L stays 16 in the provenance."""
+    from lenext_dist.config import StageConfig, TrainConfig, save_config
+
+    cfg = run_config("rope")
+    cfg = type(cfg)(**{**cfg.__dict__, "train": TrainConfig(
+        steps=4, micro_batch_size=1, global_batch_size=2,
+        stages=[StageConfig(start_step=2, seq_length=32, rope_base=40000.0)])})
+    ckpt = step_folder(tmp_path / "run", cfg, megatron_1rank)
+    last = ckpt / "step_0000004"  # the weights after steps 0..3: stage 1's
+    (ckpt / "step_0000001").rename(last)
+    save_config(cfg, last / "config.yaml")
+    (ckpt / "latest").write_text("step_0000004\n")
+    export(ckpt, tmp_path / "hf", fmt="stock", tokenizer="")
+    hf = json.loads((tmp_path / "hf" / "config.json").read_text())
+    assert hf["max_position_embeddings"] == 32
+    assert hf["rope_parameters"]["rope_theta"] == 40000.0
+    assert hf["lenext_provenance"]["train_length"] == L
