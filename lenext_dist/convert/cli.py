@@ -20,8 +20,8 @@ DESCRIPTION = (
     "Llama4ForCausalLM, RMS QK-norm -> Qwen3ForCausalLM, partial RoPE ->\nGlmForCausalLM); "
     "other variants are refused. "
     "--verify reloads the export and compares its logits with the checkpoint's.\n\n"
-    "--from-hf HF_DIR goes the other way: a Hugging Face folder (Llama, Mistral, SmolLM3, Llama 4 "
-    "text with\ndense MLPs, or our custom export; safetensors only, no remote code) -> a run "
+    "--from-hf HF_DIR goes the other way: a Hugging Face folder (Llama, Mistral, SmolLM3, Qwen3, "
+    "Llama 4 text\nwith dense MLPs, or our custom export; safetensors only, no remote code) -> a run "
     "folder --out with\nconfig.yaml and checkpoints/ that `lenext train` (checkpoint.init_from) "
     "and `lenext extend --base`\nstart from; KEY=VALUE overrides go into its config.yaml.")
 

@@ -6,10 +6,11 @@ names writes exactly that dict back), `stock.LLAMA4_MLP` / `stock.llama4_rope_ro
 names and Meta's RoPE pair layout, undone). `READERS` maps config.json's architecture to the reader
 of its config: LlamaForCausalLM (PI / NTK as a base / YaRN), MistralForCausalLM (sliding window),
 SmolLM3ForCausalLM (no_rope_layers, layer_types), Llama4ForCausalLM (text model, dense MLPs, iRoPE,
-chunks, attention temperature) and our custom export (model_type lenext; learned head scales folded
-into q_proj). Anything our model cannot express is refused by name from config.json and the weight
-NAMES (never a tensor read): MoE, qk-norm, biases, partial rotary, another activation, head_dim
-other than hidden / heads, unknown rope types.
+chunks, attention temperature, its weightless QK-norm), Qwen3ForCausalLM (QK-norm with weights)
+and our custom export (model_type lenext; learned head scales folded into q_proj). Anything our
+model cannot express is refused by name from config.json and the weight NAMES (never a tensor
+read): MoE, qk-norm weights a config does not announce, biases, partial rotary, another
+activation, head_dim other than hidden / heads, unknown rope types.
 
 Safety: safetensors only (a pickle can run code when loaded), config.json read as JSON or by
 transformers' own config classes, never trust_remote_code. Weights are read tensor by tensor from
@@ -79,10 +80,10 @@ def _common(c: dict, ffn_key: str = "intermediate_size") -> dict:
             ("mlp_bias", not c.get("mlp_bias"), "MLP biases"),
             ("head_dim", c.get("head_dim") in (None, hidden // heads),
              f"head_dim other than hidden_size / num_attention_heads = {hidden // heads}"),
-            # qk-norm and partial rotary: refused until the attention code builds them
+            # a rotary fraction: our partial RoPE exports to GLM, whose other parts (fused
+            # gate_up, attention biases) no reader takes yet
             ("partial_rotary_factor", c.get("partial_rotary_factor", 1.0) in (None, 1.0),
-             "partial rotary (not built yet)"),
-            ("use_qk_norm", not c.get("use_qk_norm"), "qk-norm (not built yet)")):
+             "partial rotary (importable from no architecture yet)")):
         if not ok:
             raise ValueError(f"{key}={c.get(key)!r}: {what}")
     kv = c.get("num_key_value_heads") or heads
@@ -172,9 +173,24 @@ def _llama4(c: dict, where: Path) -> Reading:
     shape = type("M", (), {"num_attention_heads": m["num_attention_heads"],
                            "kv_heads": m["num_query_groups"] or m["num_attention_heads"],
                            "head_dim": m["hidden_size"] // m["num_attention_heads"]})
-    return Reading(model, {"rope": rope, "temperature": temp}, specs,
+    # Llama4TextL2Norm (weightless, eps rms_norm_eps) on q and k of the RoPE layers; it runs after
+    # the rotation, ours before: a rotation keeps each head's norm, so the same function
+    qk = {"kind": "l2", "layers": "rope"} if c["use_qk_norm"] else {"kind": "none"}
+    return Reading(model, {"rope": rope, "temperature": temp, "qk_norm": qk}, specs,
                    key=lambda k: k.replace(theirs, ours),
                    tensor=lambda k, w: stock.llama4_rope_rows(k, w, shape, positions, inverse=True))
+
+
+def _qwen3(c: dict, where: Path) -> Reading:
+    """Qwen3ForCausalLM: Llama + an RMSNorm with a weight [head_dim] on q and on k of every layer
+    (q_norm / k_norm, before RoPE: our `rms` QK-norm, same weight names)."""
+    if c.get("use_sliding_window"):
+        raise ValueError("use_sliding_window=true (Qwen3's windowed layers are not verified)")
+    m = _common(c)
+    rope, L = _rope(c, m["hidden_size"] // m["num_attention_heads"])
+    return Reading({**m, "seq_length": L}, {"position": "rope", "rope": rope,
+                                            "qk_norm": {"kind": "rms", "layers": "all"}},
+                   [("rope", None, None)] * m["num_layers"])
 
 
 def _lenext(c: dict, where: Path) -> Reading:
@@ -187,7 +203,7 @@ def _lenext(c: dict, where: Path) -> Reading:
 
 READERS: dict[str, Callable[[dict, Path], Reading]] = {
     "LlamaForCausalLM": _llama, "MistralForCausalLM": _llama, "SmolLM3ForCausalLM": _smollm3,
-    "Llama4ForCausalLM": _llama4, "LenextForCausalLM": _lenext}
+    "Llama4ForCausalLM": _llama4, "Qwen3ForCausalLM": _qwen3, "LenextForCausalLM": _lenext}
 """config.json `architectures[0]` -> its reader; any other architecture is refused by name."""
 
 
@@ -250,14 +266,17 @@ class LazyWeights:
             return self.reading.tensor(k, h.get_tensor(theirs))
 
 
-_HINTS = (("q_norm", "qk-norm (not built yet)"), ("k_norm", "qk-norm (not built yet)"),
-          (".bias", "biases"), ("experts", "mixture-of-experts layers"),
+_HINTS = (("q_norm", "qk-norm weights its config does not announce"),
+          ("k_norm", "qk-norm weights its config does not announce"), (".bias", "biases"),
+          ("experts", "mixture-of-experts layers"),
           ("router", "mixture-of-experts layers"), ("vision", "a vision tower"))
 
 
-def _unknown_names(weights: LazyWeights, shape: Shape) -> Optional[str]:
+def _unknown_names(weights: LazyWeights, shape: Shape, learned_qk_norm: bool) -> Optional[str]:
     """What the weight names say the key map cannot take (by name), or None."""
     for part, what in _HINTS:
+        if learned_qk_norm and part in ("q_norm", "k_norm"):
+            continue
         hit = next((k for k in weights if part in k), None)
         if hit:
             return f"{hit}: {what}"
@@ -333,7 +352,7 @@ def import_hf(folder, out, *, overrides: list[str] = (), name: Optional[str] = N
         cfg = run_config(c, reading, tmp, name or folder.resolve().name, overrides)
         m = cfg.model
         shape = Shape.from_run_config(cfg)
-        why = _unknown_names(weights, shape)
+        why = _unknown_names(weights, shape, cfg.attention.qk_norm.kind == "rms")
         if why:
             raise _refuse(folder, why)
         if arch == "LenextForCausalLM":  # learned/uniform scales: fold, keep scale_c = 1

@@ -37,6 +37,11 @@ def _smollm3(**kw):
     return SmolLM3Config(**{**COMMON, **kw})
 
 
+def _qwen3(**kw):
+    from transformers import Qwen3Config
+    return Qwen3Config(**{**COMMON, "head_dim": 16, "attention_bias": False, **kw})
+
+
 def _llama4(**kw):
     from transformers import Llama4TextConfig
     c = {**COMMON, "head_dim": 16, "intermediate_size_mlp": 96, "moe_layers": [],
@@ -61,6 +66,8 @@ CASES = {
         no_rope_layers=[1, 1, 1, 0], use_sliding_window=True, sliding_window=8,
         layer_types=["sliding_attention"] * 3 + ["full_attention"]),
     "llama4-irope": lambda: _llama4(),
+    "llama4-qk-norm": lambda: _llama4(use_qk_norm=True),  # its real layout: L2 on the RoPE layers
+    "qwen3-qk-norm": lambda: _qwen3(),
 }
 
 
@@ -142,7 +149,7 @@ def test_custom_export_imports_with_its_head_scales(tmp_path, megatron_1rank):
 
 REFUSED = {
     "moe": (lambda: _llama4(moe_layers=[1]), "moe_layers"),
-    "qk-norm": (lambda: _llama4(use_qk_norm=True), "qk-norm"),
+    "qwen3-window": (lambda: _qwen3(use_sliding_window=True, sliding_window=8), "use_sliding_window"),
     "bias": (lambda: _llama(attention_bias=True), "attention_bias"),
     "mlp-bias": (lambda: _llama(mlp_bias=True), "mlp_bias"),
     "head-dim": (lambda: _mistral(head_dim=32), "head_dim"),
