@@ -49,44 +49,43 @@ def build_parser(p: Optional[argparse.ArgumentParser] = None) -> argparse.Argume
     src.add_argument("--from-hf", metavar="HF_DIR",
                      help="import: a Hugging Face model folder -> a run folder (--out) to train "
                           "or extend from (docs/import.md)")
-    p.add_argument("--tag", help="step_NNNNNNN folder inside --checkpoint (default: latest)")
     p.add_argument("--out", required=True, help="output folder (created)")
-    p.add_argument("--format", default="custom", choices=["custom", "stock"],
-                   help="custom: model_type lenext + our modeling code (default, every variant); "
-                        "stock: a transformers architecture without remote code, scales folded "
-                        "into q_proj (NoPE[+window] -> SmolLM3, RoPE[+PI/NTK/YaRN] -> Llama, "
-                        "iRoPE / l2 QK-norm -> Llama 4, rms QK-norm -> Qwen3, partial RoPE -> GLM)")
-    g = p.add_mutually_exclusive_group()
+    exp = p.add_argument_group("export options (--checkpoint only)")
+    exp.add_argument("--tag", help="step_NNNNNNN folder inside --checkpoint (default: latest)")
+    exp.add_argument("--format", default="custom", choices=["custom", "stock"],
+                     help="custom: model_type lenext + our modeling code (default, every variant); "
+                          "stock: a transformers architecture without remote code, scales folded "
+                          "into q_proj (NoPE[+window] -> SmolLM3, RoPE[+PI/NTK/YaRN] -> Llama, "
+                          "iRoPE / l2 QK-norm -> Llama 4, rms QK-norm -> Qwen3, partial RoPE -> GLM)")
+    g = exp.add_mutually_exclusive_group()
     g.add_argument("--scale-c", type=float,
                    help="export a uniform softmax scale c for every head (lambda = c/sqrt(d))")
     g.add_argument("--head-scales-from",
                    help="per-head scales [layers, heads]: a HeadScale run's checkpoint folder, "
                         "a .json (list of lists) or a .pt tensor")
-    p.add_argument("--tokenizer", help="SentencePiece model (default: the run's data.tokenizer)")
-    p.add_argument("--no-tokenizer", action="store_true", help="do not ship a tokenizer")
-    p.add_argument("--dtype", default="fp32", choices=CHOICES,
-                   help="weight dtype in model.safetensors (head scales stay fp32)")
-    p.add_argument("--overwrite", action="store_true", help="replace a previous export in --out (only an export: "
-                   "a folder holding anything else, or the checkpoint/run folder, is refused)")
-    p.add_argument("--verify", action="store_true",
-                   help="reload the export with transformers and compare its logits with the "
-                        "megatron model of the checkpoint (fp32); fail above --tolerance")
-    p.add_argument("--tolerance", type=float, default=1e-4)
+    exp.add_argument("--tokenizer", help="SentencePiece model (default: the run's data.tokenizer)")
+    exp.add_argument("--no-tokenizer", action="store_true", help="do not ship a tokenizer")
+    exp.add_argument("--dtype", default="fp32", choices=CHOICES,
+                     help="weight dtype in model.safetensors (head scales stay fp32)")
+    exp.add_argument("--overwrite", action="store_true", help="replace a previous export in --out (only an export: "
+                     "a folder holding anything else, or the checkpoint/run folder, is refused)")
+    exp.add_argument("--verify", action="store_true",
+                     help="reload the export with transformers and compare its logits with the "
+                          "megatron model of the checkpoint (fp32); fail above --tolerance")
+    exp.add_argument("--tolerance", type=float, default=1e-4)
+    # the one declaration of what --from-hf refuses: every option of the group, with its default
+    p.set_defaults(_export_only={x.dest: (x.option_strings[0], x.default) for x in exp._group_actions})
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
                    help="--from-hf only: config overrides for the imported run's config.yaml "
                         "(data.blend, model.seq_length, ...)")
     return p
 
 
-_EXPORT_ONLY = ("tag", "scale_c", "head_scales_from", "tokenizer", "verify")
-
-
 def run_import(a: argparse.Namespace) -> int:
     from .hf_import import import_hf
 
-    given = [f"--{k.replace('_', '-')}" for k in _EXPORT_ONLY if getattr(a, k)]
-    given += ["--no-tokenizer"] * a.no_tokenizer + ["--overwrite"] * a.overwrite
-    given += [f"--format {a.format}"] * (a.format != "custom") + [f"--dtype {a.dtype}"] * (a.dtype != "fp32")
+    given = [flag if isinstance(getattr(a, dest), bool) else f"{flag} {getattr(a, dest)}"
+             for dest, (flag, default) in a._export_only.items() if getattr(a, dest) != default]
     if given:
         print(f"error: export options ({', '.join(given)}) do not go with --from-hf, which takes "
               "--out and KEY=VALUE overrides", file=sys.stderr)

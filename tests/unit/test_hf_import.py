@@ -253,3 +253,16 @@ def test_longer_seq_length_override_keeps_the_pretrained_length(tmp_path, megatr
     m = run_config(step).model
     assert (m.seq_length, m.train_length) == (4 * L, L)
     logits_equal(hf, step)
+
+
+def test_export_options_with_from_hf_are_refused_in_one_line(tmp_path, capsys):
+    """Every option of the parser's export group (its one declaration) is refused with --from-hf
+    when set to anything but its default; nothing is read or written."""
+    from lenext_dist.convert.__main__ import main
+
+    rc = main(["--from-hf", str(tmp_path / "hf"), "--out", str(tmp_path / "run"), "--format", "stock",
+               "--scale-c", "2", "--verify", "--tolerance", "1e-3", "--dtype", "fp32"])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and len(err.splitlines()) == 1, err
+    assert "(--format stock, --scale-c 2.0, --verify, --tolerance 0.001) do not go with --from-hf" in err
+    assert not (tmp_path / "run").exists()
