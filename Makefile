@@ -11,7 +11,7 @@ PYTEST_ARGS ?=
 # Where DeepSpeed JIT-builds its ops (cpu_adam for ZeRO-Offload): per checkout, never shared.
 export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.cache/torch_extensions
 
-.PHONY: setup system-deps demo demo-text kv-shards shards task-shards lint test test-fast mutation dry-run bench study study-quick study-layouts wheelhouse gpu-site gpu-check clean
+.PHONY: setup system-deps demo demo-text kv-shards shards task-shards lint test test-fast mutation dry-run bench study study-quick study-layouts study-stage2 wheelhouse gpu-site gpu-check clean
 
 setup: $(VENV)/.installed
 
@@ -139,6 +139,11 @@ study-quick: setup
 # global NoPE, two seeds, scored with each temperature schedule on the NoPE layers (~60 min).
 study-layouts: setup
 	$(BIN)/python -m experiments.nope_layouts
+
+# What stage 2 buys (experiments/stage2): NoPE, RoPE, 3:1 interleave, iRoPE, two seeds, each chosen
+# checkpoint continued 300 steps at 4L, judged against the zero-shot methods at 4-16 L (~100 min).
+study-stage2: setup
+	$(BIN)/python -m experiments.stage2
 
 bench: setup
 	$(BIN)/pip install -q --no-deps mistral-common  # the 32K Mistral v1 model of bench_data_prep

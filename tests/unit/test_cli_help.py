@@ -72,6 +72,12 @@ def _nope_layouts():
     return main
 
 
+def _stage2():
+    from experiments.stage2.study import main
+
+    return main
+
+
 def _probe():
     from experiments.nope_length.probe import main
 
@@ -121,6 +127,7 @@ COMMANDS = [
     ("python -m experiments.nope_length", _nope_length, []),
     ("python -m experiments.nope_length.probe", _probe, []),
     ("python -m experiments.nope_layouts", _nope_layouts, []),
+    ("python -m experiments.stage2", _stage2, []),
     ("python -m lenext_dist.gpu", _gpu_check, []),
     ("python -m lenext_dist.gpu.wheelhouse", _wheelhouse, []),
 ]
