@@ -121,7 +121,7 @@ class ExtendOptions:
 
     # ------------------------------------------------------------------ the workflow
     def run(self) -> str:
-        from lenext_dist.convert import export
+        from lenext_dist.convert.export import export
         from lenext_dist.eval.claims import extend_claims
         from lenext_dist.eval.report import write_report
         from lenext_dist.eval.scale_sweep import best_c_for_length

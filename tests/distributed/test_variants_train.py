@@ -86,7 +86,7 @@ def test_variant_trains_under_zero2(case, sample_shards, tmp_path):
 
     # export (exact weights, incl. KERPLE's learned r1/r2) and evaluate past the training length
     from lenext_dist.cli import main as lenext
-    from lenext_dist.convert import export
+    from lenext_dist.convert.export import export
 
     hf = tmp_path / "hf"
     export(tmp_path / case / "checkpoints", hf)
@@ -138,7 +138,7 @@ def test_sliding_window_at_eval_time_on_a_nope_model(sample_shards, tmp_path):
                        checkpoint={"interval": 0})
     run(pretrain_cmd(cfg, "deepspeed", 1, free_port()), timeout=240)
     from lenext_dist.cli import main as lenext
-    from lenext_dist.convert import export
+    from lenext_dist.convert.export import export
 
     hf = tmp_path / "hf"
     export(tmp_path / "nope" / "checkpoints", hf)

@@ -180,10 +180,12 @@ def test_lenext_help_lists_every_verb_once_without_importing_torch():
     assert listed == list(SUBCOMMANDS)
 
 
-@pytest.mark.parametrize("verb", [["eval"], ["eval", "ppl"], ["report"], ["extend"], ["train"], ["prep"]])
+@pytest.mark.parametrize("verb", [["eval"], ["eval", "ppl"], ["report"], ["extend"], ["train"], ["prep"],
+                                  ["convert"]])
 def test_a_verbs_help_imports_no_torch(verb):
     """Issue 44, item 4: `lenext VERB --help` answers at once (eval's kinds come from the job
-    classes, whose module and the eval package load without torch). Not yet: convert."""
+    classes, whose module and the eval package load without torch; the convert package imports
+    none of its modules)."""
     import subprocess
     import sys
 

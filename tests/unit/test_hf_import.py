@@ -10,7 +10,7 @@ import os
 import pytest
 import torch
 
-from lenext_dist.convert import export
+from lenext_dist.convert.export import export
 from lenext_dist.convert.export import megatron_reference
 from lenext_dist.convert.hf_import import ImportRefused, import_hf
 

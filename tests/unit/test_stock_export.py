@@ -18,7 +18,7 @@ from lenext_dist.attention import POSITIONS
 from lenext_dist.attention.rope import SCALINGS
 from lenext_dist.config import (AttentionConfig, DataConfig, HeadScaleConfig, LayoutConfig,
                                 ModelConfig, RopeConfig, RunConfig, TemperatureConfig, save_config)
-from lenext_dist.convert import ExportError, export, verify
+from lenext_dist.convert.export import ExportError, export, verify
 from lenext_dist.convert.stock import ROPE_PARAMETERS, STOCK_FORMS
 from lenext_dist.convert.tokenizer_json import PROBE_TEXTS
 from tiny_models import REPO, SAMPLE_TOKENIZER

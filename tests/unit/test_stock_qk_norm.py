@@ -13,7 +13,7 @@ import pytest
 
 from lenext_dist.config import (HeadScaleConfig, LayoutConfig, QKNormConfig, RopeConfig,
                                 TemperatureConfig)
-from lenext_dist.convert import ExportError, export, verify
+from lenext_dist.convert.export import ExportError, export, verify
 from test_stock_export import FRESH, L, _config_only, run_config, step_folder
 
 LLAMA4_T = TemperatureConfig(kind="llama4", floor_scale=4, attn_scale=0.5)

@@ -12,7 +12,7 @@ import torch
 from lenext_dist.attention import LAYOUTS
 from lenext_dist.attention.temperature import TEMPERATURES
 from lenext_dist.config import LayoutConfig, TemperatureConfig
-from lenext_dist.convert import ExportError, export
+from lenext_dist.convert.export import ExportError, export
 from test_stock_export import L, run_config, step_folder
 
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
