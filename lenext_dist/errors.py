@@ -2,11 +2,12 @@
 
 A `UserError` (ConfigError, CheckpointError, PrepError, eval's EvalError... derive from it) says
 what is wrong, where (the file, line or flag) and what to do. `entry_point(main)` runs a command's
-main: a UserError (or a missing/unreadable file the user named) prints `error: <message>` on one
-line and exits 2, with no traceback; `--debug` on the command line or LENEXT_DEBUG=1 in the
-environment shows the traceback instead. Any other exception is a bug and keeps its traceback.
-Used by every `lenext ...` command (prep, train, convert, eval, report, extend), `python -m
-lenext_dist.train` / launch/pretrain.py, data_prep/shard.py and `python -m lenext_dist.convert`.
+main: a UserError (or a missing/unreadable file the user named, or a file where a folder is
+needed) prints `error: <message>` on one line and exits 2, with no traceback; `--debug` on the
+command line or LENEXT_DEBUG=1 in the environment shows the traceback instead. Any other
+exception is a bug and keeps its traceback. Used by every `lenext ...` command (prep, train,
+convert, eval, report, extend), `python -m lenext_dist.train` / launch/pretrain.py,
+data_prep/shard.py and `python -m lenext_dist.convert`.
 """
 from __future__ import annotations
 
@@ -50,7 +51,7 @@ def entry_point(main: Callable[[Optional[Sequence[str]]], int]) -> Callable[...,
         try:
             return main(argv)
         except (UserError, FileNotFoundError, NotADirectoryError, IsADirectoryError,
-                PermissionError) as e:
+                PermissionError, FileExistsError) as e:
             if debug:
                 raise
             print(f"error: {message(e)}", file=sys.stderr, flush=True)
@@ -61,7 +62,10 @@ def entry_point(main: Callable[[Optional[Sequence[str]]], int]) -> Callable[...,
 
 def message(e: BaseException) -> str:
     """The message; an OSError names its file."""
-    if isinstance(e, OSError) and not isinstance(e, UserError) and e.filename:
+    if isinstance(e, FileExistsError) and e.filename and not os.path.isdir(e.filename):
+        # os.makedirs("/a/file/x"): the file "/a/file" stands where a folder is needed
+        text = f"{e.filename}: a file where a folder is needed; choose another path"
+    elif isinstance(e, OSError) and not isinstance(e, UserError) and e.filename:
         text = f"{e.filename}: {e.strerror or e}"
     else:
         text = str(e) or type(e).__name__

@@ -38,7 +38,8 @@ def step_of(tag: str) -> Optional[int]:
 def latest_tag_name(root: Path) -> Optional[str]:
     """The tag `latest` names, complete or not (None without a `latest` file)."""
     f = root / LATEST
-    return f.read_text().strip() if f.is_file() else None
+    # bytes that are not text (a damaged file) read as U+FFFD: latest_tag then refuses the name
+    return f.read_bytes().decode("utf-8", "replace").strip() if f.is_file() else None
 
 
 def latest_tag(root: str | os.PathLike) -> Optional[str]:
@@ -47,6 +48,9 @@ def latest_tag(root: str | os.PathLike) -> Optional[str]:
     tag = latest_tag_name(Path(root))
     if tag is None:
         return None
+    if not tag or not tag.isprintable() or len(tag) > 255 or "/" in tag or tag in (".", ".."):
+        raise CheckpointError(f"{f}: not a checkpoint tag (damaged? it holds {tag[:40]!r}); write "
+                              "the name of a complete step_* folder into it, or remove it")
     if not (Path(root) / tag / COMPLETE).is_file():
         raise CheckpointError(f"{f} names {tag}, which is not a complete checkpoint; "
                               f"point it at a complete step_* folder or remove it")

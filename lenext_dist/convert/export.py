@@ -165,9 +165,9 @@ def write_attention_copy(out: Path, src: Path = ATTENTION_DIR) -> list[str]:
 
 
 def _tokenizer_files(out: Path, tokenizer: Path, bos: bool = False) -> dict:
-    import sentencepiece as spm
+    from lenext_dist.prep.tokenizer import load_sentencepiece
 
-    sp = spm.SentencePieceProcessor(model_file=str(tokenizer))
+    sp = load_sentencepiece(str(tokenizer), "tokenizer")
     shutil.copyfile(tokenizer, out / "tokenizer.model")
     ids = {"bos": sp.bos_id(), "eos": sp.eos_id(), "pad": sp.pad_id(), "unk": sp.unk_id()}
     piece = {k: (sp.id_to_piece(v) if v >= 0 else None) for k, v in ids.items()}

@@ -233,13 +233,14 @@ class LazyWeights:
     applied); iteration gives the Llama-named keys without reading any tensor."""
 
     def __init__(self, folder: Path, reading: Reading):
-        from safetensors import safe_open
-
         index = folder / "model.safetensors.index.json"
         if index.is_file():
-            files = json.loads(index.read_text())["weight_map"]
+            try:
+                files = dict(json.loads(index.read_bytes())["weight_map"])
+            except (ValueError, KeyError, TypeError) as e:  # damaged, or not an index
+                raise _refuse(index, f"not a safetensors index ({type(e).__name__}: {e})") from None
         elif (folder / "model.safetensors").is_file():
-            with safe_open(str(folder / "model.safetensors"), "pt") as f:
+            with _opened(folder / "model.safetensors") as f:
                 files = {k: "model.safetensors" for k in f.keys()}
         else:
             pickles = sorted(p.name for p in folder.glob("pytorch_model*.bin"))
@@ -259,11 +260,19 @@ class LazyWeights:
         return k in self.names
 
     def __getitem__(self, k):
-        from safetensors import safe_open
-
         theirs, f = self.names[k]
-        with safe_open(str(self.folder / f), "pt") as h:  # one tensor, then the file is closed
+        with _opened(self.folder / f) as h:  # one tensor, then the file is closed
             return self.reading.tensor(k, h.get_tensor(theirs))
+
+
+def _opened(path: Path):
+    """safe_open(path): a file that is not safetensors (damaged, cut short) -> ImportRefused."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        return safe_open(str(path), "pt")
+    except SafetensorError as e:
+        raise _refuse(path, f"not a readable safetensors file ({e}); copy it again") from None
 
 
 _HINTS = (("q_norm", "qk-norm weights its config does not announce"),
@@ -296,7 +305,12 @@ def read_config(folder: Path, overrides=()) -> tuple[dict, Reading, str]:
     f = folder / "config.json"
     if not f.is_file():
         raise _refuse(folder, "no config.json (a Hugging Face model folder is needed)")
-    c = json.loads(f.read_text())
+    try:
+        c = json.loads(f.read_bytes())
+    except ValueError as e:  # UnicodeDecodeError included: a damaged or binary file
+        raise _refuse(f, f"not valid JSON ({e})") from None
+    if not isinstance(c, dict):
+        raise _refuse(f, f"not a JSON object (a {type(c).__name__})")
     arch = (c.get("architectures") or [c.get("model_type", "?")])[0]
     if arch not in READERS:
         raise _refuse(f, f"architecture {arch!r} (importable: {', '.join(READERS)})")

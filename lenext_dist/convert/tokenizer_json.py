@@ -101,10 +101,11 @@ def write_stock_tokenizer(out: Path, spm_path: Path, bos: bool = False) -> tuple
     tokenizer_config.json / special_tokens_map.json for `AutoTokenizer.from_pretrained(out)`
     without remote code, when tokenizer.json reproduces SentencePiece; returns (ids, note).
     `bos`: the run trained with BOS at each document start (data.bos), so the tokenizer adds it."""
-    import sentencepiece as spm
     from tokenizers import processors
 
-    sp = spm.SentencePieceProcessor(model_file=str(spm_path))
+    from lenext_dist.prep.tokenizer import load_sentencepiece
+
+    sp = load_sentencepiece(str(spm_path), "tokenizer")
     shutil.copyfile(spm_path, out / "tokenizer.model")
     ids = {"bos": sp.bos_id(), "eos": sp.eos_id(), "pad": sp.pad_id(), "unk": sp.unk_id()}
     info = {"size": sp.get_piece_size(), **{k: (v if v >= 0 else None) for k, v in ids.items()}}

@@ -75,11 +75,11 @@ class ShardTokenizer:
 
     @classmethod
     def from_sentencepiece(cls, path: str, bos: bool = False) -> "ShardTokenizer":
-        import sentencepiece as spm
+        from lenext_dist.prep.tokenizer import load_sentencepiece
 
         if not Path(path).is_file():
             raise ConfigError(f"data.tokenizer: {path}: no such SentencePiece model")
-        sp = spm.SentencePieceProcessor(model_file=str(path))
+        sp = load_sentencepiece(str(path), "data.tokenizer")
         if bos and sp.bos_id() < 0:
             raise ConfigError(f"data.bos: {path} has no BOS piece (bos_id -1); set data.bos "
                               "false or train the tokenizer with a BOS (`lenext prep tokenizer` does)")

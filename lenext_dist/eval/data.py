@@ -74,15 +74,13 @@ def expand_inputs(patterns: Sequence[str]) -> list[str]:
 
 def load_tokenizer(path: str):
     """A SentencePieceProcessor for `path` (a .model file, or a directory holding tokenizer.model)."""
-    import sentencepiece as spm
+    from ..prep.tokenizer import load_sentencepiece
 
     if os.path.isdir(path):
         path = os.path.join(path, "tokenizer.model")
     if not os.path.isfile(path):
         raise FileNotFoundError(f"SentencePiece model {path!r} not found (pass --tokenizer)")
-    sp = spm.SentencePieceProcessor()
-    sp.Load(path)
-    return sp
+    return load_sentencepiece(path, "--tokenizer")
 
 
 def _iter_texts(path: str, text_key: str) -> Iterator[tuple[str, str]]:
@@ -105,17 +103,23 @@ def _iter_texts(path: str, text_key: str) -> Iterator[tuple[str, str]]:
 
 
 def _jsonl_titles(path: str) -> list[Optional[str]]:
+    """meta.title of each line. Bytes that are not UTF-8 or a stream that is not zstd give no
+    titles: the reader that follows reports the damage by line (a one-line error)."""
     import io
 
-    if path.endswith(".zst"):
-        import zstandard
+    import zstandard
 
-        with open(path, "rb") as f:
-            stream = io.TextIOWrapper(zstandard.ZstdDecompressor().stream_reader(f), "utf-8")
-            lines = list(stream)
-    else:
-        with open(path, encoding="utf-8") as f:
-            lines = list(f)
+    try:
+        if path.endswith(".zst"):
+            with open(path, "rb") as f:
+                stream = io.TextIOWrapper(zstandard.ZstdDecompressor().stream_reader(f), "utf-8",
+                                          errors="replace")
+                lines = list(stream)
+        else:
+            with open(path, encoding="utf-8", errors="replace") as f:
+                lines = list(f)
+    except zstandard.ZstdError:
+        return []
     out: list[Optional[str]] = []
     for line in lines:
         try:

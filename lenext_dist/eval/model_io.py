@@ -33,6 +33,7 @@ def load_model(path: str, dtype: Optional[str] = None, device: Optional[str] = N
     folder with trust_remote_code=True (a custom export ships its modeling code)."""
     import json
 
+    from safetensors import SafetensorError
     from transformers import AutoModelForCausalLM
 
     from lenext_dist.convert.stock import PROVENANCE
@@ -47,10 +48,38 @@ def load_model(path: str, dtype: Optional[str] = None, device: Optional[str] = N
     except ValueError as e:
         raise UserError(f"{config}: not valid JSON ({e}); export the model again") from None
     stock = isinstance(data, dict) and data.get(PROVENANCE) is not None
-    dev = default_device(device)
-    model = AutoModelForCausalLM.from_pretrained(path, trust_remote_code=not stock,
-                                                 dtype=torch_dtype(dtype or default_dtype(dev)))
+    dev = checked_device(default_device(device))
+    try:
+        model = AutoModelForCausalLM.from_pretrained(path, trust_remote_code=not stock,
+                                                     dtype=torch_dtype(dtype or default_dtype(dev)))
+    except (OSError, ValueError) as e:  # no weights file, an unknown architecture: transformers' words
+        raise UserError(f"{path}: cannot load the model ({_first_line(e)}); export it again with "
+                        "`lenext convert`") from None
+    except SafetensorError as e:
+        raise UserError(f"{path}: a weights file is damaged or cut short ({_first_line(e)}); copy "
+                        "or export the model again") from None
     return model.to(dev).eval()
+
+
+def _first_line(e: BaseException) -> str:
+    return (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
+
+
+def checked_device(device: str) -> str:
+    """`device` if torch knows it and it is here; else a UserError naming --device."""
+    import torch
+
+    from lenext_dist.errors import UserError
+
+    try:
+        dev = torch.device(device)
+    except RuntimeError as e:
+        raise UserError(f"--device {device!r}: not a device ({_first_line(e)}); pass cpu, cuda or "
+                        "cuda:N") from None
+    if dev.type == "cuda" and (dev.index or 0) >= torch.cuda.device_count():
+        raise UserError(f"--device {device}: torch sees {torch.cuda.device_count()} CUDA device(s) "
+                        "here; pass another --device (or cpu)")
+    return device
 
 
 def _git_commit() -> Optional[str]:

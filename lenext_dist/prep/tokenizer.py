@@ -38,6 +38,26 @@ def sha256_file(path: str, chunk: int = 1 << 22) -> str:
     return h.hexdigest()
 
 
+def load_sentencepiece(path: str, what: str = ""):
+    """The SentencePieceProcessor of the .model file `path`; a missing file, or one that is not a
+    SentencePiece model, is a UserError naming it (`what`: the flag or key it came from)."""
+    import sentencepiece as spm
+
+    from lenext_dist.errors import UserError
+
+    where = f"{what}: {path}" if what else str(path)
+    if not os.path.isfile(path):
+        raise UserError(f"{where}: no such SentencePiece model file; pass a tokenizer.model "
+                        "(e.g. data/sample/tokenizer.model)")
+    sp = spm.SentencePieceProcessor()
+    try:
+        sp.Load(os.fspath(path))
+    except (OSError, RuntimeError) as e:
+        raise UserError(f"{where}: not a SentencePiece model ({str(e).strip()[:200]}); pass the "
+                        "tokenizer.model the data was prepared with") from None
+    return sp
+
+
 class SpmTokenizer:
     """A loaded SentencePiece model plus what the shard format needs to know about it."""
 

@@ -17,7 +17,7 @@ import os
 import sys
 from typing import Iterator, Optional, Sequence
 
-from .errors import EXCLUDED_SET, Bad
+from .errors import EXCLUDED_SET, Bad, PrepError
 from .readers import discover_inputs, open_reader
 from .tokenizer import sha256_file, stable_fraction
 
@@ -73,28 +73,33 @@ def train_sentencepiece(
     import sentencepiece as spm
 
     os.makedirs(os.path.dirname(os.path.abspath(model_prefix)), exist_ok=True)
-    spm.SentencePieceTrainer.train(
-        sentence_iterator=lines,
-        model_prefix=model_prefix,
-        vocab_size=vocab_size,
-        model_type=model_type,
-        character_coverage=character_coverage,
-        byte_fallback=True,
-        split_digits=True,
-        allow_whitespace_only_pieces=True,
-        remove_extra_whitespaces=False,
-        normalization_rule_name="identity",
-        unk_id=0,
-        bos_id=1,
-        eos_id=2,
-        pad_id=-1,
-        # lines are fed as they are: no random sentence sampling inside SentencePiece
-        input_sentence_size=0,
-        shuffle_input_sentence=False,
-        max_sentence_length=1 << 14,
-        num_threads=threads,
-        minloglevel=2 if quiet else 0,
-    )
+    try:
+        spm.SentencePieceTrainer.train(
+            sentence_iterator=lines,
+            model_prefix=model_prefix,
+            vocab_size=vocab_size,
+            model_type=model_type,
+            character_coverage=character_coverage,
+            byte_fallback=True,
+            split_digits=True,
+            allow_whitespace_only_pieces=True,
+            remove_extra_whitespaces=False,
+            normalization_rule_name="identity",
+            unk_id=0,
+            bos_id=1,
+            eos_id=2,
+            pad_id=-1,
+            # lines are fed as they are: no random sentence sampling inside SentencePiece
+            input_sentence_size=0,
+            shuffle_input_sentence=False,
+            max_sentence_length=1 << 14,
+            num_threads=threads,
+            minloglevel=2 if quiet else 0,
+        )
+    except RuntimeError as e:  # SentencePiece's own checks of the options and of the sample
+        raise PrepError(f"{model_prefix}: SentencePiece cannot train this tokenizer "
+                        f"({str(e).strip().splitlines()[-1]}); check --vocab-size (> 0, below the "
+                        "sample's distinct pieces) and --threads, or give more text") from None
     # SentencePiece records the absolute output path in the model; keep only the base
     # name so the same corpus gives the same bytes wherever it was built.
     from sentencepiece import sentencepiece_model_pb2

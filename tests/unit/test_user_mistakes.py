@@ -1,0 +1,177 @@
+"""A user's mistake is one `error:` line naming the file or flag, exit 2, never a traceback (issue
+40, finding 8): each case below raised a library's exception through the command before (a
+UnicodeDecodeError, sentencepiece's RuntimeError, safetensors' SafetensorError, transformers'
+OSError, zstandard's ZstdError, torch's RuntimeError/AssertionError for a device, FileExistsError
+from os.makedirs under a file). The commands run in-process through their real entry point."""
+import json
+import shutil
+
+import pytest
+
+from lenext_dist.checkpoint.layout import resolve
+from lenext_dist.cli import main
+from lenext_dist.errors import CheckpointError, UserError
+from tiny_models import REPO, save_tiny_model
+
+BOOKS = f"{REPO}/data/sample/heldout/books.jsonl.zst"
+GARBAGE = bytes(range(256)) * 16  # no text, no protobuf, no JSON, no zstd frame
+
+
+def _one_error_line(capsys, rc, *needles):
+    err = capsys.readouterr().err
+    lines = [ln for ln in err.splitlines() if ln.startswith("error")]  # (transformers' bars aside)
+    assert rc == 2 and "Traceback" not in err, err
+    assert len(lines) == 1 and lines[0].startswith("error: "), err
+    for n in needles:
+        assert n in lines[0], (n, lines[0])
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def hf(tmp_path_factory):
+    """A tiny stock Llama folder (config.json, model.safetensors, tokenizer.model)."""
+    return save_tiny_model(str(tmp_path_factory.mktemp("hf") / "model"), layers=1)
+
+
+@pytest.fixture
+def garbage(tmp_path):
+    p = tmp_path / "garbage.bin"
+    p.write_bytes(GARBAGE)
+    return str(p)
+
+
+def _copy(hf, tmp_path, name="copy"):
+    return shutil.copytree(hf, tmp_path / name)
+
+
+def _ppl(model, *extra):
+    return main(["eval", "ppl", "--model", str(model), "--data", BOOKS, "--lengths", "32",
+                 "--max-docs", "1", "--device", "cpu", "--no-progress", *extra])
+
+
+# ------------------------------------------------------------------ a file where a folder is needed
+def test_an_output_path_under_a_file_is_one_line(tmp_path, capsys):
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    rc = main(["report", "--runs", str(runs), "--out", str(afile / "report.md")])
+    _one_error_line(capsys, rc, str(afile), "a file where a folder is needed")
+    docs = tmp_path / "docs.jsonl"
+    docs.write_text(json.dumps({"text": "a few words of text"}) + "\n")
+    rc = main(["prep", "tokenizer", "--input", str(docs), "--format", "jsonl",
+               "--model-prefix", str(afile / "spm")])
+    _one_error_line(capsys, rc, str(afile), "a file where a folder is needed")
+
+
+@pytest.mark.parametrize("vocab, says", [("0", "vocab_size()) > (0)"), ("5000", "Vocabulary size too high")])
+def test_a_vocabulary_sentencepiece_cannot_train_is_one_line(vocab, says, tmp_path, capsys):
+    docs = tmp_path / "docs.jsonl"
+    docs.write_text(json.dumps({"text": "a few words of text"}) + "\n")
+    rc = main(["prep", "tokenizer", "--input", str(docs), "--format", "jsonl",
+               "--model-prefix", str(tmp_path / "spm"), "--vocab-size", vocab])
+    _one_error_line(capsys, rc, "--vocab-size", says)
+
+
+# ------------------------------------------------------------------ a damaged `latest`
+@pytest.mark.parametrize("content", [GARBAGE, b"\n", b"step_" + b"1" * 300, b"../x"])
+def test_a_damaged_latest_is_a_checkpoint_error(content, tmp_path):
+    (tmp_path / "latest").write_bytes(content)
+    with pytest.raises(CheckpointError, match="latest: not a checkpoint tag") as e:
+        resolve(tmp_path)
+    assert "\n" not in str(e.value)
+
+
+def test_convert_of_a_checkpoint_with_a_damaged_latest_is_one_line(tmp_path, capsys):
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "checkpoints" / "latest").write_bytes(GARBAGE)
+    rc = main(["convert", "--checkpoint", str(tmp_path / "checkpoints"), "--out", str(tmp_path / "o")])
+    _one_error_line(capsys, rc, "latest: not a checkpoint tag")
+
+
+# ------------------------------------------------------------------ tokenizers that are not SentencePiece
+def test_a_damaged_tokenizer_is_one_line(hf, garbage, tmp_path, capsys):
+    from lenext_dist.data.gpt_data import ShardTokenizer
+
+    with pytest.raises(UserError, match="data.tokenizer: .*garbage.bin: not a SentencePiece model"):
+        ShardTokenizer.from_sentencepiece(garbage)
+    _one_error_line(capsys, _ppl(hf, "--tokenizer", garbage, "--out", str(tmp_path / "r")),
+                    "--tokenizer", garbage, "not a SentencePiece model")
+    damaged = _copy(hf, tmp_path)
+    (damaged / "tokenizer.model").write_bytes(GARBAGE)  # the model folder's own
+    _one_error_line(capsys, _ppl(damaged, "--out", str(tmp_path / "r2")),
+                    str(damaged / "tokenizer.model"), "not a SentencePiece model")
+
+
+def test_convert_with_a_damaged_tokenizer_is_one_line(hf, garbage, tmp_path, capsys):
+    assert main(["convert", "--from-hf", hf, "--out", str(tmp_path / "run")]) == 0
+    capsys.readouterr()
+    rc = main(["convert", "--checkpoint", str(tmp_path / "run" / "checkpoints"), "--out",
+               str(tmp_path / "export"), "--tokenizer", garbage])
+    _one_error_line(capsys, rc, garbage, "not a SentencePiece model")
+    assert not (tmp_path / "export").exists()
+
+
+# ------------------------------------------------------------------ model folders
+@pytest.mark.parametrize("damage, says", [
+    ("no weights", "cannot load the model (Error no file named model.safetensors"),
+    ("cut weights", "a weights file is damaged or cut short"),
+    ("garbage weights", "a weights file is damaged or cut short"),
+    ("unknown architecture", "cannot load the model (The checkpoint you are trying to load has "
+                             "model type `florbix`"),
+])
+def test_eval_of_a_damaged_model_folder_is_one_line(damage, says, hf, tmp_path, capsys):
+    model = _copy(hf, tmp_path)
+    st = model / "model.safetensors"
+    if damage == "no weights":
+        st.unlink()
+    elif damage == "cut weights":
+        st.write_bytes(st.read_bytes()[:2000])
+    elif damage == "garbage weights":
+        st.write_bytes(GARBAGE)
+    else:
+        cfg = json.loads((model / "config.json").read_text())
+        (model / "config.json").write_text(json.dumps({**cfg, "model_type": "florbix",
+                                                       "architectures": ["FlorbixForCausalLM"]}))
+    _one_error_line(capsys, _ppl(model, "--out", str(tmp_path / "r")), str(model), says)
+
+
+@pytest.mark.parametrize("device, says", [("tpu9", "--device 'tpu9': not a device"),
+                                          ("cuda:7", "--device cuda:7: torch sees")])
+def test_eval_on_a_device_that_is_not_here_is_one_line(device, says, hf, tmp_path, capsys):
+    rc = main(["eval", "ppl", "--model", hf, "--data", BOOKS, "--lengths", "32", "--device", device,
+               "--out", str(tmp_path / "r"), "--no-progress"])
+    _one_error_line(capsys, rc, says)
+
+
+def test_eval_of_a_zst_that_is_not_zstd_is_one_line(hf, tmp_path, capsys):
+    fake = tmp_path / "fake.jsonl.zst"
+    fake.write_text('{"text": "not compressed"}\n')
+    rc = main(["eval", "ppl", "--model", hf, "--data", str(fake), "--lengths", "32",
+               "--device", "cpu", "--out", str(tmp_path / "r"), "--no-progress"])
+    _one_error_line(capsys, rc, str(fake), "corrupt_stream")
+
+
+@pytest.mark.parametrize("damage, says", [
+    ("config garbage", "config.json: cannot import: not valid JSON"),
+    ("config list", "config.json: cannot import: not a JSON object (a list)"),
+    ("cut weights", "model.safetensors: cannot import: not a readable safetensors file"),
+    ("garbage weights", "model.safetensors: cannot import: not a readable safetensors file"),
+    ("garbage index", "model.safetensors.index.json: cannot import: not a safetensors index"),
+])
+def test_import_of_a_damaged_model_folder_is_one_line(damage, says, hf, tmp_path, capsys):
+    model = _copy(hf, tmp_path)
+    st = model / "model.safetensors"
+    if damage == "config garbage":
+        (model / "config.json").write_bytes(GARBAGE)
+    elif damage == "config list":
+        (model / "config.json").write_text("[1, 2]")
+    elif damage == "cut weights":
+        st.write_bytes(st.read_bytes()[:2000])
+    elif damage == "garbage weights":
+        st.write_bytes(GARBAGE)
+    else:
+        (model / "model.safetensors.index.json").write_bytes(GARBAGE)
+    rc = main(["convert", "--from-hf", str(model), "--out", str(tmp_path / "run")])
+    _one_error_line(capsys, rc, says, "nothing written")
+    assert not (tmp_path / "run").exists()
