@@ -29,6 +29,12 @@ class CheckpointError(UserError, RuntimeError):
     lenext_dist.checkpoint, lenext_dist.train.checkpoint and reshard raise it."""
 
 
+USER_ERRORS = (UserError, FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError,
+               FileExistsError)
+"""What a user's input causes (the OSErrors: a path the user named that is missing, unreadable, a
+file where a folder is needed or the reverse): one line. Anything else keeps its traceback."""
+
+
 def _debug(argv: Sequence[str]) -> bool:
     return "--debug" in argv or os.environ.get(DEBUG_ENV, "") not in ("", "0")
 
@@ -50,8 +56,7 @@ def entry_point(main: Callable[[Optional[Sequence[str]]], int]) -> Callable[...,
             install()  # the warnings known to be harmless (lenext_dist/quiet.py)
         try:
             return main(argv)
-        except (UserError, FileNotFoundError, NotADirectoryError, IsADirectoryError,
-                PermissionError, FileExistsError) as e:
+        except USER_ERRORS as e:
             if debug:
                 raise
             print(f"error: {message(e)}", file=sys.stderr, flush=True)

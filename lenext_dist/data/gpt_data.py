@@ -407,6 +407,11 @@ def build_datasets(cfg: RunConfig, world_size: int, record: bool = False):
                           "--format tasks`): remake the task shards (`make task-shards`) or set 'all'")
     # plain runs: megatron's own class (its name is part of the sample-index cache names)
     cls = _gpt_dataset_class(answer_loss) if d.bos or answer_loss else GPTDataset
+    try:  # megatron's own failure to write there is a bare Exception (a traceback)
+        os.makedirs(cache, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(f"data.cache_dir: {cache}: cannot be made a folder ({e.filename}: "
+                          f"{e.strerror}); set data.cache_dir to a writable folder") from None
     _regular_cache_files(cache)
     with _no_pickle(cache):
         train, valid, _ = BlendedMegatronDatasetBuilder(cls, sizes, lambda: True, gcfg).build()

@@ -8,6 +8,8 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
+from lenext_dist.errors import entry_point
+
 from . import plan, probe, report
 
 DEFAULT_CONFIG = "configs/exp/tinyllama-1.1b-nope.yaml"
@@ -54,7 +56,11 @@ def parse(argv):
                     "configs/exp/tiny-cpu-nope.yaml)")
     ap.add_argument("--root", default="/", help="the folder standing for / when looking for an NVIDIA "
                     "driver (tests: a fake proc/driver/nvidia/version)")
-    return ap.parse_args(argv)
+    args = ap.parse_args(argv)
+    for flag, value in (("--long", args.long), ("--budget-s", args.budget_s)):
+        if not value > 0:
+            ap.error(f"argument {flag}: must be > 0, got {value}")
+    return args
 
 
 def _init_one_rank() -> None:
@@ -103,6 +109,7 @@ def run_case(case: plan.Case, ctx) -> dict:
     return out
 
 
+@entry_point  # a user's bad path (--out-dir under a file): one line, exit 2
 def main(argv=None) -> int:
     args = parse(argv)
     line = probe.unusable_line(args.root)

@@ -20,7 +20,7 @@ import shlex
 import sys
 from typing import Optional, Sequence
 
-from .errors import BAD_REASONS, PrepError
+from .errors import BAD_REASONS
 from .readers import FORMATS
 from .tasks import TASKS
 
@@ -150,10 +150,16 @@ def _summary_line(name: str, manifest: dict) -> str:
 
 
 def _run(fn) -> int:
+    """fn(); a user error -> one `error:` line, exit 2 (as errors.entry_point: the data_prep/
+    scripts run these mains without it)."""
+    from lenext_dist.errors import DEBUG_ENV, USER_ERRORS, message
+
     try:
         fn()
-    except PrepError as e:
-        print(f"error: {e}", file=sys.stderr)
+    except USER_ERRORS as e:
+        if os.environ.get(DEBUG_ENV, "") not in ("", "0"):
+            raise
+        print(f"error: {message(e)}", file=sys.stderr)
         return 2
     return 0
 

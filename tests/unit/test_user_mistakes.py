@@ -175,3 +175,53 @@ def test_import_of_a_damaged_model_folder_is_one_line(damage, says, hf, tmp_path
     rc = main(["convert", "--from-hf", str(model), "--out", str(tmp_path / "run")])
     _one_error_line(capsys, rc, says, "nothing written")
     assert not (tmp_path / "run").exists()
+
+
+# ------------------------------------------------------------------ training's data cache
+def test_a_data_cache_dir_under_a_file_is_one_line(tmp_path, gloo_1rank):
+    import numpy as np
+    import torch
+    from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
+
+    from lenext_dist.config import BlendItem, ConfigError, load_config
+    from lenext_dist.data.gpt_data import build_datasets
+
+    prefix = str(tmp_path / "s_train")
+    b = IndexedDatasetBuilder(prefix + ".bin", dtype=np.uint16)
+    for i in range(40):
+        b.add_item(torch.arange(5 + i, 55 + i, dtype=torch.int64))
+        b.end_document()
+    b.finalize(prefix + ".idx")
+    (tmp_path / "afile").write_text("x")
+    cfg = load_config(None, [f"run_dir={tmp_path / 'run'}", "train.steps=4", "train.eval_interval=0",
+                             f"data.cache_dir={tmp_path / 'afile' / 'cache'}"])
+    cfg.data.blend = [BlendItem(prefix=prefix)]
+    with pytest.raises(ConfigError, match=rf"^data.cache_dir: {tmp_path / 'afile' / 'cache'}: cannot "
+                                          "be made a folder") as e:  # megatron's bare Exception before
+        build_datasets(cfg, 1)
+    assert "\n" not in str(e.value)
+
+
+# ------------------------------------------------------------------ the scripts' own mains
+def test_the_tokenizer_script_gives_one_line_for_a_path_under_a_file(tmp_path, capsys):
+    """data_prep/train_tokenizer.py runs train_tokenizer_main without the entry-point wrapper."""
+    from lenext_dist.prep.cli import train_tokenizer_main
+
+    (tmp_path / "afile").write_text("x")
+    docs = tmp_path / "docs.jsonl"
+    docs.write_text(json.dumps({"text": "a few words of text"}) + "\n")
+    rc = train_tokenizer_main(["--input", str(docs), "--format", "jsonl",
+                               "--model-prefix", str(tmp_path / "afile" / "spm")])
+    _one_error_line(capsys, rc, str(tmp_path / "afile"), "a file where a folder is needed")
+
+
+def test_the_gpu_check_gives_one_line_for_a_bad_out_dir_or_length(tmp_path, capsys):
+    from lenext_dist.gpu.cli import main as gpu_main
+
+    (tmp_path / "afile").write_text("x")
+    config = f"{REPO}/configs/exp/tinyllama-1.1b-nope.yaml"
+    rc = gpu_main(["--dry", "--config", config, "--out-dir", str(tmp_path / "afile" / "gpu")])
+    _one_error_line(capsys, rc, str(tmp_path / "afile"))
+    with pytest.raises(SystemExit) as e:
+        gpu_main(["--dry", "--config", config, "--out-dir", str(tmp_path), "--long", "-5"])
+    assert e.value.code == 2 and "argument --long: must be > 0" in capsys.readouterr().err
