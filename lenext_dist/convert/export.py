@@ -72,8 +72,12 @@ def head_scales_from(path: Union[str, Path], num_layers: int, num_heads: int) ->
                               "(attention.head_scale.enabled was off)")
         t = torch.stack([state[k].float() for k in keys])
     elif p.suffix == ".json":
-        data = json.loads(p.read_text())
-        t = torch.tensor(data["head_scales"] if isinstance(data, dict) else data, dtype=torch.float32)
+        try:  # {"head_scales": [[...], ...]} or the bare [layers, heads] list of numbers
+            data = json.loads(p.read_bytes())
+            t = torch.tensor(data["head_scales"] if isinstance(data, dict) else data, dtype=torch.float32)
+        except (ValueError, KeyError, TypeError) as e:
+            raise ExportError(f"{p}: not head scales ({type(e).__name__}: {str(e)[:120]}); pass a "
+                              'JSON list [layers][heads] of numbers, or {"head_scales": that list}') from None
     elif p.suffix in (".pt", ".pth"):
         data = safe_load.load(p)
         t = (data["head_scales"] if isinstance(data, dict) else data).float()

@@ -328,6 +328,18 @@ def read_config(folder: Path, overrides=()) -> tuple[dict, Reading, str]:
     return c, reading, arch
 
 
+def _tokenizer_adds_bos(folder: Path) -> bool:
+    """`add_bos_token` of folder/tokenizer_config.json (False without one); a damaged file is
+    refused by name (import_hf reads the source's before anything is written)."""
+    tc = folder / "tokenizer_config.json"
+    if not tc.is_file():
+        return False
+    try:
+        return bool(json.loads(tc.read_bytes()).get("add_bos_token", False))
+    except (ValueError, AttributeError) as e:  # not JSON, or not an object
+        raise _refuse(tc, f"not a JSON object ({type(e).__name__}: {str(e)[:120]})") from None
+
+
 def run_config(c: dict, reading: Reading, out: Path, name: str, overrides: list[str]):
     """The RunConfig written with the import (strict loader, so a bad override is one line)."""
     from lenext_dist.config import load_config
@@ -335,8 +347,7 @@ def run_config(c: dict, reading: Reading, out: Path, name: str, overrides: list[
     tok = (out / "tokenizer.model").resolve() if (out / "tokenizer.model").is_file() else ""
     bos = c.get("bos_at_document_start")
     if bos is None:
-        tc = out / "tokenizer_config.json"
-        bos = json.loads(tc.read_text()).get("add_bos_token", False) if tc.is_file() else False
+        bos = _tokenizer_adds_bos(out)
     # L stays the pretrained length when a model.seq_length override trains longer (YaRN's
     # original length, the temperature schedules, lenext extend's base L)
     tree = {"name": name, "model": {"name": name, **reading.model,
@@ -357,6 +368,7 @@ def import_hf(folder, out, *, overrides: list[str] = (), name: Optional[str] = N
 
     folder, final = Path(folder), Path(out)
     c, reading, arch = read_config(folder, overrides)
+    _tokenizer_adds_bos(folder)
     replaces = check_out(final, False, [folder])
     weights = LazyWeights(folder, reading)
     with staged(final, replaces) as tmp:

@@ -242,10 +242,16 @@ def trained_with_bos(model: nn.Module, model_dir: Optional[str] = None) -> bool:
         import json
         import os
 
+        from lenext_dist.errors import UserError
+
         path = os.path.join(model_dir, "tokenizer_config.json")
         if os.path.isfile(path):
-            with open(path) as f:
-                return bool(json.load(f).get("add_bos_token", False))
+            try:
+                with open(path, "rb") as f:
+                    return bool(json.load(f).get("add_bos_token", False))
+            except (ValueError, AttributeError) as e:  # not JSON, or not an object
+                raise UserError(f"{path}: damaged ({type(e).__name__}: {str(e)[:120]}); copy the "
+                                "model folder again, or pass --bos / --no-bos") from None
     return False
 
 

@@ -44,9 +44,17 @@ def write_json_atomic(path: str, obj) -> None:
     atomic_write(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
 
 
-def read_json(path: str):
-    with open(path, encoding="utf-8") as f:
-        return json.load(f)
+def read_json(path: str) -> dict:
+    """A plan, done-record or manifest; a damaged one is a PrepError naming it."""
+    try:
+        with open(path, "rb") as f:
+            data = json.load(f)
+    except ValueError as e:  # not UTF-8, or not JSON
+        data = e
+    if not isinstance(data, dict):
+        raise PrepError(f"{path}: damaged (not a JSON object: {str(data)[:120]}); delete it, or "
+                        "the whole <name>.parts folder to start over, and run the step again")
+    return data
 
 
 def parts_dir(out_dir: str, name: str) -> str:
@@ -82,7 +90,7 @@ def shard_manifest(prefix: str) -> Optional[tuple[str, dict]]:
     path = manifest_path(os.path.dirname(prefix), name)
     try:
         manifest = read_json(path) if name else None
-    except (OSError, ValueError):
+    except (OSError, PrepError):  # none, or damaged: as a shard copied alone
         return None
     return (path, manifest) if isinstance(manifest, dict) and split in manifest.get("outputs", {}) else None
 

@@ -65,19 +65,19 @@ def _drop_records_after(path: Path, step: int) -> None:
     if not path.exists():
         return
     keep, drop = [], []
-    for line in path.read_text().splitlines():
+    for line in path.read_bytes().splitlines():  # bytes: a damaged line is moved aside as it is
         try:
             rec = json.loads(line)
-        except json.JSONDecodeError:
-            rec = None  # the half-written last line of a killed run
-        (keep if isinstance(rec, dict) and rec.get("step", 0) <= step else drop).append(line + "\n")
+        except ValueError:  # the half-written last line of a killed run (or bytes not UTF-8)
+            rec = None
+        (keep if isinstance(rec, dict) and rec.get("step", 0) <= step else drop).append(line + b"\n")
     if not drop:
         return
     n = 1
     while (aside := path.with_name(f"metrics.dropped-{n}.jsonl")).exists():
         n += 1
-    atomic_write(aside, "".join(drop))
-    atomic_write(path, "".join(keep))
+    atomic_write(aside, b"".join(drop))
+    atomic_write(path, b"".join(keep))
     print(f"[lenext] resuming at step {step}: {len(drop)} lines of {path} past it (run again now) "
           f"moved to {aside}", flush=True)
 

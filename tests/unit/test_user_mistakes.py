@@ -158,6 +158,7 @@ def test_eval_of_a_zst_that_is_not_zstd_is_one_line(hf, tmp_path, capsys):
     ("cut weights", "model.safetensors: cannot import: not a readable safetensors file"),
     ("garbage weights", "model.safetensors: cannot import: not a readable safetensors file"),
     ("garbage index", "model.safetensors.index.json: cannot import: not a safetensors index"),
+    ("garbage tokenizer_config", "tokenizer_config.json: cannot import: not a JSON object"),
 ])
 def test_import_of_a_damaged_model_folder_is_one_line(damage, says, hf, tmp_path, capsys):
     model = _copy(hf, tmp_path)
@@ -170,8 +171,10 @@ def test_import_of_a_damaged_model_folder_is_one_line(damage, says, hf, tmp_path
         st.write_bytes(st.read_bytes()[:2000])
     elif damage == "garbage weights":
         st.write_bytes(GARBAGE)
-    else:
+    elif damage == "garbage index":
         (model / "model.safetensors.index.json").write_bytes(GARBAGE)
+    else:
+        (model / "tokenizer_config.json").write_bytes(GARBAGE)
     rc = main(["convert", "--from-hf", str(model), "--out", str(tmp_path / "run")])
     _one_error_line(capsys, rc, says, "nothing written")
     assert not (tmp_path / "run").exists()
@@ -225,3 +228,38 @@ def test_the_gpu_check_gives_one_line_for_a_bad_out_dir_or_length(tmp_path, caps
     with pytest.raises(SystemExit) as e:
         gpu_main(["--dry", "--config", config, "--out-dir", str(tmp_path), "--long", "-5"])
     assert e.value.code == 2 and "argument --long: must be > 0" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------ damaged side files
+@pytest.mark.parametrize("content, says", [(GARBAGE, "JSONDecodeError"), (b'["a", "b"]', "ValueError"),
+                                           (b'{"scales": [[1.0]]}', "KeyError: 'head_scales'")])
+def test_head_scales_that_are_not_numbers_are_an_export_error(content, says, tmp_path):
+    from lenext_dist.convert.export import ExportError, head_scales_from
+
+    (tmp_path / "hs.json").write_bytes(content)
+    with pytest.raises(ExportError, match=f"hs.json: not head scales \\({says}"):
+        head_scales_from(tmp_path / "hs.json", 1, 1)
+
+
+def test_eval_with_a_damaged_tokenizer_config_names_it(hf, tmp_path, capsys):
+    model = _copy(hf, tmp_path)
+    (model / "tokenizer_config.json").write_bytes(GARBAGE)  # read for add_bos_token
+    _one_error_line(capsys, _ppl(model, "--out", str(tmp_path / "r")),
+                    str(model / "tokenizer_config.json"), "damaged")
+
+
+def test_a_resume_moves_damaged_metrics_bytes_aside_as_they_are(tmp_path):
+    from lenext_dist.train.metrics import Metrics
+
+    good = b"".join(json.dumps({"step": s, "loss": 1.0}).encode() + b"\n" for s in (1, 2, 3))
+    (tmp_path / "metrics.jsonl").write_bytes(good + GARBAGE[128:200] + b"\n")  # not UTF-8
+    Metrics(str(tmp_path), 20, 1, 1.0, 1.0, 1, tensorboard=False, enabled=True, start_step=3).close()
+    assert (tmp_path / "metrics.jsonl").read_bytes() == good
+    assert (tmp_path / "metrics.dropped-1.jsonl").read_bytes() == GARBAGE[128:200] + b"\n"
+
+
+def test_prep_merge_with_a_damaged_plan_is_one_line(tmp_path, capsys):
+    (tmp_path / "x.parts").mkdir()
+    (tmp_path / "x.parts" / "plan.json").write_bytes(GARBAGE)
+    rc = main(["prep", "merge", "--out", str(tmp_path), "--name", "x"])
+    _one_error_line(capsys, rc, str(tmp_path / "x.parts" / "plan.json"), "damaged")
