@@ -55,11 +55,16 @@ def _module_state(step_dir: Path) -> dict:
         raise CheckpointError(f"{step_dir}: no DeepSpeed model states file")
     if len(files) > 1:
         raise CheckpointError(f"{step_dir}: {len(files)} model-parallel ranks; only TP=PP=1 is supported")
-    return safe_load(files[0])["module"]
+    saved = safe_load(files[0])
+    module = saved.get("module") if isinstance(saved, dict) else None
+    if not isinstance(module, dict):
+        raise CheckpointError(f"{files[0]}: not a DeepSpeed model states file (no 'module' state "
+                              "dict); copy it again, or choose another step")
+    return module
 
 
 _READ_FAILED = re.compile(r"PytorchStreamReader|zip archive|invalid load key|Ran out of input|"
-                          r"unexpected EOF|truncated", re.IGNORECASE)
+                          r"unexpected EOF|truncated|is not a model state checkpoint", re.IGNORECASE)
 
 
 @contextlib.contextmanager
@@ -67,12 +72,16 @@ def unreadable(step_dir: Path):
     """DeepSpeed's own reads of a truncated or foreign file: a CheckpointError naming the folder."""
     try:
         yield
-    except (RuntimeError, EOFError, pickle.UnpicklingError) as e:
+    except (RuntimeError, EOFError, pickle.UnpicklingError, ValueError) as e:  # ValueError: zero_to_fp32
         if isinstance(e, CheckpointError) or not (isinstance(e, EOFError) or _READ_FAILED.search(str(e))):
             raise
         raise CheckpointError(f"{step_dir}: a checkpoint file cannot be read ({type(e).__name__}: "
                               f"{str(e).splitlines()[0][:160] if str(e) else ''}); it may be truncated "
                               "(an interrupted copy?) or not a DeepSpeed file: copy it again or choose "
+                              "another step") from None
+    except KeyError as e:  # a file that loads but lacks what DeepSpeed reads from it ('module', ...)
+        raise CheckpointError(f"{step_dir}: a checkpoint file lacks {e.args[0]!r}: not a DeepSpeed "
+                              "file of this kind (replaced or damaged?); copy it again or choose "
                               "another step") from None
 
 

@@ -263,3 +263,36 @@ def test_prep_merge_with_a_damaged_plan_is_one_line(tmp_path, capsys):
     (tmp_path / "x.parts" / "plan.json").write_bytes(GARBAGE)
     rc = main(["prep", "merge", "--out", str(tmp_path), "--name", "x"])
     _one_error_line(capsys, rc, str(tmp_path / "x.parts" / "plan.json"), "damaged")
+
+
+def test_a_model_states_file_without_module_is_a_checkpoint_error(megatron_1rank, tmp_path, monkeypatch):
+    """A file that torch loads (weights only) but DeepSpeed did not write: the export's reader and
+    a resume (DeepSpeed's own load) each name it; KeyError('module') before."""
+    import torch
+
+    from lenext_dist.checkpoint.weights import read_state
+    from lenext_dist.config import load_config
+    from lenext_dist.model import build_model
+    from lenext_dist.train import checkpoint, optim
+    from lenext_dist.train.loop import skip_deepspeed_shm_op
+
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    monkeypatch.setenv("DS_ACCELERATOR", "cpu")
+    cfg = load_config(None, [f"run_dir={tmp_path / 'run'}", "model.num_layers=1", "model.hidden_size=32",
+                             "model.num_attention_heads=2", "model.ffn_hidden_size=64",
+                             "model.vocab_size=256", "model.seq_length=16", "train.precision=fp32",
+                             "parallel.zero_stage=1", "train.micro_batch_size=1",
+                             "train.global_batch_size=1"])
+    skip_deepspeed_shm_op()
+    engine = optim.build_engine(build_model(cfg, device="cpu"), cfg, 1)
+    checkpoint.save(engine, cfg, 1, 1)
+    step = tmp_path / "run" / "checkpoints" / "step_0000001"
+    torch.save({"x": torch.ones(2)}, step / "mp_rank_00_model_states.pt")
+    with pytest.raises(CheckpointError, match=f"^{step}: a checkpoint file lacks 'module'"):
+        checkpoint.load(engine, str(step.parent), step.name)
+    with pytest.raises(CheckpointError, match="cannot be read .*is not a model state checkpoint"):
+        read_state(step)  # through DeepSpeed's zero_to_fp32 (a ValueError before)
+    for f in step.glob("*_optim_states.pt"):
+        f.unlink()  # the layout of an import (module states only)
+    with pytest.raises(CheckpointError, match="mp_rank_00_model_states.pt: not a DeepSpeed model states"):
+        read_state(step)
