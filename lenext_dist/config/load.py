@@ -79,7 +79,16 @@ def safe_yaml(text: str, where: str) -> Any:
                               f"{MAX_EXPANDED_NODES:,} values (a YAML alias bomb?); write the values out")
         return yaml.safe_load(text)
     except yaml.YAMLError as e:
-        raise ConfigError(f"{where}: not valid YAML: {e}") from None
+        raise ConfigError(f"{where}: not valid YAML: {_yaml_problem(e)}") from None
+
+
+def _yaml_problem(e: Exception) -> str:
+    """PyYAML's several-line message (context, caret drawings) as one line: line:column: problem."""
+    mark, problem = getattr(e, "problem_mark", None), getattr(e, "problem", None)
+    if mark is None or not problem:
+        return " ".join(str(e).split())
+    context = getattr(e, "context", None)
+    return f"line {mark.line + 1}, column {mark.column + 1}: {problem}" + (f" ({context})" if context else "")
 
 
 def _read_yaml(path: Path, stack: tuple[Path, ...] = (), reads: list | None = None) -> tuple[dict, dict]:

@@ -296,3 +296,13 @@ def test_a_model_states_file_without_module_is_a_checkpoint_error(megatron_1rank
         f.unlink()  # the layout of an import (module states only)
     with pytest.raises(CheckpointError, match="mp_rank_00_model_states.pt: not a DeepSpeed model states"):
         read_state(step)
+
+
+def test_a_yaml_syntax_error_is_one_line_with_its_line_and_column(tmp_path):
+    from lenext_dist.config import ConfigError, load_config
+
+    (tmp_path / "c.yaml").write_text("train:\n  steps: [1, 2\n  lr: }\n")
+    with pytest.raises(ConfigError, match=r"c.yaml: not valid YAML: line 3, column 5: expected ',' "
+                                          r"or '\]', but got ':' \(while parsing a flow sequence\)$") as e:
+        load_config(tmp_path / "c.yaml")  # PyYAML's 7 lines with caret drawings before
+    assert "\n" not in str(e.value)
