@@ -130,9 +130,9 @@ class ExtendOptions:
         from .search import launch, search_config
 
         base, out = Path(self.base), self.out_dir
-        out.mkdir(parents=True, exist_ok=True)
-        ckpt = resolve(base / "checkpoints")
+        ckpt = resolve(base / "checkpoints")  # before --out is made: a wrong --base leaves nothing
         L = run_config(ckpt).model.train_length  # the pretrained L (an extension runs longer)
+        out.mkdir(parents=True, exist_ok=True)
 
         hf_base = self.base_export
         if not (hf_base / "config.json").exists():

@@ -306,3 +306,9 @@ def test_a_yaml_syntax_error_is_one_line_with_its_line_and_column(tmp_path):
                                           r"or '\]', but got ':' \(while parsing a flow sequence\)$") as e:
         load_config(tmp_path / "c.yaml")  # PyYAML's 7 lines with caret drawings before
     assert "\n" not in str(e.value)
+
+
+def test_extend_of_a_base_that_is_not_a_run_makes_no_folder(tmp_path, capsys):
+    rc = main(["extend", "--base", str(tmp_path / "nope"), "--targets", "256"])
+    _one_error_line(capsys, rc, str(tmp_path / "nope" / "checkpoints"))
+    assert not (tmp_path / "nope").exists()  # <base>/extend was made before the check
