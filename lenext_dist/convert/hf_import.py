@@ -369,6 +369,14 @@ def import_hf(folder, out, *, overrides: list[str] = (), name: Optional[str] = N
     folder, final = Path(folder), Path(out)
     c, reading, arch = read_config(folder, overrides)
     _tokenizer_adds_bos(folder)
+    if (folder / "tokenizer.model").is_file():  # the run's data.tokenizer: checked before copying
+        from lenext_dist.errors import UserError
+        from lenext_dist.prep.tokenizer import load_sentencepiece
+
+        try:
+            load_sentencepiece(str(folder / "tokenizer.model"))
+        except UserError as e:
+            raise _refuse(folder, f"{e}") from None
     replaces = check_out(final, False, [folder])
     weights = LazyWeights(folder, reading)
     with staged(final, replaces) as tmp:

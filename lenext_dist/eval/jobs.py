@@ -182,12 +182,15 @@ class EvalJob:
             raise EvalError(f"lenext eval {self.kind}: {self.result_path} holds results made with "
                             f"other options ({'; '.join(diff)}); pass --out to another folder, or "
                             "remove the file")
+        made = not self.out_dir.exists()
         try:
             files = self._run()
-        except (ValueError, TypeError) as e:
+        except BaseException as e:
+            if made and self.out_dir.is_dir() and not any(self.out_dir.iterdir()):
+                self.out_dir.rmdir()  # a failed evaluation leaves no empty results folder
             # the eval library raises ValueError/TypeError for inputs it cannot use (documents too
             # short, a model that is not Llama-shaped, a stride that does not divide): user errors
-            if isinstance(e, UserError):
+            if not isinstance(e, (ValueError, TypeError)) or isinstance(e, UserError):
                 raise
             raise EvalError(f"lenext eval {self.kind}: {e}") from e
         for f in files:

@@ -150,6 +150,7 @@ def test_eval_of_a_zst_that_is_not_zstd_is_one_line(hf, tmp_path, capsys):
     rc = main(["eval", "ppl", "--model", hf, "--data", str(fake), "--lengths", "32",
                "--device", "cpu", "--out", str(tmp_path / "r"), "--no-progress"])
     _one_error_line(capsys, rc, str(fake), "corrupt_stream")
+    assert not (tmp_path / "r").exists()  # a failed evaluation leaves no empty results folder
 
 
 @pytest.mark.parametrize("damage, says", [
@@ -159,6 +160,7 @@ def test_eval_of_a_zst_that_is_not_zstd_is_one_line(hf, tmp_path, capsys):
     ("garbage weights", "model.safetensors: cannot import: not a readable safetensors file"),
     ("garbage index", "model.safetensors.index.json: cannot import: not a safetensors index"),
     ("garbage tokenizer_config", "tokenizer_config.json: cannot import: not a JSON object"),
+    ("garbage tokenizer.model", "tokenizer.model: not a SentencePiece model"),
 ])
 def test_import_of_a_damaged_model_folder_is_one_line(damage, says, hf, tmp_path, capsys):
     model = _copy(hf, tmp_path)
@@ -173,6 +175,8 @@ def test_import_of_a_damaged_model_folder_is_one_line(damage, says, hf, tmp_path
         st.write_bytes(GARBAGE)
     elif damage == "garbage index":
         (model / "model.safetensors.index.json").write_bytes(GARBAGE)
+    elif damage == "garbage tokenizer.model":  # copied with exit 0 before; unusable later
+        (model / "tokenizer.model").write_bytes(GARBAGE)
     else:
         (model / "tokenizer_config.json").write_bytes(GARBAGE)
     rc = main(["convert", "--from-hf", str(model), "--out", str(tmp_path / "run")])
