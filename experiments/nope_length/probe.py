@@ -102,15 +102,12 @@ def _positions(n: int, length: int) -> torch.Tensor:
 
 
 def set_uniform_scale(model: torch.nn.Module, c: float) -> None:
-    """Fill every layer's uniform-scale buffer (lambda = c / sqrt(d)) of a megatron model."""
-    from lenext_dist.attention.names import HEAD_SCALE
+    """lambda = c / sqrt(d) on every head of every layer of a megatron model."""
     from lenext_dist.model.core_attention import LenextCoreAttention
 
     for m in model.modules():
         if isinstance(m, LenextCoreAttention):
-            getattr(m, HEAD_SCALE).fill_(float(c))
-            if m.uniform_scale is not None:  # a fixed scale goes to the kernel as a number
-                m.uniform_scale = float(c)
+            m.set_uniform_scale(c)
 
 
 @torch.no_grad()

@@ -29,8 +29,8 @@ Public API: `attention_layers`, `layout`, `capture_qk`, `head_scales`, `set_unif
 """
 from __future__ import annotations
 
+import inspect
 import math
-import sys
 from contextlib import contextmanager
 from typing import Callable, Iterator, Optional
 
@@ -141,7 +141,7 @@ def head_scales(model: nn.Module) -> Tensor:
 def _own(model: nn.Module, name: str) -> Callable:
     """The lenext export's own eval API (`lenext_dist/hf/modeling_lenext.py`, shipped with the
     model: also under remote code), so the scale logic lives with the model it changes."""
-    fn = getattr(sys.modules.get(type(model).__module__), name, None)
+    fn = getattr(inspect.getmodule(type(model)), name, None)  # the model class's own module
     if fn is None:
         raise TypeError(f"{type(model).__name__}: its modeling code has no `{name}`; re-export "
                         "the checkpoint with this lenext_dist (python -m lenext_dist.convert)")

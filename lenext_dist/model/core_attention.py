@@ -96,6 +96,14 @@ class LenextCoreAttention(MegatronModule):
         else:
             self.register_buffer(HEAD_SCALE, m, persistent=False)
 
+    @torch.no_grad()
+    def set_uniform_scale(self, c: float) -> None:
+        """Every head's scale to c (lambda = c / sqrt(d)), at evaluation: the buffer (or learned
+        parameter) and, for a fixed scale, the number the kernel reads."""
+        getattr(self, HEAD_SCALE).fill_(float(c))
+        if self.uniform_scale is not None:
+            self.uniform_scale = float(c)
+
     def forward(self, query: Tensor, key: Tensor, value: Tensor, attention_mask: Optional[Tensor],
                 attn_mask_type: Optional[AttnMaskType] = None,
                 attention_bias: Optional[Tensor] = None, packed_seq_params=None) -> Tensor:
