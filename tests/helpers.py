@@ -109,3 +109,18 @@ def losses(run_dir: Path, key: str = "loss") -> dict[int, float]:
         if key in rec:
             out[rec["step"]] = rec[key]
     return out
+
+
+def tiny_shard(prefix: str, docs=None) -> str:
+    """A real megatron .bin/.idx shard at `prefix` (IndexedDatasetBuilder, uint16), one document
+    per tensor of `docs`; by default 40 documents of 50 consecutive ids (5 + i .. 54 + i)."""
+    import numpy as np
+    import torch
+    from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
+
+    b = IndexedDatasetBuilder(prefix + ".bin", dtype=np.uint16)
+    for d in docs if docs is not None else (torch.arange(5 + i, 55 + i) for i in range(40)):
+        b.add_item(d.to(torch.int64))
+        b.end_document()
+    b.finalize(prefix + ".idx")
+    return prefix

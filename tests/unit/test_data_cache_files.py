@@ -8,8 +8,8 @@ import threading
 
 import numpy as np
 import pytest
-import torch
 
+from helpers import tiny_shard
 from lenext_dist.config import BlendItem, ConfigError, load_config
 from lenext_dist.data.gpt_data import build_datasets
 
@@ -17,14 +17,8 @@ from lenext_dist.data.gpt_data import build_datasets
 @pytest.fixture
 def started(tmp_path, gloo_1rank):
     """A run whose first start cached megatron's sample indices."""
-    from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
 
-    prefix = str(tmp_path / "s_train")
-    b = IndexedDatasetBuilder(prefix + ".bin", dtype=np.uint16)
-    for i in range(40):
-        b.add_item(torch.arange(5 + i, 55 + i, dtype=torch.int64))
-        b.end_document()
-    b.finalize(prefix + ".idx")
+    prefix = tiny_shard(str(tmp_path / "s_train"))
     cfg = load_config(None, [f"run_dir={tmp_path / 'run'}", "train.steps=4", "train.eval_interval=0"])
     cfg.data.blend = [BlendItem(prefix=prefix)]
     build_datasets(cfg, 1)

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 
+from helpers import tiny_shard
 from lenext_dist.config import ConfigError, load_config
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -185,17 +186,11 @@ def test_one_process_env_only_without_a_launcher_or_mpi():
 
 
 def test_a_truncated_shard_is_named_before_megatron_reads_it(tmp_path):
-    from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
 
     from lenext_dist.config import BlendItem
     from lenext_dist.data.gpt_data import _check_prefixes
 
-    prefix = str(tmp_path / "s_train")
-    b = IndexedDatasetBuilder(prefix + ".bin", dtype=np.uint16)
-    for n in (50, 70, 30):
-        b.add_item(torch.arange(n, dtype=torch.int64))
-        b.end_document()
-    b.finalize(prefix + ".idx")
+    prefix = tiny_shard(str(tmp_path / "s_train"), [torch.arange(n) for n in (50, 70, 30)])
     items = [BlendItem(prefix=prefix)]
     _check_prefixes(items, "data.blend")  # whole: fine
     whole = {ext: open(prefix + ext, "rb").read() for ext in (".bin", ".idx")}
@@ -215,17 +210,11 @@ def test_a_pickle_planted_in_the_data_cache_is_refused_and_never_run(tmp_path, g
     import pickle
 
     from megatron.core.datasets import gpt_dataset
-    from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
 
     from lenext_dist.config import BlendItem
     from lenext_dist.data.gpt_data import _no_pickle, build_datasets
 
-    prefix = str(tmp_path / "s_train")
-    b = IndexedDatasetBuilder(prefix + ".bin", dtype=np.uint16)
-    for i in range(40):
-        b.add_item(torch.arange(5 + i, 55 + i, dtype=torch.int64))
-        b.end_document()
-    b.finalize(prefix + ".idx")
+    prefix = tiny_shard(str(tmp_path / "s_train"))
     cfg = load_config(None, [f"run_dir={tmp_path / 'run'}", "train.steps=4", "train.eval_interval=0"])
     cfg.data.blend = [BlendItem(prefix=prefix)]
     build_datasets(cfg, 1)  # the first start: megatron caches its sample indices in the run folder

@@ -186,19 +186,11 @@ def test_import_of_a_damaged_model_folder_is_one_line(damage, says, hf, tmp_path
 
 # ------------------------------------------------------------------ training's data cache
 def test_a_data_cache_dir_under_a_file_is_one_line(tmp_path, gloo_1rank):
-    import numpy as np
-    import torch
-    from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
-
+    from helpers import tiny_shard
     from lenext_dist.config import BlendItem, ConfigError, load_config
     from lenext_dist.data.gpt_data import build_datasets
 
-    prefix = str(tmp_path / "s_train")
-    b = IndexedDatasetBuilder(prefix + ".bin", dtype=np.uint16)
-    for i in range(40):
-        b.add_item(torch.arange(5 + i, 55 + i, dtype=torch.int64))
-        b.end_document()
-    b.finalize(prefix + ".idx")
+    prefix = tiny_shard(str(tmp_path / "s_train"))
     (tmp_path / "afile").write_text("x")
     cfg = load_config(None, [f"run_dir={tmp_path / 'run'}", "train.steps=4", "train.eval_interval=0",
                              f"data.cache_dir={tmp_path / 'afile' / 'cache'}"])
