@@ -76,6 +76,11 @@ def reset_peak(dev: torch.device) -> None:
         torch.cuda.reset_peak_memory_stats(dev)
 
 
+def allocated_bytes(dev: torch.device) -> int:
+    """Bytes the allocator holds for live tensors on a CUDA device; 0 elsewhere."""
+    return torch.cuda.memory_allocated(dev) if dev.type == "cuda" else 0
+
+
 def peak_bytes(dev: torch.device) -> Optional[int]:
     """The allocator's peak on a CUDA device; None elsewhere (the CPU has no allocator stats)."""
     return torch.cuda.max_memory_allocated(dev) if dev.type == "cuda" else None

@@ -23,12 +23,31 @@ def _with_micro(cfg, b: int):
 
 
 def measure(cfg, b: int, mfu_floor: float, dev: torch.device) -> dict:
-    from lenext_dist.model import build_model, flops_per_token
+    from lenext_dist.model import build_model
     from lenext_dist.train import optim
-    from lenext_dist.train.peak import peak_tflops
 
+    start = kernels.allocated_bytes(dev)  # what earlier cases left on the device (0 if nothing)
     kernels.reset_peak(dev)
     engine = optim.build_engine(build_model(cfg), cfg, 1)
+    try:
+        return _measure(engine, cfg, b, mfu_floor, dev, start)
+    finally:
+        # DeepSpeed's engine stays reachable from its optimizer's gradient hooks after the last
+        # reference goes (gc.collect() does not free it): without destroy() the next case ran
+        # with this one's weights, master copy and Adam states still on the device (the H100
+        # check of 27 Nov: ZeRO-1 measured 72.4 GiB, ~18 bytes/parameter of it ZeRO-2's leftovers)
+        engine.destroy()
+
+
+def _above(peak, start: int):
+    """The peak above what was on the device when the case began (None off CUDA)."""
+    return None if peak is None else peak - start
+
+
+def _measure(engine, cfg, b: int, mfu_floor: float, dev: torch.device, start: int) -> dict:
+    from lenext_dist.model import flops_per_token
+    from lenext_dist.train.peak import peak_tflops
+
     s, v = cfg.model.seq_length, cfg.model.vocab_size
     ids = torch.randint(0, v, (b, s + 1), device=dev)
     batch = dict(input_ids=ids[:, :-1], position_ids=torch.arange(s, device=dev).expand(b, s),
@@ -54,14 +73,15 @@ def measure(cfg, b: int, mfu_floor: float, dev: torch.device) -> dict:
     mfu = tok_s * flops_per_token(cfg) / (peak * 1e12)
     out = {"micro_batch": b, "tokens_per_s": round(tok_s), "step_s": round(dt, 4), "mfu": round(mfu, 4),
            "model_tflops": round(tok_s * flops_per_token(cfg) / 1e12, 1), "peak_tflops": peak,
-           "peak_source": src, "peak_bytes": kernels.peak_bytes(dev),
+           "peak_source": src, "peak_bytes": _above(kernels.peak_bytes(dev), start),
+           "start_bytes": start,
            "loss": float(loss), "sdpa_calls": seen, "kernel": ", ".join(sorted(seen)) or "none seen"}
     fused = set(seen) <= kernels.FUSED and seen
     out["ok"] = bool(mfu >= mfu_floor and fused and out["loss"] == out["loss"])
     if not out["ok"]:
         out["error"] = (f"MFU {100 * mfu:.1f}% < floor {100 * mfu_floor:.0f}%" if mfu < mfu_floor else
                         f"SDPA backends {seen}: not all fused" if not fused else "loss is NaN")
-    return out  # the engine goes with this frame, before a next try builds another
+    return out
 
 
 def run(case: plan.Case, ctx) -> dict:

@@ -237,10 +237,19 @@ def test_export_runner_compares_training_and_export_logits(repo, megatron_1rank,
 
 def test_train_runner_measures_a_deepspeed_step(repo, megatron_1rank, monkeypatch):
     """The measurement of a ZeRO-2 bf16 step (a real DeepSpeed engine on the CPU accelerator):
-    tokens/s, MFU by the PaLM formula against the measured peak, the SDPA backend seen."""
+    tokens/s, MFU by the PaLM formula against the measured peak, the SDPA backend seen; and no
+    engine outlives its measurement (DeepSpeed's hooks kept it, and its device memory, alive into
+    the next case: the H100 check's ZeRO-1 peak held ZeRO-2's states)."""
+    import gc
+
+    from deepspeed import DeepSpeedEngine
+
     from lenext_dist.gpu import run_train
     from lenext_dist.gpu.plan import Case, case_config
     from lenext_dist.train.loop import skip_deepspeed_shm_op
+
+    gc.collect()
+    engines = sum(isinstance(o, DeepSpeedEngine) for o in gc.get_objects())  # other tests' leftovers
 
     monkeypatch.setenv("LOCAL_RANK", "0")  # as the check's _init_one_rank sets it
     skip_deepspeed_shm_op()
@@ -252,6 +261,8 @@ def test_train_runner_measures_a_deepspeed_step(repo, megatron_1rank, monkeypatc
     assert r["tokens_per_s"] > 0 and 0 < r["mfu"] and r["micro_batch"] == 2
     high = run_train.measure(run_train._with_micro(cfg, 2), 2, 10.0, torch.device("cpu"))
     assert not high["ok"] and "< floor 1000%" in high["error"]
+    gc.collect()
+    assert sum(isinstance(o, DeepSpeedEngine) for o in gc.get_objects()) == engines
 
 
 def test_make_gpu_check_without_a_wheelhouse_says_how_to_make_one(repo, tmp_path):

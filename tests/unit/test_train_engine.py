@@ -273,3 +273,20 @@ def test_load_restores_the_saved_rng_state(engine):
     assert (client["step"], client["consumed_samples"]) == (2, 4)
     got = (random.random(), np.random.rand(), torch.rand(3))
     assert got[:2] == expected[:2] and torch.equal(got[2], expected[2])
+
+
+def test_no_stage_engine_outlives_its_stage(shards, tmp_path):
+    """A two-stage run (32 -> 64 tokens at step 2) leaves no DeepSpeed engine behind: the
+    optimizer's gradient hooks kept each engine, with its weights, fp32 master and Adam states,
+    alive after `del` and gc, so on a GPU stage 2 trained beside stage 1's states."""
+    import gc
+
+    from deepspeed import DeepSpeedEngine
+
+    gc.collect()
+    before = sum(isinstance(o, DeepSpeedEngine) for o in gc.get_objects())
+    cfg = config(tmp_path, shards, "staged", train={"stages": [{"start_step": 2, "seq_length": 64}]},
+                 attention={"head_scale": {"enabled": False, "trainable": False}})
+    assert run_train(cfg) == {"step": STEPS, "stopped_by_signal": False}
+    gc.collect()
+    assert sum(isinstance(o, DeepSpeedEngine) for o in gc.get_objects()) == before
