@@ -1,0 +1,257 @@
+"""The kv regime's runs (issue 43, item 1): many small trainings at once on one GPU, then the
+gate of analysis.py on the held-out formats, scored at home on the CPU.
+
+  train   (on the GPU node) kv documents of the training mixture (analysis.TRAIN_MIX, L tokens),
+          every run of --grid in parallel (one process each, one GPU shared), cut at --seconds
+          (SIGTERM: a checkpoint, exit 0; rerunning resumes), then each run's last checkpoint
+          exported; models and metrics packed into <= 15 MB tars under --out (what a device call
+          may bring back: 8 files of 16 MiB)
+  score   (anywhere) each exported model on every format of analysis.FORMATS at L and 2L, the
+          no-retrieval baseline beside; the gate per position; results.json + REGIME.md
+
+  python -m experiments.kv_regime.sweep train --shards /tmp/sh --work /tmp/w --out $OUT --grid seeds
+  python -m experiments.kv_regime.sweep score --models DIR --out experiments/kv_regime/results/NAME
+
+The pilot grid is the one that ran first (27 Nov, H100): regime candidates, one seed each. The
+seeds grid is the regime it pointed to (4 layers, d128, 256 sequences a step, lr 3e-3), 3 seeds
+of NoPE and RoPE, for the gate.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+from .analysis import FORMATS, TRAIN_MIX, gate, passes
+
+REPO = Path(__file__).resolve().parents[2]
+L = 96
+"""Document length: the mixture's longest needles (3 distractors of 8 values) need ~60 tokens."""
+STEPS = 6000
+# name -> (position, layers, hidden, heads, sequences per step, lr, seed)
+PILOT = {
+    "nope-4l128-b64-lr3": ("nope", 4, 128, 4, 64, 3e-3, 0),
+    "nope-4l128-b256-lr3": ("nope", 4, 128, 4, 256, 3e-3, 0),
+    "nope-4l128-b256-lr1": ("nope", 4, 128, 4, 256, 1e-3, 0),
+    "rope-4l128-b256-lr3": ("rope", 4, 128, 4, 256, 3e-3, 0),
+    "rope-4l128-b64-lr3": ("rope", 4, 128, 4, 64, 3e-3, 0),
+    "nope-4l256-b256-lr1": ("nope", 4, 256, 8, 256, 1e-3, 0),
+    "nope-6l128-b256-lr3": ("nope", 6, 128, 4, 256, 3e-3, 0),
+    "nope-2l128-b256-lr3": ("nope", 2, 128, 4, 256, 3e-3, 0),
+}
+SEEDS = {f"{p}-s{s}": (p, 4, 128, 4, 256, 3e-3, s) for p in ("nope", "rope") for s in (0, 1, 2)}
+GRIDS = {"pilot": PILOT, "seeds": SEEDS}
+
+
+def config(name: str, spec: tuple, shards: Path, work: Path, steps: int, backend: str) -> str:
+    pos, layers, hidden, heads, batch, lr, seed = spec
+    inc = ", ".join(str(REPO / "configs" / c) for c in ("model/kv-tiny.yaml", "data/kv.yaml", "train/kv.yaml"))
+    return f"""include: [{inc}]
+name: {name}
+run_dir: {work / "runs" / name}
+model: {{num_layers: {layers}, hidden_size: {hidden}, num_attention_heads: {heads},
+         num_query_groups: {heads}, ffn_hidden_size: {int(2.75 * hidden)}, seq_length: {L}}}
+attention: {{position: {pos}}}
+data:
+  tokenizer: {REPO / "data/kv/tokenizer.model"}
+  blend: [{{prefix: {shards}/kvmix_train, weight: 1.0}}]
+  valid_blend: [{{prefix: {shards}/kvmix_valid, weight: 1.0}}]
+  seed: {1234 + seed}
+train: {{steps: {steps}, seed: {1234 + seed}, micro_batch_size: {batch}, global_batch_size: {batch},
+        eval_interval: 1000, eval_iters: 2}}
+optim: {{lr: {lr}, warmup_steps: 200}}
+checkpoint: {{interval: 500, keep_last: 2}}
+logging: {{interval: 250}}
+parallel: {{backend: {backend}}}
+"""
+
+
+def shard_command(shards: Path, workers: int) -> list[str]:
+    sets = [a for p in TRAIN_MIX for a in ("--task-set", f"kv.{p}")]
+    return [sys.executable, str(REPO / "data_prep/shard.py"), "--format", "tasks", "--tasks", "kv",
+            "--input", str(REPO / "data/kv/train/*.jsonl"), "--tokenizer", str(REPO / "data/kv/tokenizer.model"),
+            "--out", str(shards), "--name", "kvmix", "--task-passes", "32", "--valid-fraction", "0.01",
+            "--workers", str(workers), *sets, "--task-set", f"kv.length={L}", "--no-progress"]
+
+
+def train(a) -> dict:
+    grid = GRIDS[a.grid]
+    names = [n for n in grid if not a.only or n in a.only.split(",")]
+    work, out, shards = Path(a.work), Path(a.out), Path(a.shards)
+    (work / "cfg").mkdir(parents=True, exist_ok=True)
+    out.mkdir(parents=True, exist_ok=True)
+    if not (shards / "kvmix.manifest.json").exists():
+        subprocess.run(shard_command(shards, a.workers), check=True)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    procs, t0, cpus = {}, time.time(), os.cpu_count() or 1
+    for i, n in enumerate(names):
+        cfg = work / "cfg" / f"{n}.yaml"
+        cfg.write_text(config(n, grid[n], shards, work, a.steps, a.backend))
+        pin = ["taskset", "-c", f"{(2 * i) % cpus},{(2 * i + 1) % cpus}"] if cpus >= 2 * len(names) else []
+        procs[n] = subprocess.Popen([*pin, sys.executable, "-m", "lenext_dist.train", "--config", str(cfg)],
+                                    stdout=open(work / f"{n}.log", "a"), stderr=subprocess.STDOUT, env=env)
+    while any(p.poll() is None for p in procs.values()) and time.time() - t0 < a.seconds:
+        time.sleep(2)
+    for p in procs.values():
+        if p.poll() is None:
+            p.terminate()  # the run saves a checkpoint at its next step and exits 0
+    for p in procs.values():
+        p.wait()
+    conv = {n: subprocess.Popen([sys.executable, "-m", "lenext_dist", "convert", "--overwrite",
+                                 "--checkpoint", str(work / "runs" / n / "checkpoints"),
+                                 "--out", str(work / "hf" / n)],
+                                stdout=open(work / f"{n}.convert.log", "w"), stderr=subprocess.STDOUT, env=env)
+            for n in names}
+    for p in conv.values():
+        p.wait()
+    summary = {"wall_s": round(time.time() - t0, 1), "runs": {}}
+    for n in names:
+        latest = work / "runs" / n / "checkpoints" / "latest"
+        summary["runs"][n] = {"spec": grid[n], "rc": procs[n].returncode, "convert_rc": conv[n].returncode,
+                              "latest": latest.read_text().strip() if latest.exists() else None}
+    (work / "summary.json").write_text(json.dumps(summary, indent=1))
+    _pack(work, out, names)
+    return summary
+
+
+def _pack(work: Path, out: Path, names: list[str]) -> None:
+    with tarfile.open(out / "logs.tar.gz", "w:gz") as t:
+        t.add(work / "summary.json", "summary.json")
+        for n in names:
+            for f in (work / f"{n}.log", work / f"{n}.convert.log", work / "runs" / n / "metrics.jsonl"):
+                if f.exists():
+                    t.add(f, f"{n}/{f.name}")
+    packs, size = [[]], 0
+    for n in names:
+        if (work / "hf" / n / "config.json").exists():
+            s = sum(f.stat().st_size for f in (work / "hf" / n).rglob("*") if f.is_file())
+            if packs[-1] and size + s > 15e6:
+                packs.append([])
+                size = 0
+            packs[-1].append(n)
+            size += s
+    for i, pk in enumerate(p for p in packs if p):
+        with tarfile.open(out / f"hf{i}.tar.gz", "w:gz") as t:
+            for n in pk:
+                t.add(work / "hf" / n, n)
+
+
+# ----------------------------------------------------------------------------- scoring
+def zipf_filler(path: Path, words: int = 50_000, seed: int = 11) -> Path:
+    """Held-out filler of other statistics: the same syllables, drawn with p ~ 1/rank."""
+    import numpy as np
+
+    from lenext_dist.prep.kv_corpus import RECORD_WORDS, alphabet
+
+    if not path.exists():
+        vocab = np.array(alphabet()["filler"])
+        p = 1.0 / np.arange(1, len(vocab) + 1)
+        draw = vocab[np.random.default_rng(seed).choice(len(vocab), words, p=p / p.sum())]
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("".join(json.dumps({"text": " ".join(draw[i:i + RECORD_WORDS])}) + "\n"
+                                for i in range(0, words, RECORD_WORDS)))
+    return path
+
+
+def score(a) -> dict:
+    from experiments.nope_length.study import TEST_SEED
+    from lenext_dist.eval.jobs import TasksJob
+
+    out = Path(a.out)
+    filler = {"uniform": REPO / "data/kv/heldout/filler.jsonl", "zipf": zipf_filler(out / "filler-zipf.jsonl")}
+    models = sorted(p.parent for p in Path(a.models).glob("*/config.json"))
+    scores, cells = {}, {}
+    for m in models:
+        for fname, params, fill in FORMATS:
+            job = TasksJob(model=str(m), data=[str(filler[fill])], lengths=[L, 2 * L], tasks=["kv"],
+                           docs=a.docs, seed=TEST_SEED, task_set=[f"kv.{p}" for p in params],
+                           out=str(out / "eval" / m.name / fname.replace(" ", "_").replace(",", "")),
+                           no_progress=True)
+            if not job.done():
+                job.run()
+            res = json.loads(job.result_path.read_text())["cells"]
+            cells.setdefault(m.name, {})[fname] = [
+                {"length": c["length"], "accuracy": c["accuracy"], "baseline": c["baseline"]["accuracy"]}
+                for c in res]
+            scores.setdefault(m.name, {})[fname] = (res[0]["accuracy"], res[0]["baseline"]["accuracy"])
+    record = {"L": L, "docs": a.docs, "test_seed": TEST_SEED, "formats": [list(f) for f in FORMATS],
+              "cells": cells, "gate": gate(scores), "valid_loss": _valid_losses(a.logs, cells),
+              "note": a.note}
+    (out / "results.json").write_text(json.dumps(record, indent=1))
+    (out / "REGIME.md").write_text(render(record))
+    return record
+
+
+def _valid_losses(logs, names) -> dict:
+    out = {}
+    for n in names:
+        f = Path(logs or "/nonexistent") / n / "metrics.jsonl"
+        if f.exists():
+            rows = [json.loads(line) for line in f.read_text().splitlines() if line.strip()]
+            out[n] = [[r["step"], round(r["valid_loss"], 4)] for r in rows if "valid_loss" in r]
+    return out
+
+
+def render(r: dict) -> str:
+    fm = [f[0] for f in r["formats"]]
+    lines = ["# The kv regime: retrieval in held-out formats", "",
+             f"Generated by experiments/kv_regime/sweep.py from results.json. Whole-answer accuracy at "
+             f"L = {r['L']} / 2L of {r['docs']} test documents per format (held-out filler, test seed "
+             f"{r['test_seed']}); in brackets the no-retrieval baseline at L; * = passes the gate at L "
+             "(analysis.py).", ""]
+    if r.get("note"):
+        lines += [r["note"], ""]
+    lines += ["| model | " + " | ".join(fm) + " |", "|---|" + "---|" * len(fm)]
+    for m, row in sorted(r["cells"].items()):
+        def cell(f):
+            c = row[f]
+            star = "*" if passes(c[0]["accuracy"], c[0]["baseline"]) else ""
+            return f"{c[0]['accuracy']:.2f}{star} / {c[1]['accuracy']:.2f} ({c[0]['baseline']:.2f})"
+        lines.append(f"| {m} | " + " | ".join(cell(f) for f in fm) + " |")
+    lines += ["", "## Gate (every seed, every format; analysis.py)", ""]
+    for pos, g in r["gate"].items():
+        lines.append(f"- {pos}: **{g['verdict']}** (seeds {', '.join(g['seeds'])}; "
+                     f"{len(g['failures'])} failing cells)")
+    if r.get("valid_loss"):
+        lines += ["", "## Validation loss on the training mixture (answer tokens), by step", "",
+                  "| model | " + " | ".join(str(s) for s, _ in max(r["valid_loss"].values(), key=len)) + " |"]
+        width = len(max(r["valid_loss"].values(), key=len))
+        lines.append("|---|" + "---|" * width)
+        for m, v in sorted(r["valid_loss"].items()):
+            lines.append(f"| {m} | " + " | ".join(f"{x:.3f}" for _, x in v) + " |" + " |" * (width - len(v)))
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m experiments.kv_regime.sweep", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    t = sub.add_parser("train")
+    t.add_argument("--shards", required=True)
+    t.add_argument("--work", required=True)
+    t.add_argument("--out", required=True)
+    t.add_argument("--grid", choices=sorted(GRIDS), default="seeds")
+    t.add_argument("--only", default="")
+    t.add_argument("--steps", type=int, default=STEPS)
+    t.add_argument("--seconds", type=float, default=300)
+    t.add_argument("--backend", default="nccl")
+    t.add_argument("--workers", type=int, default=8)
+    s = sub.add_parser("score")
+    s.add_argument("--models", required=True, help="folder of exported models (one folder each)")
+    s.add_argument("--out", required=True)
+    s.add_argument("--logs", help="folder of <model>/metrics.jsonl (the train step's logs.tar.gz)")
+    s.add_argument("--docs", type=int, default=128)
+    s.add_argument("--note", default="")
+    a = ap.parse_args(argv)
+    res = train(a) if a.cmd == "train" else score(a)
+    print(json.dumps(res.get("gate", res.get("runs")), indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

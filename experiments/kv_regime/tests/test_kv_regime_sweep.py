@@ -1,0 +1,46 @@
+"""The kv regime's runner (experiments/kv_regime/sweep.py) without training: each grid's configs
+load and validate as `lenext train` loads them, the shard command asks for the training mixture,
+the skewed filler is skewed, and the table marks passing cells and reports the gate."""
+import json
+from collections import Counter
+
+import pytest
+
+from experiments.kv_regime import sweep
+from experiments.kv_regime.analysis import FORMATS, TRAIN_MIX
+from lenext_dist.config import load_config
+
+
+@pytest.mark.parametrize("grid", sorted(sweep.GRIDS))
+def test_every_run_of_every_grid_is_a_valid_config(grid, tmp_path):
+    for name, spec in sweep.GRIDS[grid].items():
+        f = tmp_path / f"{name}.yaml"
+        f.write_text(sweep.config(name, spec, tmp_path / "sh", tmp_path, 100, "gloo"))
+        cfg = load_config(str(f), [])
+        assert cfg.model.seq_length == sweep.L and cfg.train.global_batch_size == spec[4]
+        assert cfg.attention.position == spec[0] and cfg.train.seed == 1234 + spec[6]
+    assert grid != "seeds" or len(sweep.SEEDS) == 6
+
+
+def test_shards_are_the_training_mixture_at_L(tmp_path):
+    cmd = " ".join(sweep.shard_command(tmp_path, 2))
+    assert all(f"--task-set kv.{p}" in cmd for p in TRAIN_MIX) and f"kv.length={sweep.L}" in cmd
+
+
+def test_zipf_filler_is_skewed(tmp_path):
+    path = sweep.zipf_filler(tmp_path / "z.jsonl", words=20_000)
+    words = " ".join(json.loads(line)["text"] for line in path.read_text().splitlines()).split()
+    top = Counter(words).most_common(1)[0][1] / len(words)
+    assert len(words) == 20_000 and top > 0.2  # uniform over 32 syllables: ~0.03
+
+
+def test_render_marks_passing_cells_and_the_gate(tmp_path):
+    cells = {f: [{"length": 96, "accuracy": 1.0, "baseline": 0.0},
+                 {"length": 192, "accuracy": 0.5, "baseline": 0.0}] for f, _, _ in FORMATS}
+    cells["3 distractors"][0]["accuracy"] = 0.8
+    rec = {"L": 96, "docs": 8, "test_seed": 0, "formats": [list(f) for f in FORMATS],
+           "cells": {"nope-s0": cells}, "note": "", "valid_loss": {"nope-s0": [[1000, 0.5]]},
+           "gate": {"nope": {"verdict": "fails", "seeds": ["nope-s0"], "failures": [1]}}}
+    md = sweep.render(rec)
+    assert "| nope-s0 | 1.00* / 0.50 (0.00) |" in md and "0.80 / 0.50 (0.00)" in md
+    assert "- nope: **fails**" in md and "| nope-s0 | 0.500 |" in md
