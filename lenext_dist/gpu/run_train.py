@@ -32,11 +32,9 @@ def measure(cfg, b: int, mfu_floor: float, dev: torch.device) -> dict:
     try:
         return _measure(engine, cfg, b, mfu_floor, dev, start)
     finally:
-        # DeepSpeed's engine stays reachable from its optimizer's gradient hooks after the last
-        # reference goes (gc.collect() does not free it): without destroy() the next case ran
-        # with this one's weights, master copy and Adam states still on the device (the H100
-        # check of 27 Nov: ZeRO-1 measured 72.4 GiB, ~18 bytes/parameter of it ZeRO-2's leftovers)
-        engine.destroy()
+        # else the next case runs beside this one's states (the H100 check of 27 Nov: ZeRO-1's
+        # 72.4 GiB held ~18 bytes/parameter of ZeRO-2's leftovers)
+        optim.release_engine(engine)
 
 
 def _above(peak, start: int):

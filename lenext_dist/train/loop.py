@@ -124,7 +124,7 @@ def _train(cfg: RunConfig, stop: StopSignal, owns_group: bool, rank: int, world:
         if stopped or diverged is not None or step >= cfg.train.steps:
             return _finish(run, step, stopped, diverged, owns_group)
         k += 1  # the boundary's checkpoint is saved: free this stage's engine, build the next
-        run.engine.destroy()  # see _finish
+        optim.release_engine(run.engine)
         del run
         _free_device_memory()
 
@@ -381,11 +381,7 @@ def _finish(run: _Run, step: int, stopped: bool, diverged: Optional[int], owns_g
     cfg = run.cfg
     if run.trainable_scales:
         _write_head_scales(optim.head_scale_matrix(run.engine), cfg.run_dir, run.rank)
-    # DeepSpeed's optimizer hooks keep an engine (weights, fp32 master, Adam states) alive after
-    # its last reference goes, gc or not: destroy() frees it, while the group it needs still
-    # exists (without it a staged run's next stage trained beside this one's states on the GPU;
-    # tests/unit/test_train_engine.py)
-    run.engine.destroy()
+    optim.release_engine(run.engine)
     if diverged is not None:
         if owns_group:
             shutdown_distributed()
