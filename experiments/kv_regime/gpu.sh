@@ -7,7 +7,7 @@ set -e
 export PYTHONUNBUFFERED=1
 [ -d /tmp/site/deepspeed ] || python3 -m pip install -q --disable-pip-version-check --no-index --no-deps \
   --no-compile --upgrade --find-links wheelhouse/py3.12 --target /tmp/site -r wheelhouse/py3.12/requirements.txt
-export PYTHONPATH=/tmp/site:$PWD
+export PYTHONPATH=$PWD:/tmp/site  # this checkout before the wheel of lenext_dist in /tmp/site
 python3 -m experiments.kv_regime.sweep train --shards /tmp/kvr/shards --work /tmp/kvr/work --out "$OUT" \
   --seconds "${1:-420}" --grid "${2:-seeds}"
 for f in /tmp/kvr/work/*[0-9].log; do echo "== $f"; grep -a "^step" "$f" | tail -n 1 || true; done
