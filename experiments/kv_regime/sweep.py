@@ -87,7 +87,7 @@ def train(a) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     if not (shards / "kvmix.manifest.json").exists():
         subprocess.run(shard_command(shards, a.workers), check=True)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "OMP_NUM_THREADS": str(a.threads), "PYTHONUNBUFFERED": "1"}
     procs, t0, cpus = {}, time.time(), os.cpu_count() or 1
     for i, n in enumerate(names):
         cfg = work / "cfg" / f"{n}.yaml"
@@ -240,7 +240,8 @@ def main(argv=None) -> int:
     t.add_argument("--steps", type=int, default=STEPS)
     t.add_argument("--seconds", type=float, default=300)
     t.add_argument("--backend", default="nccl")
-    t.add_argument("--workers", type=int, default=8)
+    t.add_argument("--workers", type=int, default=8, help="data prep processes")
+    t.add_argument("--threads", type=int, default=1, help="CPU threads per run (a CPU-only run: the cores)")
     s = sub.add_parser("score")
     s.add_argument("--models", required=True, help="folder of exported models (one folder each)")
     s.add_argument("--out", required=True)
