@@ -88,13 +88,14 @@ def train(a) -> dict:
     if not (shards / "kvmix.manifest.json").exists():
         subprocess.run(shard_command(shards, a.workers), check=True)
     env = {**os.environ, "OMP_NUM_THREADS": str(a.threads), "PYTHONUNBUFFERED": "1"}
-    procs, t0, cpus = {}, time.time(), os.cpu_count() or 1
+    procs, logs, t0, cpus = {}, [], time.time(), os.cpu_count() or 1
     for i, n in enumerate(names):
         cfg = work / "cfg" / f"{n}.yaml"
         cfg.write_text(config(n, grid[n], shards, work, a.steps, a.backend))
         pin = ["taskset", "-c", f"{(2 * i) % cpus},{(2 * i + 1) % cpus}"] if cpus >= 2 * len(names) else []
+        logs.append(open(work / f"{n}.log", "a"))
         procs[n] = subprocess.Popen([*pin, sys.executable, "-m", "lenext_dist.train", "--config", str(cfg)],
-                                    stdout=open(work / f"{n}.log", "a"), stderr=subprocess.STDOUT, env=env)
+                                    stdout=logs[-1], stderr=subprocess.STDOUT, env=env)
     while any(p.poll() is None for p in procs.values()) and time.time() - t0 < a.seconds:
         time.sleep(2)
     for p in procs.values():
@@ -102,13 +103,16 @@ def train(a) -> dict:
             p.terminate()  # the run saves a checkpoint at its next step and exits 0
     for p in procs.values():
         p.wait()
+    logs += [open(work / f"{n}.convert.log", "w") for n in names]
     conv = {n: subprocess.Popen([sys.executable, "-m", "lenext_dist", "convert", "--overwrite",
                                  "--checkpoint", str(work / "runs" / n / "checkpoints"),
                                  "--out", str(work / "hf" / n)],
-                                stdout=open(work / f"{n}.convert.log", "w"), stderr=subprocess.STDOUT, env=env)
-            for n in names}
+                                stdout=f, stderr=subprocess.STDOUT, env=env)
+            for n, f in zip(names, logs[len(names):])}
     for p in conv.values():
         p.wait()
+    for f in logs:
+        f.close()
     summary = {"wall_s": round(time.time() - t0, 1), "runs": {}}
     for n in names:
         latest = work / "runs" / n / "checkpoints" / "latest"
@@ -146,15 +150,12 @@ def zipf_filler(path: Path, words: int = 50_000, seed: int = 11) -> Path:
     """Held-out filler of other statistics: the same syllables, drawn with p ~ 1/rank."""
     import numpy as np
 
-    from lenext_dist.prep.kv_corpus import RECORD_WORDS, alphabet
+    from lenext_dist.prep.kv_corpus import alphabet, write_filler
 
     if not path.exists():
-        vocab = np.array(alphabet()["filler"])
-        p = 1.0 / np.arange(1, len(vocab) + 1)
-        draw = vocab[np.random.default_rng(seed).choice(len(vocab), words, p=p / p.sum())]
+        p = 1.0 / np.arange(1, len(alphabet()["filler"]) + 1)
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text("".join(json.dumps({"text": " ".join(draw[i:i + RECORD_WORDS])}) + "\n"
-                                for i in range(0, words, RECORD_WORDS)))
+        write_filler(path, words, np.random.default_rng(seed), p / p.sum())
     return path
 
 
@@ -188,9 +189,10 @@ def score(a) -> dict:
 
 
 def _valid_losses(logs, names) -> dict:
+    """model -> [[step, validation loss], ...] from <logs>/<model>/metrics.jsonl (none without logs)."""
     out = {}
-    for n in names:
-        f = Path(logs or "/nonexistent") / n / "metrics.jsonl"
+    for n in names if logs else ():
+        f = Path(logs) / n / "metrics.jsonl"
         if f.exists():
             rows = [json.loads(line) for line in f.read_text().splitlines() if line.strip()]
             out[n] = [[r["step"], round(r["valid_loss"], 4)] for r in rows if "valid_loss" in r]

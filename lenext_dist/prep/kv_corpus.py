@@ -22,6 +22,7 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 
@@ -65,11 +66,14 @@ def alphabet() -> dict[str, list[str]]:
     return {"filler": FILLER, "values": VALUES, "keys": KEYS, "markers": MARKERS}
 
 
-def _write_filler(path: Path, words: int, rng: np.random.Generator) -> None:
+def write_filler(path: Path, words: int, rng: np.random.Generator, p: Optional[np.ndarray] = None) -> None:
+    """`words` filler syllables in records of RECORD_WORDS; p: their probabilities (default uniform;
+    experiments/kv_regime draws a skewed held-out filler with it)."""
     vocab = np.array(alphabet()["filler"])
     lines = []
     for start in range(0, words, RECORD_WORDS):
-        draw = vocab[rng.integers(0, len(vocab), min(RECORD_WORDS, words - start))]
+        draw = vocab[rng.choice(len(vocab), min(RECORD_WORDS, words - start), p=p) if p is not None
+                     else rng.integers(0, len(vocab), min(RECORD_WORDS, words - start))]
         lines.append(json.dumps({"text": " ".join(draw)}))
     atomic_write(path, "\n".join(lines) + "\n")
 
@@ -94,8 +98,8 @@ def build(corpus: KVCorpus) -> dict:
     (out / "train").mkdir(parents=True, exist_ok=True)
     (out / "heldout").mkdir(parents=True, exist_ok=True)
     for i in range(corpus.train_files):
-        _write_filler(out / "train" / f"filler-{i:03d}.jsonl", corpus.train_words, rng)
-    _write_filler(out / "heldout" / "filler.jsonl", corpus.heldout_words,
+        write_filler(out / "train" / f"filler-{i:03d}.jsonl", corpus.train_words, rng)
+    write_filler(out / "heldout" / "filler.jsonl", corpus.heldout_words,
                   np.random.default_rng(corpus.seed + 1_000_003))
     model = train_word_tokenizer(os.fspath(out / "tokenizer"))
     import sentencepiece as spm
