@@ -9,5 +9,5 @@ export PYTHONUNBUFFERED=1
   --no-compile --upgrade --find-links wheelhouse/py3.12 --target /tmp/site -r wheelhouse/py3.12/requirements.txt
 export PYTHONPATH=$PWD:/tmp/site  # this checkout before the wheel of lenext_dist in /tmp/site
 python3 -m experiments.kv_regime.sweep train --shards /tmp/kvr/shards --work /tmp/kvr/work --out "$OUT" \
-  --seconds "${1:-420}" --grid "${2:-seeds}"
+  --seconds "${1:-420}" --grid "${2:-distract}"
 for f in /tmp/kvr/work/*[0-9].log; do echo "== $f"; grep -a "^step" "$f" | tail -n 1 || true; done

@@ -1,7 +1,7 @@
 """The kv regime's runs (issue 43, item 1): many small trainings at once on one GPU, then the
 gate of analysis.py on the held-out formats, scored at home on the CPU.
 
-  train   (on the GPU node) kv documents of the training mixture (analysis.TRAIN_MIX, L tokens),
+  train   (on the GPU node) kv documents of each run's training mixture (Run.mix, L tokens),
           every run of --grid in parallel (one process each, one GPU shared), cut at --seconds
           (SIGTERM: a checkpoint, exit 0; rerunning resumes), then each run's last checkpoint
           exported; models and metrics packed into <= 15 MB tars under --out (what a device call
@@ -14,7 +14,8 @@ gate of analysis.py on the held-out formats, scored at home on the CPU.
 
 The pilot grid is the one that ran first (27 Nov, H100): regime candidates, one seed each. The
 seeds grid is the regime it pointed to (4 layers, d128, 256 sequences a step, lr 3e-3), 3 seeds
-of NoPE and RoPE, for the gate.
+of NoPE and RoPE, for the gate; the distract grid is the same with a distractor key in every
+training document (DISTRACT_MIX: why).
 """
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ import sys
 import tarfile
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 from .analysis import FORMATS, TRAIN_MIX, gate, passes
 
@@ -33,23 +35,49 @@ REPO = Path(__file__).resolve().parents[2]
 L = 96
 """Document length: the mixture's longest needles (3 distractors of 8 values) need ~60 tokens."""
 STEPS = 6000
-# name -> (position, layers, hidden, heads, sequences per step, lr, seed)
+
+
+class Run(NamedTuple):
+    position: str
+    layers: int
+    hidden: int
+    heads: int
+    batch: int
+    """Sequences a step (= micro-batch: one rank)."""
+    lr: float
+    seed: int
+    mix: tuple[str, ...] = TRAIN_MIX
+    """The training documents' kv parameters."""
+
+
 PILOT = {
-    "nope-4l128-b64-lr3": ("nope", 4, 128, 4, 64, 3e-3, 0),
-    "nope-4l128-b256-lr3": ("nope", 4, 128, 4, 256, 3e-3, 0),
-    "nope-4l128-b256-lr1": ("nope", 4, 128, 4, 256, 1e-3, 0),
-    "rope-4l128-b256-lr3": ("rope", 4, 128, 4, 256, 3e-3, 0),
-    "rope-4l128-b64-lr3": ("rope", 4, 128, 4, 64, 3e-3, 0),
-    "nope-4l256-b256-lr1": ("nope", 4, 256, 8, 256, 1e-3, 0),
-    "nope-6l128-b256-lr3": ("nope", 6, 128, 4, 256, 3e-3, 0),
-    "nope-2l128-b256-lr3": ("nope", 2, 128, 4, 256, 3e-3, 0),
+    "nope-4l128-b64-lr3": Run("nope", 4, 128, 4, 64, 3e-3, 0),
+    "nope-4l128-b256-lr3": Run("nope", 4, 128, 4, 256, 3e-3, 0),
+    "nope-4l128-b256-lr1": Run("nope", 4, 128, 4, 256, 1e-3, 0),
+    "rope-4l128-b256-lr3": Run("rope", 4, 128, 4, 256, 3e-3, 0),
+    "rope-4l128-b64-lr3": Run("rope", 4, 128, 4, 64, 3e-3, 0),
+    "nope-4l256-b256-lr1": Run("nope", 4, 256, 8, 256, 1e-3, 0),
+    "nope-6l128-b256-lr3": Run("nope", 6, 128, 4, 256, 3e-3, 0),
+    "nope-2l128-b256-lr3": Run("nope", 2, 128, 4, 256, 3e-3, 0),
 }
-SEEDS = {f"{p}-s{s}": (p, 4, 128, 4, 256, 3e-3, s) for p in ("nope", "rope") for s in (0, 1, 2)}
-GRIDS = {"pilot": PILOT, "seeds": SEEDS}
+SEEDS = {f"{p}-s{s}": Run(p, 4, 128, 4, 256, 3e-3, s) for p in ("nope", "rope") for s in (0, 1, 2)}
+DISTRACT_MIX = ("values=2:8", "distractors=1:3")
+"""The `distract` grid's documents (written after the seeds grid, before its runs): 1-3 distractor
+keys in every document. In the seeds grid two NoPE seeds of three learned to copy a needle without
+matching its key, which scores 1/(k+1) with k distractors and 0.52 on the seeds mixture; here that
+copy is worth at most 0.5, and documents without a distractor (the first and last formats of
+analysis.FORMATS contain them, 9-10 values has only them) are held out."""
+DISTRACT = {n: r._replace(mix=DISTRACT_MIX) for n, r in SEEDS.items()}
+GRIDS = {"pilot": PILOT, "seeds": SEEDS, "distract": DISTRACT}
 
 
-def config(name: str, spec: tuple, shards: Path, work: Path, steps: int, backend: str) -> str:
-    pos, layers, hidden, heads, batch, lr, seed = spec
+def shard_name(mix: tuple[str, ...]) -> str:
+    """The shards of a mixture (the seeds grid's keep their first name)."""
+    return "kvmix" if mix == TRAIN_MIX else "kv_" + "_".join(
+        p.replace("=", "").replace(":", "-") for p in mix)
+
+def config(name: str, spec: Run, shards: Path, work: Path, steps: int, backend: str) -> str:
+    pos, layers, hidden, heads, batch, lr, seed, mix = spec
     inc = ", ".join(str(REPO / "configs" / c) for c in ("model/kv-tiny.yaml", "data/kv.yaml", "train/kv.yaml"))
     return f"""include: [{inc}]
 name: {name}
@@ -59,8 +87,8 @@ model: {{num_layers: {layers}, hidden_size: {hidden}, num_attention_heads: {head
 attention: {{position: {pos}}}
 data:
   tokenizer: {REPO / "data/kv/tokenizer.model"}
-  blend: [{{prefix: {shards}/kvmix_train, weight: 1.0}}]
-  valid_blend: [{{prefix: {shards}/kvmix_valid, weight: 1.0}}]
+  blend: [{{prefix: {shards}/{shard_name(mix)}_train, weight: 1.0}}]
+  valid_blend: [{{prefix: {shards}/{shard_name(mix)}_valid, weight: 1.0}}]
   seed: {1234 + seed}
 train: {{steps: {steps}, seed: {1234 + seed}, micro_batch_size: {batch}, global_batch_size: {batch},
         eval_interval: 1000, eval_iters: 2}}
@@ -71,11 +99,11 @@ parallel: {{backend: {backend}}}
 """
 
 
-def shard_command(shards: Path, workers: int) -> list[str]:
-    sets = [a for p in TRAIN_MIX for a in ("--task-set", f"kv.{p}")]
+def shard_command(shards: Path, workers: int, mix: tuple[str, ...] = TRAIN_MIX) -> list[str]:
+    sets = [a for p in mix for a in ("--task-set", f"kv.{p}")]
     return [sys.executable, str(REPO / "data_prep/shard.py"), "--format", "tasks", "--tasks", "kv",
             "--input", str(REPO / "data/kv/train/*.jsonl"), "--tokenizer", str(REPO / "data/kv/tokenizer.model"),
-            "--out", str(shards), "--name", "kvmix", "--task-passes", "32", "--valid-fraction", "0.01",
+            "--out", str(shards), "--name", shard_name(mix), "--task-passes", "32", "--valid-fraction", "0.01",
             "--workers", str(workers), *sets, "--task-set", f"kv.length={L}", "--no-progress"]
 
 
@@ -85,8 +113,9 @@ def train(a) -> dict:
     work, out, shards = Path(a.work), Path(a.out), Path(a.shards)
     (work / "cfg").mkdir(parents=True, exist_ok=True)
     out.mkdir(parents=True, exist_ok=True)
-    if not (shards / "kvmix.manifest.json").exists():
-        subprocess.run(shard_command(shards, a.workers), check=True)
+    for mix in sorted({grid[n].mix for n in names}):
+        if not (shards / f"{shard_name(mix)}.manifest.json").exists():
+            subprocess.run(shard_command(shards, a.workers, mix), check=True)
     env = {**os.environ, "OMP_NUM_THREADS": str(a.threads), "PYTHONUNBUFFERED": "1"}
     procs, logs, t0, cpus = {}, [], time.time(), os.cpu_count() or 1
     for i, n in enumerate(names):

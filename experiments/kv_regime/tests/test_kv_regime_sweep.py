@@ -18,13 +18,22 @@ def test_every_run_of_every_grid_is_a_valid_config(grid, tmp_path):
         f.write_text(sweep.config(name, spec, tmp_path / "sh", tmp_path, 100, "gloo"))
         cfg = load_config(str(f), [])
         assert cfg.model.seq_length == sweep.L and cfg.train.global_batch_size == spec[4]
-        assert cfg.attention.position == spec[0] and cfg.train.seed == 1234 + spec[6]
-    assert grid != "seeds" or len(sweep.SEEDS) == 6
+        assert cfg.attention.position == spec.position and cfg.train.seed == 1234 + spec.seed
+        assert cfg.data.blend[0].prefix.endswith(f"/{sweep.shard_name(spec.mix)}_train")
+    assert grid == "pilot" or len(sweep.GRIDS[grid]) == 6
 
 
-def test_shards_are_the_training_mixture_at_L(tmp_path):
-    cmd = " ".join(sweep.shard_command(tmp_path, 2))
-    assert all(f"--task-set kv.{p}" in cmd for p in TRAIN_MIX) and f"kv.length={sweep.L}" in cmd
+@pytest.mark.parametrize("mix", [TRAIN_MIX, sweep.DISTRACT_MIX])
+def test_shards_are_the_training_mixture_at_L(tmp_path, mix):
+    cmd = " ".join(sweep.shard_command(tmp_path, 2, mix))
+    assert all(f"--task-set kv.{p}" in cmd for p in mix) and f"kv.length={sweep.L}" in cmd
+    assert f"--name {sweep.shard_name(mix)} " in cmd
+
+
+def test_the_distract_grid_is_the_seeds_grid_with_a_distractor_in_every_document():
+    assert sweep.shard_name(TRAIN_MIX) == "kvmix"  # the seeds grid's shards keep their name
+    assert {n: r._replace(mix=TRAIN_MIX) for n, r in sweep.DISTRACT.items()} == sweep.SEEDS
+    assert "distractors=1:3" in sweep.DISTRACT_MIX and "distractors=0:3" not in sweep.DISTRACT_MIX
 
 
 def test_zipf_filler_is_skewed(tmp_path):
