@@ -152,6 +152,10 @@ class TrainConfig:
     """`headscale`: freeze every weight but the per-head scales (needs checkpoint.init_from)."""
     steps: int = 200
     """Optimizer steps of the run (part of the data order: keep it fixed when resuming)."""
+    exit_at: int = 0
+    """Stop after this step with a checkpoint and exit 0, the LR schedule still over train.steps
+    (Megatron's --exit-interval): a later run with a larger exit_at, or 0, goes on from there
+    (training in segments, e.g. until a gate). 0: run to train.steps."""
     micro_batch_size: int = 4
     """Sequences per rank per forward pass."""
     global_batch_size: int = 8
@@ -185,6 +189,8 @@ class TrainConfig:
         for k in ("steps", "micro_batch_size", "global_batch_size", "eval_iters"):
             _check(getattr(self, k) > 0, f"train.{k}", "must be > 0")
         _check(self.nonfinite_patience >= 0, "train.nonfinite_patience", "must be >= 0")
+        _check(0 <= self.exit_at <= self.steps, "train.exit_at",
+               f"must be between 0 (off) and train.steps = {self.steps}, not {self.exit_at}")
         _check(self.eval_interval >= 0, "train.eval_interval", "must be >= 0")
         _check(self.grad_accum is None or self.grad_accum > 0, "train.grad_accum", "must be > 0")
 

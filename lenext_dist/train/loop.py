@@ -118,10 +118,10 @@ def _train(cfg: RunConfig, stop: StopSignal, owns_group: bool, rank: int, world:
             name = "deepspeed.json" if k == 0 else f"deepspeed.stage{k}.json"
             with open(os.path.join(cfg.run_dir, name), "w") as f:
                 json.dump(run.ds_config, f, indent=2)
-        end = stages.bounds(cfg)[k][1]
+        end = min(stages.bounds(cfg)[k][1], cfg.train.exit_at or cfg.train.steps)
         with sdpa_preference(cfg):
             step, stopped, diverged = _step_loop(run, stop, step, consumed, end)
-        if stopped or diverged is not None or step >= cfg.train.steps:
+        if stopped or diverged is not None or step >= (cfg.train.exit_at or cfg.train.steps):
             return _finish(run, step, stopped, diverged, owns_group)
         k += 1  # the boundary's checkpoint is saved: free this stage's engine, build the next
         optim.release_engine(run.engine)
@@ -390,7 +390,8 @@ def _finish(run: _Run, step: int, stopped: bool, diverged: Optional[int], owns_g
                        f"(train.nonfinite_patience={cfg.train.nonfinite_patience}); nothing saved after "
                        f"it, the last good checkpoint is {os.path.join(cfg.checkpoint.dir, good) if good else 'none'}. "
                        "Lower optim.lr (or raise optim.warmup_steps / lower optim.grad_clip) and resume")
-    _print0(f"[lenext] {'stopped' if stopped else 'done'} at step {step}; checkpoints in {cfg.checkpoint.dir}")
+    what = "stopped" if stopped else "done" if step >= cfg.train.steps else "exited (train.exit_at)"
+    _print0(f"[lenext] {what} at step {step}; checkpoints in {cfg.checkpoint.dir}")
     if owns_group:
         shutdown_distributed()
     return {"step": step, "stopped_by_signal": stopped}

@@ -59,6 +59,8 @@ def test_missing_required_key_names_key_and_file(tmp_path):
     ("parallel.zero_stage=4", "parallel.zero_stage"),
     ("model.hidden_size=65", "model.hidden_size"),
     ("train.global_batch_size=10", "train.global_batch_size"),  # micro 4 does not divide 10
+    ("train.exit_at=201", "train.exit_at"),  # past train.steps (200)
+    ("train.exit_at=-1", "train.exit_at"),
 ])
 def test_bad_values_name_the_key(override, key):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):

@@ -140,6 +140,18 @@ def test_resume_two_plus_two_equals_four_straight(straight, shards, tmp_path):
         torch.testing.assert_close(wb[k], wa[k], rtol=1e-5, atol=1e-7, msg=k)
 
 
+def test_exit_at_trains_in_segments_that_add_up_to_the_straight_run(straight, shards, tmp_path):
+    run, _ = straight
+    assert run_train(config(tmp_path, shards, "seg", train={"exit_at": 2})) == {
+        "step": 2, "stopped_by_signal": False}
+    ckpt = tmp_path / "seg" / "checkpoints"
+    assert (ckpt / LATEST).read_text().strip() == tag_for(2) and not (ckpt / tag_for(STEPS)).exists()
+    assert losses(tmp_path / "seg", "lr") == {s: pytest.approx(v) for s, v in losses(run, "lr").items()
+                                             if s <= 2}  # the schedule is still over train.steps
+    assert run_train(config(tmp_path, shards, "seg"))["step"] == STEPS  # exit_at 0: to the end
+    assert losses(tmp_path / "seg") == {s: pytest.approx(v, rel=1e-6, abs=0) for s, v in losses(run).items()}
+
+
 def test_accumulation_2_x_micro_1_equals_accumulation_1_x_micro_2(straight, shards, tmp_path):
     run, _ = straight
     run_train(config(tmp_path, shards, "micro2", train={"micro_batch_size": 2}))
