@@ -1,9 +1,12 @@
 """The layout study's table and verdicts (results.json -> summary.json -> LAYOUTS.md).
 
 Rules fixed here before the runs. Accuracy is whole answers right of the test documents at the
-chosen checkpoint; a layout's number is the mean over its seeds (min..max shown).
+chosen checkpoint (the first at the gate, >= 0.9 at L); a layout's number is the mean over its
+seeds that reached the gate (min..max shown), never over a seed that did not.
+- A layout gets verdicts only with >= MIN_SEEDS seeds at the gate; the others are reported (seeds
+  trained, seeds at the gate, their gate steps) with no verdict.
 - Which layout extends furthest: the highest mean accuracy, averaged over 2L and 4L, with no
-  schedule (ties within GAP are reported as ties).
+  schedule (ties within GAP are reported as ties), among the layouts with verdicts.
 - A schedule helps a layout: its mean accuracy at 4L or at 8L is at least GAP above no schedule
   there, and above the no-retrieval baseline.
 """
@@ -16,6 +19,8 @@ import numpy as np
 GAP = 0.1
 """A difference in mean whole-answer accuracy that counts (two seeds of 128 documents each: the
 sampling sd of a mean is <= 0.032)."""
+MIN_SEEDS = 3
+"""Seeds at the gate a layout needs before any verdict is drawn from it (issue 43, item 3)."""
 
 
 def _acc(cells: list, length: int, key: str = "accuracy") -> Optional[float]:
@@ -34,12 +39,17 @@ def summarize(plan: dict, results: list) -> dict:
     lengths = [k * plan["L"] for k in plan["multiples"]]
     layouts = list(dict.fromkeys(r["layout"] for r in results))
     table, baseline = [], {}
+    trained = {lay: sum(1 for r in results if r["layout"] == lay) for lay in layouts}
     for layout in layouts:
-        runs = [r for r in results if r["layout"] == layout]
+        runs = [r for r in results if r["layout"] == layout and r["rule"]["chosen"]]
+        if not runs:  # no seed at the gate: a row that says so, no numbers
+            table.append({"layout": layout, "schedule": "none", "seeds": trained[layout], "at_gate": 0,
+                          "accuracy": {str(n): _mean([]) for n in lengths},
+                          "answer_nll": {str(n): _mean([]) for n in lengths}})
         for sched in dict.fromkeys(row["schedule"] for r in runs for row in r["rows"]):
             cells = [row["cells"] for r in runs for row in r["rows"] if row["schedule"] == sched]
-            table.append({"layout": layout, "schedule": sched, "seeds": len(cells),
-                          "at_gate": sum(1 for r in runs if r["rule"]["chosen"]),
+            table.append({"layout": layout, "schedule": sched, "seeds": trained[layout],
+                          "at_gate": len(cells),
                           "accuracy": {str(n): _mean([_acc(c, n) for c in cells]) for n in lengths},
                           "answer_nll": {str(n): _mean([_acc(c, n, "answer_nll") for c in cells])
                                          for n in lengths}})
@@ -53,15 +63,21 @@ def summarize(plan: dict, results: list) -> dict:
         row = next((t for t in table if t["layout"] == layout and t["schedule"] == sched), None)
         return None if row is None else row["accuracy"][str(n)]["mean"]
 
+    at_gate = {lay: sum(1 for r in results if r["layout"] == lay and r["rule"]["chosen"])
+               for lay in layouts}
+    judged = [lay for lay in layouts if at_gate[lay] >= MIN_SEEDS]
     reach = {lay: float(np.mean([mean(lay, "none", n) or 0.0 for n in lengths[1:3]]))
-             for lay in layouts}
+             for lay in judged}
     best = max(reach.values()) if reach else None
     verdicts = {"furthest": {
-        "rule": f"highest mean accuracy over {lengths[1:3]} with no schedule (ties within {GAP})",
-        "reach": reach, "layouts": [lay for lay, v in reach.items() if best - v < GAP]}}
+        "rule": f"highest mean accuracy over {lengths[1:3]} with no schedule (ties within {GAP}), "
+                f"layouts with >= {MIN_SEEDS} seeds at the gate",
+        "reach": reach, "layouts": [lay for lay, v in reach.items() if best - v < GAP]},
+        "no_verdict": {lay: f"{at_gate[lay]} of {trained[lay]} seeds at the gate"
+                       for lay in layouts if lay not in judged}}
     helps = []
     for t in table:
-        if t["schedule"] == "none":
+        if t["schedule"] == "none" or t["layout"] not in judged:
             continue
         for n in lengths[2:]:
             base, got = mean(t["layout"], "none", n), t["accuracy"][str(n)]["mean"]
@@ -88,8 +104,8 @@ def render(summary: dict) -> str:
            "Generated from summary.json by experiments/nope_layouts (see its study.py for the "
            "design, analysis.py for the rules). Whole-answer accuracy of the kv task at the "
            f"chosen checkpoint, L = {L}, mean (min..max) over seeds; schedules act on the NoPE "
-           "layers only. A seed that never reached the gate is scored at its final checkpoint "
-           "(seeds: all (at the gate)).", "", f"| layout | schedule | seeds | {head} |",
+           "layers only; only seeds that reached the gate count (seeds: trained (at the gate)).",
+           "", f"| layout | schedule | seeds | {head} |",
            "|---|---|---|" + "---|" * len(lengths)]
     for t in summary["table"]:
         cells = " | ".join(
@@ -107,9 +123,13 @@ def render(summary: dict) -> str:
         "; ".join(f"{c['schedule']} helps {c['layout']} at {c['length'] // L}L "
                   f"({_f(c['none'])} -> {_f(c['with'])})" for c in helped)
         if helped else "none helps any layout by the rule") + ".")
+    if v.get("no_verdict"):
+        out.append(f"- **No verdict** (< {MIN_SEEDS} seeds at the gate): " + ", ".join(
+            f"{lay} ({why})" for lay, why in v["no_verdict"].items()) + ".")
     models = summary["models"]
-    out += ["", "## Checkpoints (the rule: the first >= 0.9 at L, validation documents)", "",
-            "| model | chosen | final |", "|---|---|---|"]
+    out += ["", "## Checkpoints (the rule: the first >= 0.9 at L, validation documents; training "
+                "stops at the first segment end after it, or at the budget)", "",
+            "| model | gate step (chosen) | stopped at |", "|---|---|---|"]
     out += [f"| {m['model']['name']} | {m['rule']['chosen'] or 'none (gate not reached)'} | "
             f"{m['rule']['final']} |" for m in models]
     return "\n".join(out) + "\n"
