@@ -136,7 +136,8 @@ study-quick: setup
 	$(BIN)/python -m experiments.nope_length --quick
 
 # NoPE inside hybrid layouts (experiments/nope_layouts): NoPE, RoPE, 3:1 interleave, local RoPE +
-# global NoPE, two seeds, scored with each temperature schedule on the NoPE layers (~60 min).
+# global NoPE, iRoPE, three seeds each trained until the gate (a budget of 7500 steps), scored with
+# each temperature schedule on the NoPE layers (~2-3 h, resumable).
 study-layouts: setup
 	$(BIN)/python -m experiments.nope_layouts
 

@@ -116,8 +116,10 @@ def render(summary: dict) -> str:
         _f(summary["baseline"].get(str(n))) for n in lengths) + " |")
     v = summary["verdicts"]
     out += ["", "## Verdicts", "",
-            f"- **Furthest** ({v['furthest']['rule']}): {', '.join(v['furthest']['layouts'])} "
-            "(" + ", ".join(f"{k} {_f(x)}" for k, x in v["furthest"]["reach"].items()) + ")."]
+            f"- **Furthest** ({v['furthest']['rule']}): " + (
+                f"{', '.join(v['furthest']['layouts'])} (" + ", ".join(
+                    f"{k} {_f(x)}" for k, x in v["furthest"]["reach"].items()) + ")."
+                if v["furthest"]["layouts"] else "no layout has the seeds for a verdict.")]
     helped = [c for c in v["schedules"]["cells"] if c["helps"]]
     out.append(f"- **Schedules** ({v['schedules']['rule']}): " + (
         "; ".join(f"{c['schedule']} helps {c['layout']} at {c['length'] // L}L "

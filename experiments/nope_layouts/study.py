@@ -12,14 +12,18 @@ checkpoint rule and scoring; its `Study` steps are reused), with 4 layers so a 3
     irope         RoPE in chunks of L/4 on layers 1-3, global NoPE on layer 4 (Llama 4's iRoPE;
                   `irope` 4; trained without its temperature, which is 1 below floor_scale = L)
 
-Each trained with two seeds; each chosen checkpoint (the first >= 0.9 at L, validation documents)
+Each trained with three seeds until the gate: in segments of SEGMENT steps (the LR schedule over
+BUDGET), each followed by the checkpoint rule (the first checkpoint >= 0.9 at L, validation
+documents, every CHECKPOINT steps), stopping at the first segment that holds a checkpoint at the
+gate or at BUDGET (then the seed is reported as not at the gate and scored nowhere; analysis.py
+draws verdicts only from layouts with 3 seeds at the gate). Each chosen checkpoint
 is scored at 1, 2, 4, 8 L under every temperature schedule of `SCHEDULES`, applied at evaluation to
 the NoPE layers only (`lenext eval tasks --temperature`; the schedules' parameters are fixed here,
 before any run: c = 1.5 (the demo's), the log fit's a = 0.274 (experiments/nope_length's published
 fit), Llama 4's attn_scale 0.1 with floor_scale = L (its 8192 relative to its training chunk)).
 Pure RoPE has no NoPE layer: its schedules change nothing and are scored once.
 
-  python -m experiments.nope_layouts             # ~75 min on 2 cores, resumable
+  python -m experiments.nope_layouts             # ~2-3 h on 2 cores, resumable
   python -m experiments.nope_layouts --quick     # a smoke run (a few minutes)
   python -m experiments.nope_layouts --publish   # records -> experiments/nope_layouts/results
 """
@@ -48,6 +52,14 @@ LAYOUTS: dict[str, tuple[str, tuple[str, ...]]] = {
                        "--attention.chunked=16")),
 }
 """layout -> (attention.position, overrides) of the 4-layer kv model."""
+SEEDS = (0, 1, 2)
+BUDGET = 7500
+"""Steps a seed may train to reach the gate (3x the first study's 2500, where iRoPE reached it on
+no seed); the cosine schedule runs over them whatever the stop."""
+SEGMENT = 500
+CHECKPOINT = 125
+"""Training stops at the end of the first SEGMENT whose checkpoints (every CHECKPOINT steps) hold
+one at the gate: the gate step is known to CHECKPOINT steps."""
 
 SCHEDULES: dict[str, str | None] = {
     "none": None,
@@ -58,32 +70,47 @@ SCHEDULES: dict[str, str | None] = {
 """Row label -> `lenext eval --temperature` spec (on the NoPE layers: the default `layers=nope`)."""
 
 
-def models(seeds=(0, 1), layouts=tuple(LAYOUTS)) -> tuple[Model, ...]:
+def models(seeds=SEEDS, layouts=tuple(LAYOUTS)) -> tuple[Model, ...]:
     return tuple(Model(f"{name}-s{s}", LAYOUTS[name][0], s, DEPTH + LAYOUTS[name][1])
                  for name in layouts for s in seeds)
 
 
 def full_plan() -> Plan:
-    return Plan(models=models(), steps=2500, multiples=(1, 2, 4, 8))
+    return Plan(models=models(), steps=BUDGET, interval=CHECKPOINT, multiples=(1, 2, 4, 8))
 
 
 def quick_plan() -> Plan:
-    return Plan(models=models(seeds=(0,), layouts=("nope", "interleave")), steps=60,
+    return Plan(models=models(seeds=(0,), layouts=("nope", "interleave")), steps=60, interval=10,
                 multiples=(1, 2), docs=8, valid_docs=8, kv_passes=1)
+
+
+def train_to_gate(study: Study, m: Model, segment: int) -> dict:
+    """Segments of `segment` steps, the checkpoint rule after each, until a checkpoint is at the
+    gate or the budget (plan.steps) is spent; the rule's record, `final` where training stopped."""
+    ckpt = study.out / "runs" / m.name / "checkpoints"
+    for end in range(segment, study.plan.steps + segment, segment):
+        study.train(m, exit_at=min(end, study.plan.steps))
+        rule = study.choose(m, ckpt)
+        if rule["chosen"]:
+            break
+    study.log(f"[layouts] {m.name}: {'gate at ' + rule['chosen'] if rule['chosen'] else 'no gate'}"
+              f" (stopped at {rule['final']})")
+    return rule
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(
         prog="python -m experiments.nope_layouts", formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Train NoPE, RoPE and three hybrid layouts in the kv regime; score them past L.\n\n"
-                    "4 layers, two seeds each: pure NoPE, pure RoPE, RoPE x3 + NoPE, local RoPE +\n"
+                    "4 layers, three seeds each, each to its gate: pure NoPE, pure RoPE, RoPE x3 + NoPE, local RoPE +\n"
                     "global NoPE, chunked RoPE + global NoPE (iRoPE); each scored at 1-8x L with no\n"
                     "schedule, uniform c, the log fit and Llama 4's temperature on the NoPE layers.",
         epilog="examples:\n  python -m experiments.nope_layouts --quick\n"
                "  python -m experiments.nope_layouts && python -m experiments.nope_layouts --publish")
     ap.add_argument("--quick", action="store_true", help="a smoke run: 2 models, a few steps")
     ap.add_argument("--out", help="work folder (default results/nope_layouts[-quick])")
-    ap.add_argument("--train-only", action="store_true", help="train every model, score nothing")
+    ap.add_argument("--train-only", action="store_true",
+                    help="train every model to its gate (the rule's scoring at L only), score nothing else")
     ap.add_argument("--publish", action="store_true",
                     help="copy the finished study's records to experiments/nope_layouts/results")
     ap.add_argument("--nproc", type=int, default=2, help="ranks per training (default 2)")
@@ -94,14 +121,11 @@ def main(argv=None) -> int:
         return 0
     plan = replace(quick_plan() if a.quick else full_plan(), nproc=a.nproc)
     study = Study(plan, out)
-    for m in plan.models:
-        study.train(m)
+    segment = SEGMENT if not a.quick else 20
+    rules = {m.name: train_to_gate(study, m, segment) for m in plan.models}
     if a.train_only:
         return 0
-    results = []
-    for m in plan.models:
-        rule = study.choose(m, out / "runs" / m.name / "checkpoints")
-        results.append(measure(study, m, rule))
+    results = [measure(study, m, rules[m.name]) for m in plan.models]
     summary = {**summarize(asdict(plan), results), "timings_s": study.timings}
     (out / "results.json").write_text(json.dumps(results, indent=1))
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
@@ -111,12 +135,13 @@ def main(argv=None) -> int:
 
 
 def measure(study: Study, m: Model, rule: dict) -> dict:
-    """Every schedule of SCHEDULES at 1..8 L on the chosen checkpoint (none reached: the final
-    one, marked); pure RoPE has no NoPE layer and is scored with `none` only."""
-    p, layout = study.plan, m.name.rsplit("-s", 1)[0]
-    tag = rule["chosen"] or rule["final"]
-    hf = study.export(study.out / "runs" / m.name / "checkpoints", tag, m.name)
+    """Every schedule of SCHEDULES at 1..8 L on the chosen checkpoint (a seed off the gate is
+    scored nowhere); pure RoPE has no NoPE layer and is scored with `none` only."""
+    p, layout, tag = study.plan, m.name.rsplit("-s", 1)[0], rule["chosen"]
     rows = []
+    if tag is None:
+        return {"model": asdict(m), "layout": layout, "rule": rule, "tag": None, "rows": rows}
+    hf = study.export(study.out / "runs" / m.name / "checkpoints", tag, m.name)
     for label, spec in SCHEDULES.items():
         if spec is not None and layout == "rope":  # no NoPE layer to scale
             continue

@@ -65,6 +65,8 @@ class Plan:
     headscale_targets: tuple[int, ...] = (2, 4, 8)
     """HeadScale (the paper's search) on NoPE seed 0 at T = s x L, answers-only loss."""
     headscale_steps: int = 200
+    interval: int = 0
+    """Steps between checkpoints (and validation losses); 0: steps // 12."""
     docs: int = 128
     valid_docs: int = 64
     L: int = 64
@@ -136,21 +138,22 @@ class Study:
         if rc:
             raise SystemExit(f"error: training {run_dir.name} failed (exit {rc}); see {log}")
 
-    def train(self, m: Model) -> Path:
-        run_dir = self.out / "runs" / m.name
-        last = run_dir / "checkpoints" / f"step_{self.plan.steps:07d}"
-        if not last.exists():
+    def train(self, m: Model, exit_at: int = 0) -> Path:
+        """Train m to plan.steps, or to exit_at (a segment: the schedule still over plan.steps)."""
+        run_dir, end = self.out / "runs" / m.name, exit_at or self.plan.steps
+        every = self.plan.interval or max(1, self.plan.steps // 12)
+        if not (run_dir / "checkpoints" / f"step_{end:07d}").exists():
             shards = self.shards(self.plan.L)
-            self.log(f"[study] train {m.name} ({self.plan.steps} steps)")
-            self._timed(f"train {m.name}", lambda: self._launch(
+            self.log(f"[study] train {m.name} (to step {end} of {self.plan.steps})")
+            self._timed(f"train {m.name}" + (f" to {end}" if exit_at else ""), lambda: self._launch(
                 REPO / "configs" / "exp" / "kv-nope.yaml", run_dir,
                 [f"--attention.position={m.position}", f"--train.seed={1234 + m.seed}",
                  f"--data.seed={1234 + m.seed}", f"--train.steps={self.plan.steps}",
                  f"--data.tokenizer={self.data / 'tokenizer.model'}",
                  f"--data.blend=[{{prefix: {shards / 'kv_train'}, weight: 1.0}}]",
                  f"--data.valid_blend=[{{prefix: {shards / 'kv_valid'}, weight: 1.0}}]",
-                 f"--checkpoint.interval={max(1, self.plan.steps // 12)}",
-                 f"--train.eval_interval={max(1, self.plan.steps // 12)}", *m.overrides]))
+                 f"--train.exit_at={exit_at}", f"--checkpoint.interval={every}",
+                 f"--train.eval_interval={every}", *m.overrides]))
         return run_dir / "checkpoints"
 
     def export(self, ckpt: Path, tag: str, name: str) -> Path:
@@ -312,7 +315,8 @@ def publish(out: Path, dest: Path, names: tuple[str, ...] = ("summary.json", "ST
     except (OSError, ValueError, AttributeError):
         plan = {}
     want = json.loads(json.dumps(asdict(full)))
-    differ = sorted(k for k in want if k != "nproc" and plan.get(k) != want[k])
+    default = json.loads(json.dumps(asdict(Plan(models=()))))  # what a record without the key ran
+    differ = sorted(k for k in want if k != "nproc" and plan.get(k, default[k]) != want[k])
     if differ:
         got = f"steps {plan.get('steps')}, {len(plan.get('models') or [])} models"
         raise SystemExit(f"error: {out}/summary.json is not the full study's ({got}; its "
