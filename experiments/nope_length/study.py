@@ -97,6 +97,23 @@ class Study:
         self._timings_path = out / "timings.json"
         if self._timings_path.exists():
             self.timings = json.loads(self._timings_path.read_text())
+        self._claim_folder()
+
+    def _claim_folder(self) -> None:
+        """One plan per work folder: resuming in a folder of another plan (another budget, seeds
+        or checkpoint interval) would go on from its checkpoints under the new settings."""
+        record = self.out / "plan.json"
+        want = {k: v for k, v in json.loads(json.dumps(asdict(self.plan))).items() if k != "nproc"}
+        if record.exists():
+            have = json.loads(record.read_text())
+            differ = sorted(k for k in {*want, *have} if want.get(k) != have.get(k))
+            why = f"the runs of another plan ({', '.join(differ)} differ)" if differ else None
+        else:
+            why = "runs of a plan it has no record of" if (self.out / "runs").exists() else None
+        if why:
+            raise SystemExit(f"error: {self.out} holds {why}: pass --out to a new folder, or move it")
+        self.out.mkdir(parents=True, exist_ok=True)
+        record.write_text(json.dumps(want, indent=1))
 
     def _timed(self, key: str, fn):
         t0 = time.perf_counter()

@@ -34,3 +34,20 @@ def test_quick_study_writes_its_records(tmp_path):
     p = subprocess.run([sys.executable, "-m", "experiments.nope_length", "--quick", "--publish",
                         "--out", str(out)], cwd=REPO, env=env(), capture_output=True, text=True)
     assert p.returncode != 0 and "not the full study's" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_a_work_folder_holds_one_plan(tmp_path):
+    """Resuming in a folder of another plan would go on from its checkpoints under new settings
+    (the layout study's budget and interval changed under an earlier folder): refused."""
+    from dataclasses import replace
+
+    from experiments.nope_length.study import Study, quick_plan
+
+    plan = quick_plan()
+    Study(plan, tmp_path / "a")
+    Study(replace(plan, nproc=1), tmp_path / "a")  # the ranks are no part of the plan
+    with pytest.raises(SystemExit, match=r"a holds the runs of another plan \(steps differ\)"):
+        Study(replace(plan, steps=61), tmp_path / "a")
+    (tmp_path / "b" / "runs").mkdir(parents=True)  # made before plan.json was written
+    with pytest.raises(SystemExit, match="b holds runs of a plan it has no record of"):
+        Study(plan, tmp_path / "b")
