@@ -30,7 +30,7 @@ from lenext_dist.train.group import (  # noqa: F401  (re-exported: callers impor
 from lenext_dist.train.metrics import Metrics
 from lenext_dist.train.peak import peak_tflops
 from lenext_dist.train.reshard import check_dp_size, saved_dp_size
-from lenext_dist.train.run_dir import claim as claim_run_dir
+from lenext_dist.train.run_dir import claim as claim_run_dir, refuse_if_busy
 from lenext_dist.train.signals import StopSignal
 
 
@@ -97,6 +97,8 @@ def train(cfg: RunConfig) -> dict:
     """Train per cfg; returns {'step', 'stopped_by_signal'}. Call on every rank."""
     stop = StopSignal()  # first: a USR1/TERM during start-up must not kill a rank
     owns_group = not dist.is_initialized()  # a caller's process group is the caller's to end
+    if owns_group:  # before the rendezvous (a busy run_dir binds no port); in a caller's group
+        refuse_if_busy(cfg)  # a faster rank 0 may already hold the lock: claim alone decides
     rank, world = init_distributed(cfg)
     # rank 0 locks run_dir for the whole run; an earlier run there is refused or moved aside
     lock = claim_run_dir(cfg, rank)

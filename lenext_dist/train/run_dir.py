@@ -65,11 +65,8 @@ class RunDirLock:
                   f"{folder} would not be refused", flush=True)
             return
         if fd is None:
-            holder = path.read_text(errors="replace").strip() if path.is_file() else ""
             self.release()
-            raise CheckpointError(
-                f"{folder} is in use by another training ({holder or f'{path} is locked'}); wait "
-                "for it to finish (or stop it), or give this run another run_dir")
+            raise CheckpointError(_busy_message(folder))
         os.ftruncate(fd, 0)
         os.write(fd, f"pid {os.getpid()} on {socket.gethostname()} since "
                      f"{time.strftime('%Y-%m-%d %H:%M:%S')}\n".encode())
@@ -82,6 +79,35 @@ class RunDirLock:
         for fd in self.fds.values():
             os.close(fd)  # closing the descriptor drops the flock
         self.fds = {}
+
+
+def _busy_message(folder: Path) -> str:
+    path = folder / LOCK
+    holder = path.read_text(errors="replace").strip() if path.is_file() else ""
+    return (f"{folder} is in use by another training ({holder or f'{path} is locked'}); wait "
+            "for it to finish (or stop it), or give this run another run_dir")
+
+
+def refuse_if_busy(cfg) -> None:
+    """Before the process group, on every rank: a run folder whose lock another training holds is
+    refused at once, with no rendezvous and no port bound (a second launch on a busy folder
+    failed on its master port, taken meanwhile, instead of with this message). Only a probe: the
+    lock rank 0 takes after the group is up (claim) stays the authority."""
+    import fcntl
+
+    for folder in _locked(cfg):
+        try:  # read-only, never created: a fresh folder has no lock file
+            fd = os.open(folder / LOCK, os.O_RDONLY | os.O_NOFOLLOW)
+        except OSError:
+            continue  # none, or a link (claim refuses it with its own message)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # shared: probes of one launch agree
+        except BlockingIOError:
+            raise CheckpointError(_busy_message(folder)) from None
+        except OSError:
+            pass  # no flock on this filesystem: claim warns
+        finally:
+            os.close(fd)
 
 
 def _link_message(path: Path, folder: Path) -> str:

@@ -1,6 +1,7 @@
 """One training per run_dir (a flock held by rank 0), and an earlier run's outputs are never
 overwritten: checkpoint.resume=false on them is refused, checkpoint.start_over=true moves them
 aside. (The real launcher, two trainings at once: tests/e2e/test_run_dir_cli.py.)"""
+import os
 import subprocess
 import sys
 
@@ -46,6 +47,32 @@ def test_second_claim_is_refused_while_the_first_holds_the_run_dir(tmp_path):
     assert p.returncode == 1 and "is in use by another training" in p.stderr
     first.release()
     claim(cfg(run), rank=0).release()  # free again once the first is done
+
+
+def test_a_busy_run_dir_is_refused_before_the_rendezvous_binds_its_port(tmp_path):
+    """A second launch on a busy run_dir failed on its master port (taken meanwhile: EADDRINUSE)
+    instead of with the message (a CI flake): the lock is probed before the process group, and
+    with the port held here the refusal still names the folder."""
+    import socket
+
+    from lenext_dist.train.run_dir import refuse_if_busy
+
+    run = tmp_path / "run"
+    refuse_if_busy(cfg(run))  # a fresh folder: nothing to probe, nothing created
+    assert not run.exists()
+    first = claim(cfg(run), rank=0)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(taken.getsockname()[1]),
+               "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"}
+        code = (f"from lenext_dist.config import load_config; from lenext_dist.train.loop import train;"
+                f"train(load_config(None, ['run_dir={run}', 'parallel.backend=gloo']))")
+        p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                           timeout=120)
+    assert p.returncode == 1 and f"{run} is in use by another training (pid {os.getpid()} " in p.stderr
+    first.release()
+    refuse_if_busy(cfg(run))  # free again
 
 
 def test_resume_false_on_an_earlier_run_is_refused_and_changes_nothing(tmp_path):
