@@ -11,7 +11,7 @@ PYTEST_ARGS ?=
 # Where DeepSpeed JIT-builds its ops (cpu_adam for ZeRO-Offload): per checkout, never shared.
 export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.cache/torch_extensions
 
-.PHONY: setup system-deps demo demo-text kv-shards shards task-shards lint test test-fast mutation dry-run bench study study-quick study-layouts study-stage2 wheelhouse gpu-site gpu-check clean
+.PHONY: setup system-deps demo demo-text kv-shards shards task-shards lint test test-fast mutation dry-run bench study study-quick study-layouts study-sizes study-stage2 wheelhouse gpu-site gpu-check clean
 
 setup: $(VENV)/.installed
 
@@ -140,6 +140,11 @@ study-quick: setup
 # each temperature schedule on the NoPE layers (~2-3 h, resumable).
 study-layouts: setup
 	$(BIN)/python -m experiments.nope_layouts
+
+# The best-c slope a at three NoPE sizes (2L d64, 4L d64, 4L d128; three seeds each, to the gate) and
+# HeadScale with its two ablations at the largest (experiments/sizes; ~3 h, resumable).
+study-sizes: setup
+	$(BIN)/python -m experiments.sizes
 
 # What stage 2 buys (experiments/stage2): NoPE, RoPE, 3:1 interleave, iRoPE, two seeds, each chosen
 # checkpoint continued 300 steps at 4L, judged against the zero-shot methods at 4-16 L (~100 min).

@@ -84,20 +84,6 @@ def quick_plan() -> Plan:
                 multiples=(1, 2), docs=8, valid_docs=8, kv_passes=1)
 
 
-def train_to_gate(study: Study, m: Model, segment: int) -> dict:
-    """Segments of `segment` steps, the checkpoint rule after each, until a checkpoint is at the
-    gate or the budget (plan.steps) is spent; the rule's record, `final` where training stopped."""
-    ckpt = study.out / "runs" / m.name / "checkpoints"
-    for end in range(segment, study.plan.steps + segment, segment):
-        study.train(m, exit_at=min(end, study.plan.steps))
-        rule = study.choose(m, ckpt)
-        if rule["chosen"]:
-            break
-    study.log(f"[layouts] {m.name}: {'gate at ' + rule['chosen'] if rule['chosen'] else 'no gate'}"
-              f" (stopped at {rule['final']})")
-    return rule
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(
         prog="python -m experiments.nope_layouts", formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -122,7 +108,7 @@ def main(argv=None) -> int:
     plan = replace(quick_plan() if a.quick else full_plan(), nproc=a.nproc)
     study = Study(plan, out)
     segment = SEGMENT if not a.quick else 20
-    rules = {m.name: train_to_gate(study, m, segment) for m in plan.models}
+    rules = {m.name: study.train_to_gate(m, segment) for m in plan.models}
     if a.train_only:
         return 0
     results = [measure(study, m, rules[m.name]) for m in plan.models]

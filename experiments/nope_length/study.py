@@ -173,6 +173,20 @@ class Study:
                  f"--train.eval_interval={every}", *m.overrides]))
         return run_dir / "checkpoints"
 
+    def train_to_gate(self, m: Model, segment: int) -> dict:
+        """Segments of `segment` steps, the checkpoint rule after each, until a checkpoint is at
+        the gate or the budget (plan.steps) is spent: the rule's record, `final` where training
+        stopped (the cosine schedule runs over the budget whatever the stop)."""
+        ckpt = self.out / "runs" / m.name / "checkpoints"
+        for end in range(segment, self.plan.steps + segment, segment):
+            self.train(m, exit_at=min(end, self.plan.steps))
+            rule = self.choose(m, ckpt)
+            if rule["chosen"]:
+                break
+        self.log(f"[study] {m.name}: {'gate at ' + rule['chosen'] if rule['chosen'] else 'no gate'} "
+                 f"(stopped at {rule['final']})")
+        return rule
+
     def export(self, ckpt: Path, tag: str, name: str) -> Path:
         from lenext_dist.convert.export import export
 

@@ -163,6 +163,7 @@ def plot(summary: dict, path) -> str:
             label="a (all seeds of a size)")
     ax.axhspan(*PAPER_A, color="tab:orange", alpha=0.2, label="paper, 1B models")
     ax.set_xscale("log")
+    ax.set_xlim(rows[0]["params"] / 1.5, rows[-1]["params"] * 1.5)  # the sizes, fitted or not
     ax.set_xlabel("non-embedding parameters")
     ax.set_ylabel("a in c(s) = 1 + a ln s")
     ax.set_title(f"best-c slope by size: {summary['slope']['verdict']}", fontsize=9)

@@ -78,6 +78,12 @@ def _stage2():
     return main
 
 
+def _sizes():
+    from experiments.sizes.study import main
+
+    return main
+
+
 def _probe():
     from experiments.nope_length.probe import main
 
@@ -128,6 +134,7 @@ COMMANDS = [
     ("python -m experiments.nope_length.probe", _probe, []),
     ("python -m experiments.nope_layouts", _nope_layouts, []),
     ("python -m experiments.stage2", _stage2, []),
+    ("python -m experiments.sizes", _sizes, []),
     ("python -m lenext_dist.gpu", _gpu_check, []),
     ("python -m lenext_dist.gpu.wheelhouse", _wheelhouse, []),
 ]

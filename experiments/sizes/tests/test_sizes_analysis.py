@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from experiments.sizes.analysis import (GAP, MIN_SEEDS, MIN_SIZES, PAPER_A, render, slope_verdict,
-                                        summarize)
+from experiments.sizes.analysis import (GAP, MIN_SEEDS, MIN_SIZES, PAPER_A, plot, render,
+                                        slope_verdict, summarize)
 
 L = 64
 MULT = [1, 2, 4, 8, 16]
@@ -40,7 +40,7 @@ def results(large=LARGE, gated_large=(True, True, True)):
     return out
 
 
-def test_the_fit_per_seed_and_per_size_and_a_slope_that_grows():
+def test_the_fit_per_seed_and_per_size_and_a_slope_that_grows(tmp_path):
     s = summarize(PLAN, results(), [], PARAMS)
     large = next(r for r in s["sizes"] if r["size"] == "large")
     assert large["a_seeds"]["large-s0"] == pytest.approx(a_of(LARGE[0]))
@@ -49,6 +49,13 @@ def test_the_fit_per_seed_and_per_size_and_a_slope_that_grows():
     assert s["slope"]["in_paper_range"] == (PAPER_A[0] <= large["a"] <= PAPER_A[1])
     md = render(s)
     assert "**Does a grow with size?** grows (small -> large" in md and "| large | 800 | 3 (3) |" in md
+    assert plot(s, tmp_path / "a.png") and (tmp_path / "a.png").stat().st_size > 0
+
+
+def test_the_figure_is_drawn_with_no_size_fitted(tmp_path):
+    s = summarize(PLAN, [model("small", 0, {}, gated=False)], [], {"small": 100})
+    plot(s, tmp_path / "a.png")
+    assert (tmp_path / "a.png").stat().st_size > 0
 
 
 def test_overlapping_seeds_are_no_trend_and_the_reverse_shrinks():
