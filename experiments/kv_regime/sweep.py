@@ -67,7 +67,10 @@ keys in every document. In the seeds grid two NoPE seeds of three learned to cop
 matching its key, which scores 1/(k+1) with k distractors and 0.52 on the seeds mixture; here that
 copy is worth at most 0.5, and documents without a distractor (the first and last formats of
 analysis.FORMATS contain them, 9-10 values has only them) are held out."""
-DISTRACT = {n: r._replace(mix=DISTRACT_MIX) for n, r in SEEDS.items()}
+DISTRACT = {**{n: r._replace(mix=DISTRACT_MIX) for n, r in SEEDS.items()},
+            **{f"{p}-s0": Run(p, 4, 128, 4, 256, 3e-3, 0, DISTRACT_MIX) for p in ("alibi", "kerple_log")}}
+"""NoPE and RoPE with 3 seeds (the gate), ALiBi and KERPLE with one (the study's other positions,
+issue 43 item 2: trained beside them so that a passing regime needs no second device session)."""
 GRIDS = {"pilot": PILOT, "seeds": SEEDS, "distract": DISTRACT}
 
 

@@ -20,7 +20,7 @@ def test_every_run_of_every_grid_is_a_valid_config(grid, tmp_path):
         assert cfg.model.seq_length == sweep.L and cfg.train.global_batch_size == spec[4]
         assert cfg.attention.position == spec.position and cfg.train.seed == 1234 + spec.seed
         assert cfg.data.blend[0].prefix.endswith(f"/{sweep.shard_name(spec.mix)}_train")
-    assert grid == "pilot" or len(sweep.GRIDS[grid]) == 6
+    assert len(sweep.GRIDS[grid]) == {"pilot": 8, "seeds": 6, "distract": 8}[grid]  # 8: 2 cores a run
 
 
 @pytest.mark.parametrize("mix", [TRAIN_MIX, sweep.DISTRACT_MIX])
@@ -32,7 +32,9 @@ def test_shards_are_the_training_mixture_at_L(tmp_path, mix):
 
 def test_the_distract_grid_is_the_seeds_grid_with_a_distractor_in_every_document():
     assert sweep.shard_name(TRAIN_MIX) == "kvmix"  # the seeds grid's shards keep their name
-    assert {n: r._replace(mix=TRAIN_MIX) for n, r in sweep.DISTRACT.items()} == sweep.SEEDS
+    same = {n: r._replace(mix=TRAIN_MIX) for n, r in sweep.DISTRACT.items() if n in sweep.SEEDS}
+    assert same == sweep.SEEDS and set(sweep.DISTRACT) - set(sweep.SEEDS) == {"alibi-s0", "kerple_log-s0"}
+    assert all(r.mix == sweep.DISTRACT_MIX for r in sweep.DISTRACT.values())
     assert "distractors=1:3" in sweep.DISTRACT_MIX and "distractors=0:3" not in sweep.DISTRACT_MIX
 
 
