@@ -221,7 +221,7 @@ class Study:
                                 [self.plan.L], seed=VALID_SEED, docs=self.plan.valid_docs)
             return res["cells"][0]["accuracy"]
 
-        tags = checkpoint_tags(ckpt)
+        tags = checkpoint_tags(ckpt, self.plan.interval)  # a study's interval: off-grid saves are not read
         chosen, seen = first_over_gate(tags, at_L, GATE)
         return {"chosen": chosen, "final": tags[-1], "scanned": seen, "gate": GATE}
 

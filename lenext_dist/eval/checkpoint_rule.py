@@ -17,9 +17,12 @@ from typing import Callable, Optional, Sequence, Union
 STEP = re.compile(r"step_(\d+)$")
 
 
-def checkpoint_tags(folder: Union[str, Path]) -> list[str]:
-    """The complete step_N folders of a checkpoint folder, in training order."""
-    tags = [p.name for p in Path(folder).iterdir() if p.is_dir() and STEP.match(p.name)]
+def checkpoint_tags(folder: Union[str, Path], every: int = 0) -> list[str]:
+    """The complete step_N folders of a checkpoint folder, in training order; with `every`, only
+    those of the run's checkpoint interval (a stop signal saves off it: a rule that read such a
+    checkpoint would depend on when the run was interrupted)."""
+    tags = [p.name for p in Path(folder).iterdir() if p.is_dir() and STEP.match(p.name)
+            and not (every and int(STEP.match(p.name).group(1)) % every)]
     return sorted(tags, key=lambda t: int(STEP.match(t).group(1)))
 
 

@@ -26,3 +26,6 @@ def test_tags_are_in_training_order(tmp_path):
     (tmp_path / "step_0000100.tmp").mkdir()  # an unfinished save is not a checkpoint
     assert checkpoint_tags(tmp_path) == ["step_0000250", "step_0000500", "step_0001000",
                                          "step_0002750"]
+    (tmp_path / "step_0001715").mkdir()  # saved on a stop signal, off the interval
+    assert checkpoint_tags(tmp_path, every=250) == ["step_0000250", "step_0000500", "step_0001000",
+                                                    "step_0002750"]
