@@ -24,7 +24,7 @@ import shutil
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import MISSING, asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Optional
 
@@ -346,8 +346,9 @@ def publish(out: Path, dest: Path, names: tuple[str, ...] = ("summary.json", "ST
     except (OSError, ValueError, AttributeError):
         plan = {}
     want = json.loads(json.dumps(asdict(full)))
-    default = json.loads(json.dumps(asdict(Plan(models=()))))  # what a record without the key ran
-    differ = sorted(k for k in want if k != "nproc" and plan.get(k, default[k]) != want[k])
+    # a record written before a field existed ran with the field's default
+    default = json.loads(json.dumps({f.name: f.default for f in fields(full) if f.default is not MISSING}))
+    differ = sorted(k for k in want if k != "nproc" and plan.get(k, default.get(k)) != want[k])
     if differ:
         got = f"steps {plan.get('steps')}, {len(plan.get('models') or [])} models"
         raise SystemExit(f"error: {out}/summary.json is not the full study's ({got}; its "
