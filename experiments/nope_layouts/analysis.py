@@ -17,8 +17,8 @@ from typing import Optional
 import numpy as np
 
 GAP = 0.1
-"""A difference in mean whole-answer accuracy that counts (two seeds of 128 documents each: the
-sampling sd of a mean is <= 0.032)."""
+"""A difference in mean whole-answer accuracy that counts (three seeds of 128 documents each: the
+sampling sd of a mean is <= 0.026)."""
 MIN_SEEDS = 3
 """Seeds at the gate a layout needs before any verdict is drawn from it (issue 43, item 3)."""
 

@@ -73,6 +73,11 @@ class Plan:
     kv_passes: int = 4
     nproc: int = 2
 
+    @property
+    def every(self) -> int:
+        """Steps between checkpoints (and validation losses): interval, or steps // 12."""
+        return self.interval or max(1, self.steps // 12)
+
 
 def full_plan() -> Plan:
     seeds = [Model(f"{p}-s{s}", p, s) for p in ("nope", "rope") for s in (0, 1, 2)]
@@ -105,8 +110,7 @@ class Study:
         record = self.out / "plan.json"
         want = {k: v for k, v in json.loads(json.dumps(asdict(self.plan))).items() if k != "nproc"}
         if record.exists():
-            have = json.loads(record.read_text())
-            differ = sorted(k for k in {*want, *have} if want.get(k) != have.get(k))
+            differ = plan_differs(json.loads(record.read_text()), self.plan)
             why = f"the runs of another plan ({', '.join(differ)} differ)" if differ else None
         else:
             why = "runs of a plan it has no record of" if (self.out / "runs").exists() else None
@@ -147,7 +151,7 @@ class Study:
         log = run_dir.parent / f"{run_dir.name}.log"
         cmd = launch_command(config, self.plan.nproc, overrides=[f"--run_dir={run_dir}", *overrides])
         run_dir.parent.mkdir(parents=True, exist_ok=True)
-        with open(log, "w") as f:
+        with open(log, "a") as f:  # a run in segments: each launch's lines after the last's
             f.write("$ " + " ".join(cmd) + "\n")
             f.flush()
             rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=REPO,
@@ -158,8 +162,8 @@ class Study:
     def train(self, m: Model, exit_at: int = 0) -> Path:
         """Train m to plan.steps, or to exit_at (a segment: the schedule still over plan.steps)."""
         run_dir, end = self.out / "runs" / m.name, exit_at or self.plan.steps
-        every = self.plan.interval or max(1, self.plan.steps // 12)
-        if not (run_dir / "checkpoints" / f"step_{end:07d}").exists():
+        last = run_dir / "checkpoints" / f"step_{end:07d}"
+        if not last.exists():
             shards = self.shards(self.plan.L)
             self.log(f"[study] train {m.name} (to step {end} of {self.plan.steps})")
             self._timed(f"train {m.name}" + (f" to {end}" if exit_at else ""), lambda: self._launch(
@@ -169,8 +173,11 @@ class Study:
                  f"--data.tokenizer={self.data / 'tokenizer.model'}",
                  f"--data.blend=[{{prefix: {shards / 'kv_train'}, weight: 1.0}}]",
                  f"--data.valid_blend=[{{prefix: {shards / 'kv_valid'}, weight: 1.0}}]",
-                 f"--train.exit_at={exit_at}", f"--checkpoint.interval={every}",
-                 f"--train.eval_interval={every}", *m.overrides]))
+                 f"--train.exit_at={exit_at}", f"--checkpoint.interval={self.plan.every}",
+                 f"--train.eval_interval={self.plan.every}", *m.overrides]))
+            if not last.exists():  # exit 0 on a stop signal: not the step it was asked for
+                raise SystemExit(f"error: training {m.name} stopped before step {end} (a signal?); "
+                                 "rerun the study to resume it")
         return run_dir / "checkpoints"
 
     def train_to_gate(self, m: Model, segment: int) -> dict:
@@ -178,6 +185,9 @@ class Study:
         the gate or the budget (plan.steps) is spent: the rule's record, `final` where training
         stopped (the cosine schedule runs over the budget whatever the stop)."""
         ckpt = self.out / "runs" / m.name / "checkpoints"
+        if segment % self.plan.every or self.plan.steps % self.plan.every:  # the rule reads the grid
+            raise SystemExit(f"error: segments of {segment} and a budget of {self.plan.steps} steps "
+                             f"must be multiples of the checkpoint interval {self.plan.every}")
         for end in range(segment, self.plan.steps + segment, segment):
             self.train(m, exit_at=min(end, self.plan.steps))
             rule = self.choose(m, ckpt)
@@ -221,7 +231,8 @@ class Study:
                                 [self.plan.L], seed=VALID_SEED, docs=self.plan.valid_docs)
             return res["cells"][0]["accuracy"]
 
-        tags = checkpoint_tags(ckpt, self.plan.interval)  # a study's interval: off-grid saves are not read
+        # a set interval: its grid only (a stop signal's save is not read); 0: every checkpoint
+        tags = checkpoint_tags(ckpt, self.plan.interval)
         chosen, seen = first_over_gate(tags, at_L, GATE)
         return {"chosen": chosen, "final": tags[-1], "scanned": seen, "gate": GATE}
 
@@ -332,6 +343,15 @@ def summarize_fit(summary: dict) -> Optional[float]:
     return fit.get("a")
 
 
+def plan_differs(record: dict, plan: Plan) -> list[str]:
+    """The fields in which a recorded plan (summary.json's, plan.json's) differs from `plan`, the
+    ranks aside; a field the record lacks ran at its default (it was written before the field)."""
+    want = json.loads(json.dumps(asdict(plan)))
+    default = json.loads(json.dumps({f.name: f.default for f in fields(plan) if f.default is not MISSING}))
+    return sorted(k for k in {*want, *record} - {"nproc"}
+                  if record.get(k, default.get(k)) != want.get(k))
+
+
 def publish(out: Path, dest: Path, names: tuple[str, ...] = ("summary.json", "STUDY.md"), *,
             full: Plan) -> None:
     """Copy a study's records to `dest`: summary.json (every number, the per-model results and
@@ -345,10 +365,7 @@ def publish(out: Path, dest: Path, names: tuple[str, ...] = ("summary.json", "ST
         plan = json.loads((out / "summary.json").read_text()).get("plan") or {}
     except (OSError, ValueError, AttributeError):
         plan = {}
-    want = json.loads(json.dumps(asdict(full)))
-    # a record written before a field existed ran with the field's default
-    default = json.loads(json.dumps({f.name: f.default for f in fields(full) if f.default is not MISSING}))
-    differ = sorted(k for k in want if k != "nproc" and plan.get(k, default.get(k)) != want[k])
+    differ = plan_differs(plan, full)
     if differ:
         got = f"steps {plan.get('steps')}, {len(plan.get('models') or [])} models"
         raise SystemExit(f"error: {out}/summary.json is not the full study's ({got}; its "

@@ -12,9 +12,10 @@ slope verdict.
   seed's a at the smallest; "shrinks" the reverse; otherwise "no trend beyond the seeds' spread".
   Beside it, whether the largest size's a lies in the paper's 0.30-0.40 (1B models).
 - **HeadScale vs its ablations** (the paper's Table 2 rows: the search, without the bound m_h >= 1,
-  initialised at 1 instead of the fit): at a target s, an ablation differs from the search when
-  its accuracy at T = sL is on the same side of the search's on every seed and the mean difference
-  is >= GAP; otherwise they cannot be told apart there. The best uniform c at T is shown beside.
+  initialised at 1 instead of the fit): at a target s, over >= MIN_SEEDS seeds run both ways, an
+  ablation differs from the search when its accuracy at T = sL is on the same side of the search's
+  on every seed and the mean difference is >= GAP; otherwise they cannot be told apart there
+  (fewer seeds: not judged). The best uniform c at T is shown beside.
 """
 from __future__ import annotations
 
@@ -87,12 +88,13 @@ def headscale_table(headscale: list[dict], results: list[dict]) -> dict:
 
 
 def ablation_differs(full: dict, ablation: dict) -> dict:
+    """Judged on >= MIN_SEEDS seeds run both ways (fewer: not judged, never "differs")."""
     seeds = sorted(set(full) & set(ablation))
     d = [ablation[s] - full[s] for s in seeds if None not in (ablation[s], full[s])]
     mean = sum(d) / len(d) if d else None
     same_side = bool(d) and (all(x > 0 for x in d) or all(x < 0 for x in d))
-    differs = same_side and abs(mean) >= GAP
-    return {"mean_difference": mean, "seeds": len(d), "differs": differs}
+    differs = len(d) >= MIN_SEEDS and same_side and abs(mean) >= GAP
+    return {"mean_difference": mean, "seeds": len(d), "judged": len(d) >= MIN_SEEDS, "differs": differs}
 
 
 def summarize(plan: dict, results: list, headscale: list, params: dict[str, int]) -> dict:
@@ -100,10 +102,12 @@ def summarize(plan: dict, results: list, headscale: list, params: dict[str, int]
     rows = [_size_row(s, params[s], [r for r in results if r["size"] == s], L, mult) for s in params]
     hs = headscale_table(headscale, results) if headscale else {}
     told = [f"{t} {v}" for t, row in hs.items() for v, a in row["ablations"].items() if a["differs"]]
+    judged = any(a["judged"] for row in hs.values() for a in row["ablations"].values())
     return {"plan": plan, "sizes": rows, "slope": slope_verdict(rows), "headscale": hs,
             "headscale_verdict": ("not measured" if not hs else
                                   f"differs from the search: {', '.join(told)}" if told else
-                                  "the search and its ablations cannot be told apart"),
+                                  "the search and its ablations cannot be told apart" if judged else
+                                  f"not judged: fewer than {MIN_SEEDS} seeds run both ways"),
             "models": results, "headscale_runs": headscale}
 
 

@@ -45,7 +45,8 @@ def search_config(ckpt: Path, run_dir: Path, *, target: int, init: float, steps:
                   "train_length": base.model.train_length},
         "attention": {"scale_c": init, "head_scale": {
             "enabled": True, "trainable": True, "init": init, "min_value": min_value}},
-        "train": {"mode": "headscale", "steps": steps, "global_batch_size": global_batch,
+        # exit_at 0: the checkpoint's own (a segment's end) says how its run was cut, not this one
+        "train": {"mode": "headscale", "steps": steps, "exit_at": 0, "global_batch_size": global_batch,
                   "micro_batch_size": micro_batch, "grad_accum": None, "eval_interval": 0,
                   "activation_checkpointing": activation_checkpointing},
         "optim": {"lr": lr, "warmup_steps": warmup, "min_lr_ratio": 0.1, "weight_decay": 0.0},

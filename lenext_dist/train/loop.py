@@ -111,7 +111,14 @@ def train(cfg: RunConfig) -> dict:
 def _train(cfg: RunConfig, stop: StopSignal, owns_group: bool, rank: int, world: int) -> dict:
     """Stage by stage (train.stages; one stage without): each from the checkpoint at its boundary
     with its own model, data and engine (config/stages.py has the rules)."""
-    k = stages.index_at(cfg, _resume_step(cfg))
+    start = _resume_step(cfg)
+    if cfg.train.exit_at and start >= cfg.train.exit_at:  # no engine built for no step
+        _print0(f"[lenext] nothing to do: the latest checkpoint (step {start}) is at or past "
+                f"train.exit_at={cfg.train.exit_at}; checkpoints in {cfg.checkpoint.dir}")
+        if owns_group:
+            shutdown_distributed()
+        return {"step": start, "stopped_by_signal": False}
+    k = stages.index_at(cfg, start)
     while True:
         run = _set_up(stages.stage_config(cfg, k), rank, world, base=cfg, stage=k)
         step, consumed = _resume(run)

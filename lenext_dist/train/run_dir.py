@@ -55,6 +55,11 @@ class RunDirLock:
         path = folder / LOCK
         try:
             fd = try_lock(str(path))
+            for _ in range(5):  # another launch's refuse_if_busy probe holds it for microseconds
+                if fd is not None:
+                    break
+                time.sleep(0.05)
+                fd = try_lock(str(path))
         except OSError as e:
             if e.errno == errno.ELOOP:  # O_NOFOLLOW: a link planted after _refuse_links looked
                 raise CheckpointError(_link_message(path, folder)) from None
@@ -216,6 +221,8 @@ def claim(cfg, rank: int) -> RunDirLock:
 
     lock = RunDirLock()
     outcome: list = [None]
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.barrier()  # every rank's refuse_if_busy probe is over before rank 0 takes the lock
     if rank == 0:
         try:
             init_from, notes = _claim0(cfg, lock)

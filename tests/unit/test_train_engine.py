@@ -150,6 +150,25 @@ def test_exit_at_trains_in_segments_that_add_up_to_the_straight_run(straight, sh
                                              if s <= 2}  # the schedule is still over train.steps
     assert run_train(config(tmp_path, shards, "seg"))["step"] == STEPS  # exit_at 0: to the end
     assert losses(tmp_path / "seg") == {s: pytest.approx(v, rel=1e-6, abs=0) for s, v in losses(run).items()}
+    # a rerun of a segment already done builds nothing and runs no step
+    assert run_train(config(tmp_path, shards, "seg", train={"exit_at": 2})) == {
+        "step": STEPS, "stopped_by_signal": False}
+    assert sorted(losses(tmp_path / "seg")) == list(range(1, STEPS + 1))
+
+
+def test_a_headscale_search_from_a_checkpoint_cut_at_exit_at_loads(tmp_path):
+    """A checkpoint of a run in segments records its exit_at (500 of 7500): the search's config
+    (200 steps) must not carry it over (exit_at > steps is refused)."""
+    from lenext_dist.config import save_config
+    from lenext_dist.extend.search import search_config
+
+    ckpt = tmp_path / "step_0000500"
+    ckpt.mkdir()
+    save_config(load_config(None, ["train.steps=7500", "train.exit_at=500"]), ckpt / "config.yaml")
+    cfg = search_config(ckpt, tmp_path / "hs", target=128, init=1.2, steps=200, lr=0.1, warmup=20,
+                        global_batch=8, micro_batch=4, overshoot=1.0, min_value=1.0, zero_stage=2,
+                        activation_checkpointing=False)
+    assert cfg.train.steps == 200 and cfg.train.exit_at == 0
 
 
 def test_accumulation_2_x_micro_1_equals_accumulation_1_x_micro_2(straight, shards, tmp_path):

@@ -51,3 +51,17 @@ def test_a_work_folder_holds_one_plan(tmp_path):
     (tmp_path / "b" / "runs").mkdir(parents=True)  # made before plan.json was written
     with pytest.raises(SystemExit, match="b holds runs of a plan it has no record of"):
         Study(plan, tmp_path / "b")
+
+
+def test_segments_off_the_checkpoint_grid_are_refused_before_any_training(tmp_path):
+    """The rule reads only the checkpoints on the interval's grid: a segment end off it would be
+    a stop the rule never sees."""
+    from dataclasses import replace
+
+    from experiments.nope_length.study import Study, quick_plan
+
+    study = Study(replace(quick_plan(), steps=7500, interval=125), tmp_path)
+    with pytest.raises(SystemExit, match="segments of 300 and a budget of 7500 steps must be multiples "
+                                         "of the checkpoint interval 125"):
+        study.train_to_gate(study.plan.models[0], 300)
+    assert not (tmp_path / "runs").exists()

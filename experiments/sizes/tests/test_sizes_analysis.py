@@ -93,5 +93,9 @@ def test_an_ablation_differs_only_on_one_side_for_every_seed_and_by_gap():
     s = summarize(PLAN, results(), runs[:3] + small, PARAMS)  # one side, but less than GAP
     assert s["headscale_verdict"] == "the search and its ablations cannot be told apart"
     assert GAP == 0.2
+    two = summarize(PLAN, results(), runs[:2] + [hs(i, "no bound", a) for i, a in enumerate((0.1, 0.2))],
+                    PARAMS)  # -0.4 on both seeds, but two seeds are not enough
+    assert not two["headscale"]["2L"]["ablations"]["no bound"]["differs"]
+    assert two["headscale_verdict"] == "not judged: fewer than 3 seeds run both ways"
     md = render(s)
     assert "| 2L | 0.60 (0.50..0.70) | 0.50 (0.40..0.60) | - | 0.90 (0.90..0.90) |" in md
