@@ -29,13 +29,12 @@ Pure RoPE has no NoPE layer: its schedules change nothing and are scored once.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from dataclasses import asdict, replace
 from pathlib import Path
 
-from experiments.nope_length.study import REPO, TEST_SEED, Model, Plan, Study, publish
+from experiments.nope_length.study import TEST_SEED, Model, Plan, Study, publish, study_parser, work_folder
 
 from .analysis import render, summarize
 
@@ -85,23 +84,16 @@ def quick_plan() -> Plan:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(
-        prog="python -m experiments.nope_layouts", formatter_class=argparse.RawDescriptionHelpFormatter,
-        description="Train NoPE, RoPE and three hybrid layouts in the kv regime; score them past L.\n\n"
-                    "4 layers, three seeds each, each to its gate: pure NoPE, pure RoPE, RoPE x3 + NoPE, local RoPE +\n"
-                    "global NoPE, chunked RoPE + global NoPE (iRoPE); each scored at 1-8x L with no\n"
-                    "schedule, uniform c, the log fit and Llama 4's temperature on the NoPE layers.",
-        epilog="examples:\n  python -m experiments.nope_layouts --quick\n"
-               "  python -m experiments.nope_layouts && python -m experiments.nope_layouts --publish")
-    ap.add_argument("--quick", action="store_true", help="a smoke run: 2 models, a few steps")
-    ap.add_argument("--out", help="work folder (default results/nope_layouts[-quick])")
+    ap = study_parser(
+        "nope_layouts",
+        "Train NoPE, RoPE and three hybrid layouts in the kv regime; score them past L.\n\n"
+        "4 layers, three seeds each, each to its gate: pure NoPE, pure RoPE, RoPE x3 + NoPE,\n"
+        "local RoPE + global NoPE, chunked RoPE + global NoPE (iRoPE); each scored at 1-8x L\n"
+        "with no schedule, uniform c, the log fit and Llama 4's temperature on the NoPE layers.")
     ap.add_argument("--train-only", action="store_true",
                     help="train every model to its gate (the rule's scoring at L only), score nothing else")
-    ap.add_argument("--publish", action="store_true",
-                    help="copy the finished study's records to experiments/nope_layouts/results")
-    ap.add_argument("--nproc", type=int, default=2, help="ranks per training (default 2)")
     a = ap.parse_args(argv)
-    out = Path(a.out or REPO / f"results/nope_layouts{'-quick' if a.quick else ''}")
+    out = work_folder(a, "nope_layouts")
     if a.publish:
         publish(out, HERE / "results", ("summary.json", "LAYOUTS.md"), full=full_plan())
         return 0

@@ -377,22 +377,36 @@ def publish(out: Path, dest: Path, names: tuple[str, ...] = ("summary.json", "ST
     print(f"[study] published {out} -> {dest}")
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(
-        prog="python -m experiments.nope_length", formatter_class=argparse.RawDescriptionHelpFormatter,
-        description="Run the NoPE length-generalization study in the synthetic key-value regime.\n\n"
-                    "Trains NoPE and RoPE (3 seeds each), ALiBi, KERPLE and a windowed NoPE; picks\n"
-                    "each checkpoint by the pre-registered rule; scores retrieval at 1-16x L with\n"
-                    "uniform scales, RoPE PI/NTK/YaRN and HeadScale; judges the claims.",
-        epilog="examples:\n  python -m experiments.nope_length --quick\n"
-               "  python -m experiments.nope_length && python -m experiments.nope_length --publish")
-    ap.add_argument("--quick", action="store_true", help="a smoke run: 2 models, a few steps")
-    ap.add_argument("--out", help="work folder (default results/nope_length[-quick])")
+def study_parser(name: str, description: str,
+                 quick: str = "a smoke run: 2 models, a few steps") -> argparse.ArgumentParser:
+    """The studies' command line (experiments.<name>): --quick, --out, --publish, --nproc; a study
+    adds its own flags to it."""
+    cmd = f"python -m experiments.{name}"
+    ap = argparse.ArgumentParser(prog=cmd, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 description=description,
+                                 epilog=f"examples:\n  {cmd} --quick\n  {cmd} && {cmd} --publish")
+    ap.add_argument("--quick", action="store_true", help=quick)
+    ap.add_argument("--out", help=f"work folder (default results/{name}[-quick])")
     ap.add_argument("--publish", action="store_true",
-                    help="copy the finished study's records to experiments/nope_length/results")
+                    help=f"copy the finished study's records to experiments/{name}/results")
     ap.add_argument("--nproc", type=int, default=2, help="ranks per training (default 2)")
+    return ap
+
+
+def work_folder(a: argparse.Namespace, name: str) -> Path:
+    """--out, or results/<name>[-quick] in the checkout."""
+    return Path(a.out or REPO / f"results/{name}{'-quick' if a.quick else ''}")
+
+
+def main(argv=None) -> int:
+    ap = study_parser(
+        "nope_length",
+        "Run the NoPE length-generalization study in the synthetic key-value regime.\n\n"
+        "Trains NoPE and RoPE (3 seeds each), ALiBi, KERPLE and a windowed NoPE; picks\n"
+        "each checkpoint by the pre-registered rule; scores retrieval at 1-16x L with\n"
+        "uniform scales, RoPE PI/NTK/YaRN and HeadScale; judges the claims.")
     a = ap.parse_args(argv)
-    out = Path(a.out or REPO / f"results/nope_length{'-quick' if a.quick else ''}")
+    out = work_folder(a, "nope_length")
     if a.publish:
         publish(out, HERE / "results", full=full_plan())
         return 0

@@ -22,14 +22,14 @@ the numbers into verdicts are in analysis.py, written before the runs.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import NamedTuple
 
-from experiments.nope_length.study import REPO, TEST_SEED, Model, Plan, Study, publish
+from experiments.nope_length.study import (TEST_SEED, Model, Plan, Study, publish, study_parser,
+                                          work_folder)
 
 from .analysis import plot, render, summarize
 
@@ -91,21 +91,15 @@ def measure(study: Study, m: Model, rule: dict) -> dict:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(
-        prog="python -m experiments.sizes", formatter_class=argparse.RawDescriptionHelpFormatter,
-        description="Fit the best-c slope a at three NoPE model sizes; HeadScale at the largest.\n\n"
-                    "Three seeds a size, each trained to its gate; the uniform-c grid at 1-16x L\n"
-                    "gives each seed's fit c(s) = 1 + a ln s; at the largest size HeadScale and its\n"
-                    "two ablations (no bound, init 1) run on every gated seed.",
-        epilog="examples:\n  python -m experiments.sizes --quick\n"
-               "  python -m experiments.sizes && python -m experiments.sizes --publish")
-    ap.add_argument("--quick", action="store_true", help="a smoke run: 2 sizes, 1 seed, a few steps")
-    ap.add_argument("--out", help="work folder (default results/sizes[-quick])")
-    ap.add_argument("--publish", action="store_true",
-                    help="copy the finished study's records to experiments/sizes/results")
-    ap.add_argument("--nproc", type=int, default=2, help="ranks per training (default 2)")
+    ap = study_parser(
+        "sizes",
+        "Fit the best-c slope a at three NoPE model sizes; HeadScale at the largest.\n\n"
+        "Three seeds a size, each trained to its gate; the uniform-c grid at 1-16x L\n"
+        "gives each seed's fit c(s) = 1 + a ln s; at the largest size HeadScale and its\n"
+        "two ablations (no bound, init 1) run on every gated seed.",
+        quick="a smoke run: 2 sizes, 1 seed, a few steps")
     a = ap.parse_args(argv)
-    out = Path(a.out or REPO / f"results/sizes{'-quick' if a.quick else ''}")
+    out = work_folder(a, "sizes")
     names = ("summary.json", "SIZES.md", "a_by_size.png")
     if a.publish:
         publish(out, HERE / "results", names, full=full_plan())

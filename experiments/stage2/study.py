@@ -30,14 +30,13 @@ checkpoint rule). Fixed here before any run:
 """
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from experiments.nope_layouts.study import DEPTH, LAYOUTS, SCHEDULES
-from experiments.nope_length.study import REPO, TEST_SEED, Model, Plan, Study, publish
+from experiments.nope_length.study import REPO, TEST_SEED, Model, Plan, Study, publish, study_parser, work_folder
 
 from .analysis import STAGE2, render, summarize
 
@@ -175,22 +174,15 @@ class Stage2:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(
-        prog="python -m experiments.stage2", formatter_class=argparse.RawDescriptionHelpFormatter,
-        description="What a short training stage at 4x the length buys over zero-shot methods.\n\n"
-                    "Trains NoPE, RoPE, RoPE x3 + NoPE and iRoPE (4 layers, two seeds) on kv\n"
-                    "documents of L tokens, continues each chosen checkpoint a few hundred steps\n"
-                    "at 4L (RoPE theta raised), and scores both at 1-16x L beside the temperature\n"
-                    "schedules and YaRN applied to the first model; judges which wins.",
-        epilog="examples:\n  python -m experiments.stage2 --quick\n"
-               "  python -m experiments.stage2 && python -m experiments.stage2 --publish")
-    ap.add_argument("--quick", action="store_true", help="a smoke run: 2 models, a few steps")
-    ap.add_argument("--out", help="work folder (default results/stage2[-quick])")
-    ap.add_argument("--publish", action="store_true",
-                    help="copy the finished study's records to experiments/stage2/results")
-    ap.add_argument("--nproc", type=int, default=2, help="ranks per training (default 2)")
+    ap = study_parser(
+        "stage2",
+        "What a short training stage at 4x the length buys over zero-shot methods.\n\n"
+        "Trains NoPE, RoPE, RoPE x3 + NoPE and iRoPE (4 layers, two seeds) on kv\n"
+        "documents of L tokens, continues each chosen checkpoint a few hundred steps\n"
+        "at 4L (RoPE theta raised), and scores both at 1-16x L beside the temperature\n"
+        "schedules and YaRN applied to the first model; judges which wins.")
     a = ap.parse_args(argv)
-    out = Path(a.out or REPO / f"results/stage2{'-quick' if a.quick else ''}")
+    out = work_folder(a, "stage2")
     if a.publish:
         try:
             partial = json.loads((out / "summary.json").read_text()).get("partial")

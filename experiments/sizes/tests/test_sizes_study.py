@@ -1,13 +1,14 @@
 """The size study's models without training: each size loads as `lenext train` loads it, with the
 head dimension 16 at every size (a temperature c / sqrt(d) means the same), sizes ordered by
 parameters, three seeds each; the full plan is the one the design names."""
+from experiments.nope_length.study import REPO
 from experiments.sizes import study
 from lenext_dist.config import load_config
 
 
 def test_every_size_is_a_valid_kv_config_with_head_dimension_16():
     for name, size in study.SIZES.items():
-        cfg = load_config(str(study.REPO / "configs/exp/kv-nope.yaml"),
+        cfg = load_config(str(REPO / "configs/exp/kv-nope.yaml"),
                           [o.lstrip("-") for o in size.overrides()])
         assert cfg.model.num_layers == size.layers and cfg.model.hidden_size == size.hidden
         assert cfg.model.hidden_size // cfg.model.num_attention_heads == 16, name
