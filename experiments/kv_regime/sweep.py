@@ -48,6 +48,8 @@ class Run(NamedTuple):
     seed: int
     mix: tuple[str, ...] = TRAIN_MIX
     """The training documents' kv parameters."""
+    window: int = 0
+    """Sliding-window attention of this many tokens (0: none)."""
 
 
 PILOT = {
@@ -71,7 +73,10 @@ DISTRACT = {**{n: r._replace(mix=DISTRACT_MIX) for n, r in SEEDS.items()},
             **{f"{p}-s0": Run(p, 4, 128, 4, 256, 3e-3, 0, DISTRACT_MIX) for p in ("alibi", "kerple_log")}}
 """NoPE and RoPE with 3 seeds (the gate), ALiBi and KERPLE with one (the study's other positions,
 issue 43 item 2: trained beside them so that a passing regime needs no second device session)."""
-GRIDS = {"pilot": PILOT, "seeds": SEEDS, "distract": DISTRACT}
+WINDOW = {"window-s0": Run("nope", 4, 128, 4, 256, 3e-3, 0, DISTRACT_MIX, window=L)}
+"""The study's fifth position (issue 43 item 2: NoPE under a window of L, as nope_length's), for a
+device session after the distract grid passes: 9 runs would not reach STEPS in one session."""
+GRIDS = {"pilot": PILOT, "seeds": SEEDS, "distract": DISTRACT, "window": WINDOW}
 
 
 def shard_name(mix: tuple[str, ...]) -> str:
@@ -80,14 +85,14 @@ def shard_name(mix: tuple[str, ...]) -> str:
         p.replace("=", "").replace(":", "-") for p in mix)
 
 def config(name: str, spec: Run, shards: Path, work: Path, steps: int, backend: str) -> str:
-    pos, layers, hidden, heads, batch, lr, seed, mix = spec
+    pos, layers, hidden, heads, batch, lr, seed, mix, window = spec
     inc = ", ".join(str(REPO / "configs" / c) for c in ("model/kv-tiny.yaml", "data/kv.yaml", "train/kv.yaml"))
     return f"""include: [{inc}]
 name: {name}
 run_dir: {work / "runs" / name}
 model: {{num_layers: {layers}, hidden_size: {hidden}, num_attention_heads: {heads},
          num_query_groups: {heads}, ffn_hidden_size: {int(2.75 * hidden)}, seq_length: {L}}}
-attention: {{position: {pos}}}
+attention: {{position: {pos}{f", window: {window}" if window else ""}}}
 data:
   tokenizer: {REPO / "data/kv/tokenizer.model"}
   blend: [{{prefix: {shards}/{shard_name(mix)}_train, weight: 1.0}}]

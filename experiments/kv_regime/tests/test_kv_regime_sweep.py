@@ -20,7 +20,8 @@ def test_every_run_of_every_grid_is_a_valid_config(grid, tmp_path):
         assert cfg.model.seq_length == sweep.L and cfg.train.global_batch_size == spec[4]
         assert cfg.attention.position == spec.position and cfg.train.seed == 1234 + spec.seed
         assert cfg.data.blend[0].prefix.endswith(f"/{sweep.shard_name(spec.mix)}_train")
-    assert len(sweep.GRIDS[grid]) == {"pilot": 8, "seeds": 6, "distract": 8}[grid]  # 8: 2 cores a run
+        assert cfg.attention.window == (spec.window or None)
+    assert len(sweep.GRIDS[grid]) == {"pilot": 8, "seeds": 6, "distract": 8, "window": 1}[grid]  # 8: 2 cores a run
 
 
 @pytest.mark.parametrize("mix", [TRAIN_MIX, sweep.DISTRACT_MIX])

@@ -142,3 +142,13 @@ def test_checkpoint_dependence_is_one_cell_moving_by_gap():
             final={1.0: [1.0, 0.8, 0.3, final_at8], 1.5: [0.9, 0.8, 0.7, 0.5]})])
 
     assert world(0.25) == "holds" and world(0.35) == "fails"  # moves of 0.25 and 0.15
+
+
+def test_checkpoint_dependence_without_a_second_checkpoint_is_not_measured():
+    one = _model("nope-s0", "nope", {1.0: [1.0, 0.8, 0.3, 0.5], 1.5: [0.9, 0.8, 0.7, 0.5]})
+    one["rows"] = [r for r in one["rows"] if r["checkpoint"] == "chosen"]  # the kv regime's rule
+    one["rule"]["final"] = None
+    summary = summarize(PLAN, [one], [])
+    assert summary["claims"]["checkpoint_dependence"]["verdict"] == "not measured"
+    md = render(summary, "Another intro.")
+    assert "Another intro." in md and "Chosen vs final" not in md
