@@ -106,10 +106,14 @@ def answer_entropy(model: nn.Module, ids: Sequence[int], positions: Sequence[int
     kind = layout(model)
     norm = torch.log(at.double() + 1)  # causal: query i sees i + 1 keys (no window)
 
+    lo = int(at.min())  # rows lo.. only, against every key (a row is the same without the rows
+    # before it; a task's answers come last: [h, s, s] -> [h, few, s])
+
     def on_layer(i, q, k, m):
         qs, mod = (_position_hooks(layers[i], q.shape[2], q.device) if kind == "lenext"
                    else (None, None))
-        h = entropy_by_position(q, k, m, q_scale=qs, score_mod=mod)[0][:, at].double().cpu()
+        h = entropy_by_position(q[:, :, lo:], k, m, q_scale=None if qs is None else qs[lo:],
+                                score_mod=mod)[0][:, at - lo].double().cpu()
         h = h / norm  # [heads, answers]
         out[i, :, 0] = h[:, 0].numpy()
         out[i, :, 1] = h[:, 1:].mean(1).numpy() if h.shape[1] > 1 else h[:, 0].numpy()

@@ -200,3 +200,33 @@ def test_answer_entropy_is_normalized_and_falls_with_a_larger_scale(sp, texts):
     res = run_tasks(model, sp, texts, [128], ["kv"], docs=2, progress=False, entropy=True)
     e = res["cells"][0]["entropy"]
     assert len(e["query"]) == 2 and len(e["query"][0]) == 4 and 0 <= e["query_mean"] <= 1
+
+
+@pytest.mark.parametrize("position, options", [
+    ("nope", None), ("rope", None), ("alibi", None), ("kerple_log", None),
+    ("nope", {"temperature": {"kind": "log_fit", "a": 0.5}}),  # a per-position query scale
+    ("nope", {"window": 48})])  # a window: masks at absolute positions
+def test_answer_entropy_scores_the_answer_rows_as_the_full_matrix_does(sp, texts, position, options):
+    """answer_entropy computes only the rows of the queries before the answers (the document's
+    last rows); each equals its row of the full s x s entropy (ALiBi/KERPLE's bias, a window,
+    the query scale: all at absolute positions)."""
+    from lenext_dist.eval.adapter import attention_layers, capture_qk, set_uniform_scale
+    from lenext_dist.eval.entropy import _position_hooks, entropy_by_position
+    from lenext_dist.eval.tasks import answer_entropy
+
+    model = tiny_lenext(position, vocab_size=4096, train_length=64, attention_options=options)
+    set_uniform_scale(model, 1.3)
+    doc = make_documents(Toolkit(sp), texts, "kv", 256, 1, seed=1)[0]
+    pos = answer_positions(doc.ids, doc.answers, content_tokens(sp))
+    at = torch.tensor([p - 1 for p in pos])
+    layers, full = attention_layers(model), []
+
+    def on_layer(i, q, k, m):
+        qs, mod = _position_hooks(layers[i], q.shape[2], q.device)
+        h = entropy_by_position(q, k, m, q_scale=qs, score_mod=mod)[0][:, at].double()
+        full.append(h / torch.log(at.double() + 1))
+
+    capture_qk(model, torch.tensor([doc.ids]), on_layer)
+    got = answer_entropy(model, doc.ids, pos)
+    want = torch.stack([torch.stack([h[:, 0], h[:, 1:].mean(1)], -1) for h in full]).numpy()
+    assert got.shape == want.shape and abs(got - want).max() < 1e-6
