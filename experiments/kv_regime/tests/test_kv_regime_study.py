@@ -10,12 +10,13 @@ from experiments.kv_regime import study, sweep
 from experiments.nope_length.study import Model
 
 
-def _export(root, name, position, window=None, tag="step_0006000"):
+def _export(root, name, position, window=None, tag="step_0006000", shards="kvmix"):
     f = root / name
     f.mkdir(parents=True)
     (f / "config.json").write_text(json.dumps({
         "position": position, "attention_options": {"window": window},
         "lenext_source": {"tag": tag}}))
+    (f / "lenext_run_config.yaml").write_text(f"data:\n  blend:\n  - prefix: /tmp/sh/{shards}_train\n")
     return f
 
 
@@ -42,12 +43,37 @@ def test_the_plan_is_nope_lengths_at_the_regimes_length(tmp_path):
     assert 1.5 in p.final_scales and p.scales[0] == 1.0
 
 
-def test_the_grid_study_reads_the_exports_and_the_repositorys_held_out_filler(tmp_path):
-    s = study.GridStudy(study.plan((Model("nope-s0", "nope"),)), tmp_path / "work", tmp_path / "models")
+def test_the_grid_study_reads_the_exports_and_scores_the_training_mixture(tmp_path, monkeypatch):
+    s = study.GridStudy(study.plan((Model("nope-s0", "nope"),)), tmp_path / "work", tmp_path / "models",
+                        sweep.DISTRACT_MIX)
     assert s.export(tmp_path / "unused", "step_0006000", "nope-s0") == tmp_path / "models" / "nope-s0"
     assert (s.data / "heldout" / "filler.jsonl").is_file()  # what sweep.score reads
+    seen = {}
+    monkeypatch.setattr(study.Study, "evaluate", lambda self, hf, out, lengths, **kw: seen.update(kw))
+    s.evaluate(tmp_path / "m", tmp_path / "e", [96], seed=0, docs=2, c=1.5)
+    assert seen["task_set"] == ["kv.values=2:8", "kv.distractors=1:3"] and seen["c"] == 1.5
 
 
 def test_no_exported_model_is_one_error_line(tmp_path):
     with pytest.raises(SystemExit, match=r"^error: .* holds no exported model"):
         study.run(tmp_path, tmp_path / "out")
+
+
+def test_models_must_be_runs_of_the_grids_with_one_mixture(tmp_path):
+    _export(tmp_path, "nope-s0", "nope")
+    _export(tmp_path, "alibi-s0", "alibi")
+    with pytest.raises(SystemExit,
+                       match=r"^error: .*alibi-s0 \(alibi, trained on kvmix_train\) is no run of the grids seeds"):
+        study.run(tmp_path, tmp_path / "out", ("seeds",))
+    _export(tmp_path / "other", "window-s0", "rope")  # the name of a run, another position
+    with pytest.raises(SystemExit, match=r"^error: .*window-s0 \(rope, .*\) is no run of the grids window"):
+        study.run(tmp_path / "other", tmp_path / "out", ("window",))
+    (tmp_path / "alibi-s0" / "lenext_run_config.yaml").write_text(  # the distract grid's alibi
+        f"data:\n  blend:\n  - prefix: /x/{sweep.shard_name(sweep.DISTRACT_MIX)}_train\n")
+    with pytest.raises(SystemExit, match=r"^error: the models .* different mixtures"):
+        study.run(tmp_path, tmp_path / "out", ("seeds", "distract"))  # nope-s0 of seeds, alibi of distract
+    with pytest.raises(SystemExit, match=r"^error: .*nope-s0 \(nope, trained on kvmix_train\) is no run"):
+        study.run(tmp_path, tmp_path / "out", ("distract",))  # a seeds-grid model by the same name
+    (tmp_path / "nope-s0" / "lenext_run_config.yaml").write_text("model: {}\n")
+    with pytest.raises(SystemExit, match=r"^error: .*nope-s0/lenext_run_config.yaml names no training data"):
+        study.run(tmp_path, tmp_path / "out", ("distract",))
