@@ -120,9 +120,11 @@ class Study:
         record.write_text(json.dumps(want, indent=1))
 
     def _timed(self, key: str, fn):
+        """fn(), its seconds added to timings[key]: a resumed step's time is the sum of its runs
+        (a rerun that finds the step's outputs adds ~0, not overwrites what it cost)."""
         t0 = time.perf_counter()
         result = fn()
-        self.timings[key] = round(time.perf_counter() - t0, 1)
+        self.timings[key] = round(self.timings.get(key, 0.0) + time.perf_counter() - t0, 1)
         self._timings_path.write_text(json.dumps(self.timings, indent=1))
         return result
 

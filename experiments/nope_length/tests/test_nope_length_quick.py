@@ -65,3 +65,15 @@ def test_segments_off_the_checkpoint_grid_are_refused_before_any_training(tmp_pa
                                          "of the checkpoint interval 125"):
         study.train_to_gate(study.plan.models[0], 300)
     assert not (tmp_path / "runs").exists()
+
+
+def test_a_resumed_step_s_time_is_the_sum_of_its_runs(tmp_path):
+    """timings.json: a rerun that finds a step's outputs adds its ~0 s, not overwrites the cost."""
+    import time
+
+    from experiments.nope_length.study import Study, quick_plan
+
+    Study(quick_plan(), tmp_path)._timed("eval m", lambda: time.sleep(0.3))
+    again = Study(quick_plan(), tmp_path)  # a resumed study reads timings.json
+    again._timed("eval m", lambda: None)
+    assert 0.3 <= json.loads((tmp_path / "timings.json").read_text())["eval m"] < 1.0
