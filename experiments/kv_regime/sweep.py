@@ -6,6 +6,8 @@ gate of analysis.py on the held-out formats, scored at home on the CPU.
           (SIGTERM: a checkpoint, exit 0; rerunning resumes), then each run's last checkpoint
           exported; models and metrics packed into <= 15 MB tars under --out (what a device call
           may bring back: 8 files of 16 MiB)
+  collect (here) the device calls' $OUT folders, in order: the last call's models and logs
+          unpacked under --into (models/, logs/), every call's summary.json in train-summary.json
   score   (anywhere) each exported model on every format of analysis.FORMATS at L and 2L, the
           no-retrieval baseline beside; the gate per position; results.json + REGIME.md
 
@@ -182,6 +184,32 @@ def _pack(work: Path, out: Path, names: list[str]) -> None:
                 t.add(work / "hf" / n, n)
 
 
+def collect(a) -> dict:
+    """What the device calls brought back -> <into>/models, <into>/logs, <into>/train-summary.json.
+    A later call resumed the runs of the one before and packed everything again: its models and
+    logs are the runs' last; each call's summary.json (wall time, each run's last checkpoint)."""
+    calls = [Path(c) for c in a.calls]
+    for c in calls:
+        if not (c / "logs.tar.gz").is_file():
+            raise SystemExit(f"error: {c} has no logs.tar.gz: not the $OUT of a `sweep.py train` call")
+    into = Path(a.into)
+    if (into / "models").exists() or (into / "logs").exists():
+        raise SystemExit(f"error: {into} already holds models/ or logs/: collect into a new folder")
+    summaries = []
+    for c in calls:
+        with tarfile.open(c / "logs.tar.gz") as t:
+            summaries.append(json.load(t.extractfile("summary.json")))
+    last = calls[-1]
+    with tarfile.open(last / "logs.tar.gz") as t:
+        t.extractall(into / "logs", filter="data")
+    for pack in sorted(last.glob("hf*.tar.gz")):
+        with tarfile.open(pack) as t:
+            t.extractall(into / "models", filter="data")
+    record = {"device": a.device, "calls": summaries}
+    (into / "train-summary.json").write_text(json.dumps(record, indent=1))
+    return record
+
+
 # ----------------------------------------------------------------------------- scoring
 def zipf_filler(path: Path, words: int = 50_000, seed: int = 11) -> Path:
     """Held-out filler of other statistics: the same syllables, drawn with p ~ 1/rank."""
@@ -281,6 +309,10 @@ def main(argv=None) -> int:
     t.add_argument("--backend", default="nccl")
     t.add_argument("--workers", type=int, default=8, help="data prep processes")
     t.add_argument("--threads", type=int, default=1, help="CPU threads per run (a CPU-only run: the cores)")
+    c = sub.add_parser("collect")
+    c.add_argument("calls", nargs="+", help="each device call's $OUT folder (files_at), in order")
+    c.add_argument("--into", required=True, help="a new folder: models/, logs/, train-summary.json")
+    c.add_argument("--device", required=True, help="the device, as its reply named it")
     s = sub.add_parser("score")
     s.add_argument("--models", required=True, help="folder of exported models (one folder each)")
     s.add_argument("--out", required=True)
@@ -288,8 +320,8 @@ def main(argv=None) -> int:
     s.add_argument("--docs", type=int, default=128)
     s.add_argument("--note", default="")
     a = ap.parse_args(argv)
-    res = train(a) if a.cmd == "train" else score(a)
-    print(json.dumps(res.get("gate", res.get("runs")), indent=1))
+    res = {"train": train, "collect": collect, "score": score}[a.cmd](a)
+    print(json.dumps(res.get("gate", res.get("runs", res.get("calls"))), indent=1))
     return 0
 
 

@@ -56,3 +56,34 @@ def test_render_marks_passing_cells_and_the_gate(tmp_path):
     md = sweep.render(rec)
     assert "| nope-s0 | 1.00* / 0.50 (0.00) |" in md and "0.80 / 0.50 (0.00)" in md
     assert "- nope: **fails**" in md and "| nope-s0 | 0.500 |" in md
+
+
+def _call(work, out, steps):
+    """A device call's $OUT as train() packs it: logs.tar.gz (summary.json, each run's logs) and
+    hf*.tar.gz (each run's export)."""
+    for n in ("nope-s0", "rope-s0"):
+        (work / "runs" / n).mkdir(parents=True, exist_ok=True)
+        (work / "runs" / n / "metrics.jsonl").write_text(json.dumps({"step": steps, "valid_loss": 0.5}) + "\n")
+        (work / "hf" / n).mkdir(parents=True, exist_ok=True)
+        (work / "hf" / n / "config.json").write_text(json.dumps({"step": steps}))
+    (work / "summary.json").write_text(json.dumps({"wall_s": 1.0, "runs": {"nope-s0": {"latest": steps}}}))
+    out.mkdir(parents=True)
+    sweep._pack(work, out, ["nope-s0", "rope-s0"])
+    return out
+
+
+def test_collect_unpacks_the_last_call_and_keeps_every_calls_summary(tmp_path):
+    first = _call(tmp_path / "w", tmp_path / "out1", "step_0004000")
+    second = _call(tmp_path / "w", tmp_path / "out2", "step_0006000")  # the same work folder, resumed
+    into = tmp_path / "got"
+    argv = ["collect", str(first), str(second), "--into", str(into), "--device", "H100"]
+    assert sweep.main(argv) == 0
+    rec = json.loads((into / "train-summary.json").read_text())
+    assert rec["device"] == "H100" and [c["runs"]["nope-s0"]["latest"] for c in rec["calls"]] == [
+        "step_0004000", "step_0006000"]
+    assert json.loads((into / "models" / "rope-s0" / "config.json").read_text())["step"] == "step_0006000"
+    assert "step_0006000" in (into / "logs" / "nope-s0" / "metrics.jsonl").read_text()
+    with pytest.raises(SystemExit, match="already holds models/ or logs/"):  # nothing overwritten
+        sweep.main(argv)
+    with pytest.raises(SystemExit, match="has no logs.tar.gz"):
+        sweep.main(["collect", str(tmp_path), "--into", str(tmp_path / "x"), "--device", "H100"])
