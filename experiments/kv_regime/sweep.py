@@ -195,16 +195,23 @@ def collect(a) -> dict:
     into = Path(a.into)
     if (into / "models").exists() or (into / "logs").exists():
         raise SystemExit(f"error: {into} already holds models/ or logs/: collect into a new folder")
-    summaries = []
-    for c in calls:
-        with tarfile.open(c / "logs.tar.gz") as t:
-            summaries.append(json.load(t.extractfile("summary.json")))
     last = calls[-1]
-    with tarfile.open(last / "logs.tar.gz") as t:
-        t.extractall(into / "logs", filter="data")
-    for pack in sorted(last.glob("hf*.tar.gz")):
-        with tarfile.open(pack) as t:
-            t.extractall(into / "models", filter="data")
+    packs = sorted(last.glob("hf*.tar.gz"))
+    if not packs:
+        raise SystemExit(f"error: {last} (the last call) has no hf*.tar.gz: its exports failed "
+                         "(see its logs.tar.gz: <run>/<run>.convert.log)")
+    try:
+        summaries = []
+        for c in calls:
+            with tarfile.open(c / "logs.tar.gz") as t:
+                summaries.append(json.load(t.extractfile("summary.json")))
+        with tarfile.open(last / "logs.tar.gz") as t:
+            t.extractall(into / "logs", filter="data")
+        for pack in packs:
+            with tarfile.open(pack) as t:
+                t.extractall(into / "models", filter="data")
+    except (tarfile.TarError, KeyError, ValueError, OSError) as e:
+        raise SystemExit(f"error: a damaged pack under {', '.join(map(str, calls))}: {e}") from None
     record = {"device": a.device, "calls": summaries}
     (into / "train-summary.json").write_text(json.dumps(record, indent=1))
     return record

@@ -87,3 +87,10 @@ def test_collect_unpacks_the_last_call_and_keeps_every_calls_summary(tmp_path):
         sweep.main(argv)
     with pytest.raises(SystemExit, match="has no logs.tar.gz"):
         sweep.main(["collect", str(tmp_path), "--into", str(tmp_path / "x"), "--device", "H100"])
+    for f in second.glob("hf*.tar.gz"):
+        f.unlink()
+    with pytest.raises(SystemExit, match=r"out2 \(the last call\) has no hf\*.tar.gz"):
+        sweep.main(["collect", str(first), str(second), "--into", str(tmp_path / "x"), "--device", "H100"])
+    (first / "logs.tar.gz").write_bytes(b"not a tar")
+    with pytest.raises(SystemExit, match="^error: a damaged pack"):
+        sweep.main(["collect", str(first), "--into", str(tmp_path / "y"), "--device", "H100"])
