@@ -214,7 +214,7 @@ class EvalJob:
             torch.set_num_threads(self.threads)
         if self.dtype is None:  # resolved here, so the JSON records the dtype that ran
             self.dtype = default_dtype(self.device)
-        model = load_model(self.model, self.dtype, self.device)
+        model = load_model(self.model, self.dtype, self.device, progress=not self.no_progress)
         if self.scale_c is not None:
             set_uniform_scale(model, self.scale_c)
         options = {k: v for k, v in (("window", self.window), ("temperature", self.temperature and

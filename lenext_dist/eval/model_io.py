@@ -27,14 +27,17 @@ def default_dtype(device: Optional[str] = None) -> str:
     return "bfloat16" if default_device(device).startswith("cuda") else "float32"
 
 
-def load_model(path: str, dtype: Optional[str] = None, device: Optional[str] = None):
+def load_model(path: str, dtype: Optional[str] = None, device: Optional[str] = None,
+               progress: bool = True):
     """The model of HF folder `path` in eval mode (dtype None: `default_dtype`). A stock export (its config.json has
     convert's provenance) loads as plain transformers: no code from the folder runs; any other
-    folder with trust_remote_code=True (a custom export ships its modeling code)."""
+    folder with trust_remote_code=True (a custom export ships its modeling code). progress False:
+    without transformers' "Loading weights" bar (--no-progress)."""
     import json
 
     from safetensors import SafetensorError
     from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
 
     from lenext_dist.convert.stock import PROVENANCE
     from lenext_dist.errors import UserError
@@ -49,6 +52,9 @@ def load_model(path: str, dtype: Optional[str] = None, device: Optional[str] = N
         raise UserError(f"{config}: not valid JSON ({e}); export the model again") from None
     stock = isinstance(data, dict) and data.get(PROVENANCE) is not None
     dev = checked_device(default_device(device))
+    bars = hf_logging.is_progress_bar_enabled()
+    if not progress:
+        hf_logging.disable_progress_bar()
     try:
         model = AutoModelForCausalLM.from_pretrained(path, trust_remote_code=not stock,
                                                      dtype=torch_dtype(dtype or default_dtype(dev)))
@@ -58,6 +64,9 @@ def load_model(path: str, dtype: Optional[str] = None, device: Optional[str] = N
     except SafetensorError as e:
         raise UserError(f"{path}: a weights file is damaged or cut short ({_first_line(e)}); copy "
                         "or export the model again") from None
+    finally:
+        if bars and not progress:  # transformers' switch is global: leave it as it was
+            hf_logging.enable_progress_bar()
     return model.to(dev).eval()
 
 

@@ -33,6 +33,17 @@ def test_custom_export_still_loads_its_shipped_code(tmp_path):
     assert type(load_model(out, device="cpu")).__name__ == "LenextForCausalLM"
 
 
+def test_no_progress_silences_transformers_loading_bar_and_only_that_load(tmp_path, capfd):
+    from transformers.utils import logging as hf_logging
+
+    out = save_tiny_lenext(str(tmp_path / "custom"), layers=1)
+    load_model(out, device="cpu", progress=False)
+    assert "Loading weights" not in capfd.readouterr().err
+    assert hf_logging.is_progress_bar_enabled()  # the global switch is left as it was
+    load_model(out, device="cpu")
+    assert "Loading weights" in capfd.readouterr().err
+
+
 @pytest.mark.parametrize("text", [
     '{"kind": "ppl", "protocol": "last-stride"}',  # no results
     '{"kind": "passkey", "lengths": [64], "accuracy_by_length": 3}',  # not a list
