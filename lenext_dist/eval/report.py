@@ -40,6 +40,11 @@ def collect(runs: Sequence[str]) -> list[dict]:
             raise FileNotFoundError(f"--runs {d!r} is not a folder")
         files = sorted(glob.glob(os.path.join(d, "*.json")))
         res = [(f, j) for f in files if isinstance(j := _load(f), dict) and "kind" in j]
+        if not res:  # a parent folder, a typo'd sibling: a report without it would look complete
+            from lenext_dist.errors import UserError
+
+            raise UserError(f"--runs {d!r} holds no `lenext eval` result (a *.json with a kind): "
+                            "name the folders `lenext eval --out` wrote")
         run = {"name": os.path.basename(os.path.normpath(d)), "dir": d, "results": res,
                "pngs": sorted(glob.glob(os.path.join(d, "*.png")))}
         for f, j in res:

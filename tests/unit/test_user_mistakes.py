@@ -55,6 +55,7 @@ def test_an_output_path_under_a_file_is_one_line(tmp_path, capsys):
     afile.write_text("x")
     runs = tmp_path / "runs"
     runs.mkdir()
+    (runs / "r.json").write_text(json.dumps({"kind": "some future kind"}))
     rc = main(["report", "--runs", str(runs), "--out", str(afile / "report.md")])
     _one_error_line(capsys, rc, str(afile), "a file where a folder is needed")
     docs = tmp_path / "docs.jsonl"
@@ -308,3 +309,16 @@ def test_extend_of_a_base_that_is_not_a_run_makes_no_folder(tmp_path, capsys):
     rc = main(["extend", "--base", str(tmp_path / "nope"), "--targets", "256"])
     _one_error_line(capsys, rc, str(tmp_path / "nope" / "checkpoints"))
     assert not (tmp_path / "nope").exists()  # <base>/extend was made before the check
+
+
+def test_a_report_of_a_folder_without_results_is_one_line(tmp_path, capsys):
+    """A parent folder or a typo'd sibling among --runs: a report without it would look complete."""
+    good, empty = tmp_path / "good", tmp_path / "empty"
+    good.mkdir()
+    empty.mkdir()
+    (good / "r.json").write_text(json.dumps({"kind": "some future kind"}))
+    (empty / "notes.json").write_text(json.dumps({"no": "kind"}))
+    rc = main(["report", "--runs", str(good), str(empty), "--out", str(tmp_path / "r.md")])
+    _one_error_line(capsys, rc, str(empty), "holds no `lenext eval` result")
+    assert not (tmp_path / "r.md").exists()
+    assert main(["report", "--runs", str(good), "--out", str(tmp_path / "r.md")]) == 0
