@@ -113,8 +113,9 @@ system-deps:
 lint: setup
 	$(BIN)/ruff check .
 
+# --durations: the slowest tests at the end of every run (the suite's budget is ~35 minutes)
 test: setup system-deps
-	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q --durations=30 $(PYTEST_ARGS)
 
 test-fast: setup
 	$(BIN)/python -m pytest -q -m "not distributed and not e2e" $(PYTEST_ARGS)
