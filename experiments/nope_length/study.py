@@ -192,7 +192,7 @@ class Study:
                              f"must be multiples of the checkpoint interval {self.plan.every}")
         for end in range(segment, self.plan.steps + segment, segment):
             self.train(m, exit_at=min(end, self.plan.steps))
-            rule = self.choose(m, ckpt)
+            rule = self.choose(m, ckpt, upto=end)  # a resumed study reads what a straight one did
             if rule["chosen"]:
                 break
         self.log(f"[study] {m.name}: {'gate at ' + rule['chosen'] if rule['chosen'] else 'no gate'} "
@@ -224,8 +224,9 @@ class Study:
             job.run()
         return json.loads(job.result_path.read_text())
 
-    def choose(self, m: Model, ckpt: Path) -> dict:
-        """The pre-registered rule: the first checkpoint >= GATE at L (c = 1, validation docs)."""
+    def choose(self, m: Model, ckpt: Path, upto: int = 0) -> dict:
+        """The pre-registered rule: the first checkpoint >= GATE at L (c = 1, validation docs);
+        upto: among those up to that step only (0: all)."""
         from lenext_dist.eval.checkpoint_rule import checkpoint_tags, first_over_gate
 
         def at_L(tag: str) -> float:
@@ -234,7 +235,7 @@ class Study:
             return res["cells"][0]["accuracy"]
 
         # a set interval: its grid only (a stop signal's save is not read); 0: every checkpoint
-        tags = checkpoint_tags(ckpt, self.plan.interval)
+        tags = checkpoint_tags(ckpt, self.plan.interval, upto)
         chosen, seen = first_over_gate(tags, at_L, GATE)
         return {"chosen": chosen, "final": tags[-1], "scanned": seen, "gate": GATE}
 

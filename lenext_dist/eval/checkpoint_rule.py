@@ -17,13 +17,17 @@ from typing import Callable, Optional, Sequence, Union
 STEP = re.compile(r"step_(\d+)$")
 
 
-def checkpoint_tags(folder: Union[str, Path], every: int = 0) -> list[str]:
+def checkpoint_tags(folder: Union[str, Path], every: int = 0, upto: int = 0) -> list[str]:
     """The complete step_N folders of a checkpoint folder, in training order; with `every`, only
     those of the run's checkpoint interval (a stop signal saves off it: a rule that read such a
-    checkpoint would depend on when the run was interrupted)."""
+    checkpoint would depend on when the run was interrupted); with `upto`, none past that step
+    (a segment's rule: an interrupted later segment's checkpoints are not its own)."""
+    def step(name: str) -> int:
+        return int(STEP.match(name).group(1))
+
     tags = [p.name for p in Path(folder).iterdir() if p.is_dir() and STEP.match(p.name)
-            and not (every and int(STEP.match(p.name).group(1)) % every)]
-    return sorted(tags, key=lambda t: int(STEP.match(t).group(1)))
+            and not (every and step(p.name) % every) and not (upto and step(p.name) > upto)]
+    return sorted(tags, key=step)
 
 
 def first_over_gate(tags: Sequence[str], score: Callable[[str], float], gate: float

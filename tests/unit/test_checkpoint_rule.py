@@ -30,3 +30,5 @@ def test_tags_are_in_training_order(tmp_path):
     assert "step_0001715" in checkpoint_tags(tmp_path)  # without an interval: every checkpoint
     assert checkpoint_tags(tmp_path, every=250) == ["step_0000250", "step_0000500", "step_0001000",
                                                     "step_0002750"]
+    assert checkpoint_tags(tmp_path, every=250, upto=1000) == ["step_0000250", "step_0000500",
+                                                               "step_0001000"]

@@ -77,3 +77,32 @@ def test_a_resumed_step_s_time_is_the_sum_of_its_runs(tmp_path):
     again = Study(quick_plan(), tmp_path)  # a resumed study reads timings.json
     again._timed("eval m", lambda: None)
     assert 0.3 <= json.loads((tmp_path / "timings.json").read_text())["eval m"] < 1.0
+
+
+def test_a_resumed_segment_reads_only_its_own_checkpoints(tmp_path, monkeypatch):
+    """A study interrupted inside its second segment left checkpoints 60-80 behind; resumed, the
+    first segment's rule must not read them (a straight run's rule after step 50 could not): the
+    record is the straight run's (gate at 70, stopped at the end of the segment that holds it).
+    Training and scoring are stand-ins here: what is tested is the segment loop's bookkeeping."""
+    from dataclasses import replace
+
+    from experiments.nope_length import study as s
+
+    study = s.Study(replace(s.quick_plan(), steps=100, interval=10), tmp_path)
+    ckpt = tmp_path / "runs" / "nope-s0" / "checkpoints"
+    trained = []
+
+    def train(m, exit_at=0):
+        trained.append(exit_at)
+        for n in range(10, exit_at + 1, 10):
+            (ckpt / f"step_{n:07d}").mkdir(parents=True, exist_ok=True)
+        return ckpt
+
+    for n in (60, 70, 80):  # the interrupted second segment's
+        (ckpt / f"step_{n:07d}").mkdir(parents=True)
+    monkeypatch.setattr(study, "train", train)
+    monkeypatch.setattr(study, "export", lambda ckpt, tag, name: tag)
+    monkeypatch.setattr(study, "evaluate", lambda tag, out, lengths, **kw: {
+        "cells": [{"accuracy": 1.0 if int(tag[5:]) >= 70 else 0.0}]})
+    rule = study.train_to_gate(study.plan.models[0], 50)
+    assert (rule["chosen"], rule["final"], trained) == ("step_0000070", "step_0000100", [50, 100])
