@@ -77,3 +77,33 @@ def test_models_must_be_runs_of_the_grids_with_one_mixture(tmp_path):
     (tmp_path / "nope-s0" / "lenext_run_config.yaml").write_text("model: {}\n")
     with pytest.raises(SystemExit, match=r"^error: .*nope-s0/lenext_run_config.yaml names no training data"):
         study.run(tmp_path, tmp_path / "out", ("distract",))
+
+
+@pytest.mark.e2e
+def test_the_study_runs_end_to_end_on_exported_models(tmp_path, monkeypatch):
+    """Two random lenext exports named as seeds-grid runs (the kv tokenizer, 2 documents a cell,
+    1-2 L): every measurement of the plan runs through `lenext eval tasks` and STUDY.md carries
+    each claim. Never checks an outcome (random models retrieve nothing)."""
+    monkeypatch.setattr(study, "MULTIPLES", (1, 2))
+    from tiny_models import save_tiny_lenext
+
+    from experiments.kv_regime.analysis import TRAIN_MIX
+
+    models = tmp_path / "models"
+    for name, position in (("nope-s0", "nope"), ("rope-s0", "rope")):
+        out = save_tiny_lenext(str(models / name), tokenizer=str(sweep.REPO / "data/kv/tokenizer.model"),
+                               position=position, vocab_size=128, train_length=sweep.L)
+        cfg = json.loads((models / name / "config.json").read_text())
+        cfg["lenext_source"] = {"tag": "step_0000010"}
+        (models / name / "config.json").write_text(json.dumps(cfg))
+        (models / name / "lenext_run_config.yaml").write_text(
+            f"data:\n  blend:\n  - prefix: /x/{sweep.shard_name(TRAIN_MIX)}_train\n")
+        assert out
+    summary = study.run(models, tmp_path / "work", ("seeds",), docs=2)
+    md = (tmp_path / "work" / "STUDY.md").read_text()
+    assert all(c["claim"] in md for c in summary["claims"].values())
+    assert summary["documents"] == [f"kv.{p}" for p in TRAIN_MIX]
+    rows = {r["model"]["name"]: r["rows"] for r in summary["results"]}
+    assert len([r for r in rows["nope-s0"] if r["method"] == "uniform"]) == 7  # the c grid
+    assert {r["method"] for r in rows["rope-s0"]} == {"uniform", "pi", "ntk", "yarn"}
+    assert [c["length"] for c in rows["nope-s0"][0]["cells"]] == [sweep.L * k for k in study.MULTIPLES]
