@@ -1,7 +1,7 @@
-"""The length study in the kv regime (experiments/kv_regime/study.py) without scoring: a model
-folder says what it is (position, window, checkpoint) and a folder that does not is one error
-line; the plan is nope_length's at the regime's L and 1-16 L, without formats or HeadScale; the
-models' folders stand for the export step."""
+"""The length study in the kv regime (experiments/kv_regime/study.py): a model folder says what it
+is (position, window, checkpoint, training shards) and a folder that does not is one error line;
+the plan is nope_length's at the regime's L and 1-16 L, without formats or HeadScale; the models'
+folders stand for the export step; and the whole study once end to end on random exports."""
 import json
 
 import pytest
@@ -10,14 +10,20 @@ from experiments.kv_regime import study, sweep
 from experiments.nope_length.study import Model
 
 
+def _provenance(f, tag="step_0006000", shards="kvmix"):
+    """What `lenext convert` records of a run in its export: the checkpoint's tag (config.json)
+    and the run's config (its training shards)."""
+    cfg = json.loads((f / "config.json").read_text())
+    (f / "config.json").write_text(json.dumps({**cfg, "lenext_source": {"tag": tag}}))
+    (f / "lenext_run_config.yaml").write_text(f"data:\n  blend:\n  - prefix: /tmp/sh/{shards}_train\n")
+    return f
+
+
 def _export(root, name, position, window=None, tag="step_0006000", shards="kvmix"):
     f = root / name
     f.mkdir(parents=True)
-    (f / "config.json").write_text(json.dumps({
-        "position": position, "attention_options": {"window": window},
-        "lenext_source": {"tag": tag}}))
-    (f / "lenext_run_config.yaml").write_text(f"data:\n  blend:\n  - prefix: /tmp/sh/{shards}_train\n")
-    return f
+    (f / "config.json").write_text(json.dumps({"position": position, "attention_options": {"window": window}}))
+    return _provenance(f, tag, shards)
 
 
 def test_a_model_folder_names_its_position_seed_window_and_checkpoint(tmp_path):
@@ -68,8 +74,7 @@ def test_models_must_be_runs_of_the_grids_with_one_mixture(tmp_path):
     _export(tmp_path / "other", "window-s0", "rope")  # the name of a run, another position
     with pytest.raises(SystemExit, match=r"^error: .*window-s0 \(rope, .*\) is no run of the grids window"):
         study.run(tmp_path / "other", tmp_path / "out", ("window",))
-    (tmp_path / "alibi-s0" / "lenext_run_config.yaml").write_text(  # the distract grid's alibi
-        f"data:\n  blend:\n  - prefix: /x/{sweep.shard_name(sweep.DISTRACT_MIX)}_train\n")
+    _provenance(tmp_path / "alibi-s0", shards=sweep.shard_name(sweep.DISTRACT_MIX))  # distract's alibi
     with pytest.raises(SystemExit, match=r"^error: the models .* different mixtures"):
         study.run(tmp_path, tmp_path / "out", ("seeds", "distract"))  # nope-s0 of seeds, alibi of distract
     with pytest.raises(SystemExit, match=r"^error: .*nope-s0 \(nope, trained on kvmix_train\) is no run"):
@@ -91,14 +96,9 @@ def test_the_study_runs_end_to_end_on_exported_models(tmp_path, monkeypatch):
 
     models = tmp_path / "models"
     for name, position in (("nope-s0", "nope"), ("rope-s0", "rope")):
-        out = save_tiny_lenext(str(models / name), tokenizer=str(sweep.REPO / "data/kv/tokenizer.model"),
-                               position=position, vocab_size=128, train_length=sweep.L)
-        cfg = json.loads((models / name / "config.json").read_text())
-        cfg["lenext_source"] = {"tag": "step_0000010"}
-        (models / name / "config.json").write_text(json.dumps(cfg))
-        (models / name / "lenext_run_config.yaml").write_text(
-            f"data:\n  blend:\n  - prefix: /x/{sweep.shard_name(TRAIN_MIX)}_train\n")
-        assert out
+        save_tiny_lenext(str(models / name), tokenizer=str(sweep.REPO / "data/kv/tokenizer.model"),
+                         position=position, vocab_size=128, train_length=sweep.L)
+        _provenance(models / name, "step_0000010", sweep.shard_name(TRAIN_MIX))
     summary = study.run(models, tmp_path / "work", ("seeds",), docs=2)
     md = (tmp_path / "work" / "STUDY.md").read_text()
     assert all(c["claim"] in md for c in summary["claims"].values())
