@@ -24,7 +24,7 @@ from pathlib import Path
 from experiments.nope_length.analysis import render, summarize
 from experiments.nope_length.study import Model, Plan, Study
 
-from .sweep import GRIDS, L, REPO, STEPS, shard_name
+from .sweep import GRIDS, L, STEPS, kv_data, shard_name
 
 MULTIPLES = (1, 2, 4, 8, 16)
 
@@ -73,7 +73,7 @@ class GridStudy(Study):
     def __init__(self, plan: Plan, out: Path, models: Path, mix: tuple[str, ...]):
         self.models, self.task_set = models, [f"kv.{p}" for p in mix]
         super().__init__(plan, out)
-        self.data = REPO / "data" / "kv"
+        self.data = kv_data()
 
     def _claim_folder(self) -> None:
         # the evaluations are the only outputs, each refused over results of other options

@@ -96,7 +96,7 @@ def test_the_study_runs_end_to_end_on_exported_models(tmp_path, monkeypatch):
 
     models = tmp_path / "models"
     for name, position in (("nope-s0", "nope"), ("rope-s0", "rope")):
-        save_tiny_lenext(str(models / name), tokenizer=str(sweep.REPO / "data/kv/tokenizer.model"),
+        save_tiny_lenext(str(models / name), tokenizer=str(sweep.kv_data() / "tokenizer.model"),
                          position=position, vocab_size=128, train_length=sweep.L)
         _provenance(models / name, "step_0000010", sweep.shard_name(TRAIN_MIX))
     summary = study.run(models, tmp_path / "work", ("seeds",), docs=2)
