@@ -420,9 +420,15 @@ class KVParams:
     the question's key, not only the marker, must select the needle."""
     depth: FloatRange = FloatRange(0.0, 1.0)
     """Relative depth of the needle in the filler (0 = first, 1 = just before the question)."""
+    tail: IntRange = IntRange(0, 0)
+    """Filler tokens after the answer (no loss on them). With one document length, 0 puts the
+    question and answer at the same positions in every document: a model whose attention is cut
+    into chunks (iRoPE) then never sees them on two sides of a chunk boundary in training, as the
+    evaluation's documents (SLACK tokens shorter at most) put them (experiments/nope_layouts)."""
 
     def __post_init__(self):
         _check_common(self, "kv")
+        _require(self.tail.lo >= 0, "kv", "tail", self.tail, "must be >= 0")
         _require(self.values.lo >= 1, "kv", "values", self.values, "must be >= 1")
         _require(self.symbols >= 2, "kv", "symbols", self.symbols, "must be >= 2")
         _require(self.keys >= 1 + self.distractors.hi, "kv", "keys", self.keys,
@@ -450,7 +456,7 @@ class KeyValue(Generator):
         p, lab = self.p, self.tk.label_tokens
         marker = len(self.tk.encode("key is"))
         needle = marker + lab + lab * p.values.hi + len(self.tk.encode("."))
-        return needle * (1 + p.distractors.hi) + marker + lab + lab * p.values.hi
+        return needle * (1 + p.distractors.hi) + marker + lab + lab * p.values.hi + p.tail.hi
 
     def make(self, rng, take):
         p, tk = self.p, self.tk
@@ -471,11 +477,15 @@ class KeyValue(Generator):
             return None
         where = [depth] + [float(rng.uniform()) for _ in range(n_keys - 1)]
         order = sorted(range(n_keys), key=lambda i: (where[i], i))
-        parts = filler.split([where[i] for i in order])
-        segs = _interleave(parts, [needles[i] for i in order]) + tail
-        doc = TaskDoc(self.name, segs, depth=depth, actual_depth=_depth(filler, order.index(0)))
+        after = p.tail.draw(rng) if p.tail.hi else 0  # no draw: documents of tail 0 as before it
+        body = max(len(filler) - after, 0) / max(len(filler), 1)  # the filler before the question
+        parts = filler.split([where[i] * body for i in order] + ([body] if after else []))
+        segs = _interleave(parts[:n_keys + 1], [needles[i] for i in order]) + tail
+        segs += [q for q in parts[n_keys + 1:] if q is not None]  # the filler after the answer
+        doc = TaskDoc(self.name, segs, depth=depth,
+                      actual_depth=filler.cuts[order.index(0)] / max(body * len(filler), 1))
         doc.answers.append((doc.start_of(_index(segs, needles[0][1])),
-                            doc.start_of(len(segs) - 1), len(tail[1].ids)))
+                            doc.start_of(_index(segs, tail[1])), len(tail[1].ids)))
         return doc
 
 

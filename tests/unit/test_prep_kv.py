@@ -2,6 +2,9 @@
 piece of its tokenizer, documents of exactly L tokens, and through megatron's real GPTDataset one
 training sample is one whole document: its needle and its answer are never split by packing, and
 the loss mask (data.task_loss: answers) is the answer's value tokens only."""
+from pathlib import Path
+
+import numpy as np
 import sentencepiece as spm
 import pytest
 
@@ -64,3 +67,26 @@ def test_a_training_sample_is_one_whole_document(kv, gloo_1rank, tmp_path):
         assert doc in docs, i
         # loss_mask[j] is the label j = token j + 1: the mask shifted by one, value tokens only
         assert b["loss_mask"][0].int().tolist() == docs[doc][1:] + [0], i
+
+
+def test_a_tail_of_filler_after_the_answer_moves_the_question_and_keeps_the_length(kv, tmp_path):
+    """kv.tail = 3:9: the answer ends 3-9 filler tokens (no loss on them) before the EOS, every
+    length of the range drawn, the document still L tokens with its needle and question whole."""
+    info, _ = kv
+    data = Path(info["tokenizer"]).parent
+    run_shard(ShardJob(inputs=[str(data / "train/filler-000.jsonl")], fmt="tasks",
+                       tokenizer=info["tokenizer"], out=str(tmp_path), name="kv", progress=False,
+                       tasks=task_spec("kv", [f"length={L}", "tail=3:9", "distractors=0:1"],
+                                       seed=0, passes=1)))
+    sp = spm.SentencePieceProcessor(model_file=info["tokenizer"])
+    filler = {sp.piece_to_id("▁" + w) for w in alphabet()["filler"]}
+    tails = set()
+    for d, m in zip(load_docs(str(tmp_path / "kv_train")), load_docs(answers_prefix(str(tmp_path / "kv_train")))):
+        assert len(d) == L and d[-1] == sp.eos_id()
+        at = np.flatnonzero(m)
+        end = len(d) - 1 - (at[-1] + 1)  # tokens between the answer and the EOS
+        tails.add(int(end))
+        assert set(d[at[-1] + 1:-1].tolist()) <= filler
+        key = d[at[0] - 3:at[0]].tolist()  # `key K is` just before the answer
+        assert sp.decode(d[:at[0] - 3].tolist()).count(sp.decode(key + d[at].tolist())) == 1  # the needle
+    assert tails == set(range(3, 10))
