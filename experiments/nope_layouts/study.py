@@ -51,6 +51,14 @@ LAYOUTS: dict[str, tuple[str, tuple[str, ...]]] = {
                        "--attention.chunked=16")),
 }
 """layout -> (attention.position, overrides) of the 4-layer kv model."""
+TRAIN_SETS: dict[str, tuple[str, ...]] = {"irope": ("tail=0:16",)}
+"""layout -> kv parameters of its training documents besides the regime's (Model.train_set).
+iRoPE's: 0-16 filler tokens after the answer, so the question and answer fall anywhere in a chunk
+as in the evaluation's documents (L - 16 to L tokens). Written after its first three seeds, trained
+on documents of one alignment, stayed under the gate (0.72-0.89 at L, 7500 steps) and before the
+runs it names: those seeds retrieve at the gate where the question and answer share a chunk, as in
+every training document, and far under it where a chunk boundary parts them (alignment.py,
+results/ALIGNMENT.md); no other layout has chunks."""
 SEEDS = (0, 1, 2)
 BUDGET = 7500
 """Steps a seed may train to reach the gate (3x the first study's 2500, where iRoPE reached it on
@@ -70,8 +78,8 @@ SCHEDULES: dict[str, str | None] = {
 
 
 def models(seeds=SEEDS, layouts=tuple(LAYOUTS)) -> tuple[Model, ...]:
-    return tuple(Model(f"{name}-s{s}", LAYOUTS[name][0], s, DEPTH + LAYOUTS[name][1])
-                 for name in layouts for s in seeds)
+    return tuple(Model(f"{name}-s{s}", LAYOUTS[name][0], s, DEPTH + LAYOUTS[name][1],
+                       TRAIN_SETS.get(name, ())) for name in layouts for s in seeds)
 
 
 def full_plan() -> Plan:

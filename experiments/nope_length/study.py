@@ -45,6 +45,9 @@ class Model:
     position: str
     seed: int = 0
     overrides: tuple[str, ...] = ()
+    train_set: tuple[str, ...] = ()
+    """kv parameters of its training documents besides their length (`--task-set`, e.g.
+    "tail=0:16"); () the regime's."""
 
 
 @dataclass(frozen=True)
@@ -129,22 +132,25 @@ class Study:
         return result
 
     # -- data
-    def shards(self, length: int) -> Path:
-        """kv documents of exactly `length` tokens over the study's filler (made once)."""
+    def shards(self, length: int, train_set: tuple[str, ...] = ()) -> Path:
+        """kv documents of exactly `length` tokens over the study's filler (made once), with the
+        other kv parameters `train_set` (Model.train_set)."""
         from lenext_dist.prep.kv_corpus import KVCorpus, build
         from lenext_dist.prep.runner import ShardJob, run_shard
         from lenext_dist.prep.task_source import task_spec
 
         if not (self.data / "kv.json").exists():
             build(KVCorpus(str(self.data)))
-        out = self.out / "shards" / f"kv{length}"
+        out = self.out / "shards" / "-".join([f"kv{length}", *(v.replace("=", "").replace(":", "-")
+                                                           for v in train_set)])
         if not (out / "kv.manifest.json").exists():
             passes = self.plan.kv_passes if length == self.plan.L else 1
             run_shard(ShardJob(inputs=sorted(str(p) for p in (self.data / "train").glob("*.jsonl")),
                                fmt="tasks", tokenizer=str(self.data / "tokenizer.model"),
                                out=str(out), name="kv", valid_fraction=0.01, progress=False,
                                workers=self.plan.nproc,
-                               tasks=task_spec("kv", [f"length={length}"], seed=0, passes=passes)))
+                               tasks=task_spec("kv", [f"length={length}", *train_set], seed=0,
+                                               passes=passes)))
         return out
 
     def _launch(self, config: Path, run_dir: Path, overrides: list[str]) -> None:
@@ -166,7 +172,7 @@ class Study:
         run_dir, end = self.out / "runs" / m.name, exit_at or self.plan.steps
         last = run_dir / "checkpoints" / f"step_{end:07d}"
         if not last.exists():
-            shards = self.shards(self.plan.L)
+            shards = self.shards(self.plan.L, m.train_set)
             self.log(f"[study] train {m.name} (to step {end} of {self.plan.steps})")
             self._timed(f"train {m.name}" + (f" to {end}" if exit_at else ""), lambda: self._launch(
                 REPO / "configs" / "exp" / "kv-nope.yaml", run_dir,
@@ -351,6 +357,9 @@ def plan_differs(record: dict, plan: Plan) -> list[str]:
     ranks aside; a field the record lacks ran at its default (it was written before the field)."""
     want = json.loads(json.dumps(asdict(plan)))
     default = json.loads(json.dumps({f.name: f.default for f in fields(plan) if f.default is not MISSING}))
+    if isinstance(record.get("models"), list):  # a model field the record lacks: its default too
+        model = json.loads(json.dumps({f.name: f.default for f in fields(Model) if f.default is not MISSING}))
+        record = {**record, "models": [{**model, **m} if isinstance(m, dict) else m for m in record["models"]]}
     return sorted(k for k in {*want, *record} - {"nproc"}
                   if record.get(k, default.get(k)) != want.get(k))
 

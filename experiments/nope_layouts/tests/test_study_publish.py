@@ -15,11 +15,16 @@ STUDIES = [(length, ("summary.json", "STUDY.md")), (layouts, ("summary.json", "L
 
 @pytest.mark.parametrize("study,names", STUDIES, ids=["nope_length", "nope_layouts"])
 def test_only_the_full_study_is_published(study, names, tmp_path, monkeypatch):
-    # a full study's records are published (the published ones; nope_length's were written
-    # before Plan.interval existed: a field a record lacks ran at its default)
-    full = study.HERE / "results"
-    study.publish(full, tmp_path / "again", names, full=study.full_plan())
-    assert all((tmp_path / "again" / n).read_bytes() == (full / n).read_bytes() for n in names)
+    # a full study's records are published (nope_length's published ones too: written before
+    # Plan.interval and Model.train_set existed, a field a record lacks ran at its default; the
+    # layout study's published ones are its first iRoPE design's until the retrain is published)
+    full = tmp_path / "full"
+    full.mkdir()
+    (full / "summary.json").write_text(json.dumps({"plan": asdict(study.full_plan())}))
+    (full / names[1]).write_text("the full study\n")
+    for records in (full, study.HERE / "results") if study is length else (full,):
+        study.publish(records, tmp_path / "again", names, full=study.full_plan())
+        assert all((tmp_path / "again" / n).read_bytes() == (records / n).read_bytes() for n in names)
     # a quick run's records, in the default quick folder or any --out
     quick = tmp_path / "quick"
     quick.mkdir()
@@ -35,3 +40,13 @@ def test_only_the_full_study_is_published(study, names, tmp_path, monkeypatch):
         study.publish(quick, dest, names, full=study.full_plan())
     assert not dest.exists() and not (tmp_path / "pkg").exists()
     shutil.rmtree(tmp_path / "again")
+
+
+def test_irope_alone_trains_with_the_question_anywhere_in_a_chunk():
+    """The plan written before the iRoPE retrain: 0-16 filler tokens after the answer (the
+    evaluation documents' span below L) for iRoPE's three seeds, the regime's documents for the
+    rest; the budget, segments and checkpoints as for every layout."""
+    plan = layouts.full_plan()
+    sets = {m.name: m.train_set for m in plan.models}
+    assert {n: t for n, t in sets.items() if t} == {f"irope-s{s}": ("tail=0:16",) for s in (0, 1, 2)}
+    assert len(sets) == 15 and (plan.steps, plan.interval, layouts.SEGMENT) == (7500, 125, 500)

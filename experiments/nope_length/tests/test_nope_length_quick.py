@@ -106,3 +106,31 @@ def test_a_resumed_segment_reads_only_its_own_checkpoints(tmp_path, monkeypatch)
         "cells": [{"accuracy": 1.0 if int(tag[5:]) >= 70 else 0.0}]})
     rule = study.train_to_gate(study.plan.models[0], 50)
     assert (rule["chosen"], rule["final"], trained) == ("step_0000070", "step_0000100", [50, 100])
+
+
+def test_a_models_training_set_makes_its_own_shards(tmp_path, monkeypatch):
+    """Model.train_set (the layout study's iRoPE: tail=0:16) goes into its own shards' documents
+    and the run trains on those; a model without one on the regime's; a recorded plan written
+    before the field was its default."""
+    from dataclasses import asdict
+
+    from experiments.nope_length import study as s
+    from lenext_dist.prep import runner
+
+    jobs, launched = [], []
+    monkeypatch.setattr(runner, "run_shard", lambda job: jobs.append(job))
+    study = s.Study(s.quick_plan(), tmp_path)
+    monkeypatch.setattr(study, "_launch", lambda cfg, run_dir, overrides: launched.append(overrides))
+    for m in (s.Model("irope-s0", "rope", 0, (), ("tail=0:16",)), s.Model("nope-s0", "nope")):
+        with pytest.raises(SystemExit, match="stopped before step 60"):  # the stand-in saves nothing
+            study.train(m)
+    assert [j.tasks["generators"][0]["params"].get("tail") for j in jobs] == ["0:16", "0"]
+    assert [j.out for j in jobs] == [str(tmp_path / "shards" / n) for n in ("kv64-tail0-16", "kv64")]
+    assert [next(o for o in ov if o.startswith("--data.blend")) for ov in launched] == [
+        f"--data.blend=[{{prefix: {tmp_path / 'shards' / n / 'kv_train'}, weight: 1.0}}]"
+        for n in ("kv64-tail0-16", "kv64")]
+    old = json.loads(json.dumps(asdict(s.quick_plan())))  # as plan.json holds it
+    old["models"] = [{k: v for k, v in m.items() if k != "train_set"} for m in old["models"]]
+    assert s.plan_differs(old, s.quick_plan()) == []
+    old["models"][0]["train_set"] = ["tail=0:16"]
+    assert s.plan_differs(old, s.quick_plan()) == ["models"]
