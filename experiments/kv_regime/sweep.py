@@ -93,6 +93,14 @@ def kv_data() -> Path:
     return DATA
 
 
+def exported(models: Path) -> list[Path]:
+    """The exported models under `models` (one folder each, <name>/config.json); none is an error."""
+    found = sorted(p.parent for p in Path(models).glob("*/config.json"))
+    if not found:
+        raise SystemExit(f"error: {models} holds no exported model (<name>/config.json)")
+    return found
+
+
 def shard_name(mix: tuple[str, ...]) -> str:
     """The shards of a mixture (the seeds grid's keep their first name)."""
     return "kvmix" if mix == TRAIN_MIX else "kv_" + "_".join(
@@ -249,7 +257,7 @@ def score(a) -> dict:
 
     out = Path(a.out)
     filler = {"uniform": kv_data() / "heldout/filler.jsonl", "zipf": zipf_filler(out / "filler-zipf.jsonl")}
-    models = sorted(p.parent for p in Path(a.models).glob("*/config.json"))
+    models = exported(Path(a.models))
     scores, cells = {}, {}
     for m in models:
         for fname, params, fill in FORMATS:

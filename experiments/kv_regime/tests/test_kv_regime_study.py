@@ -42,6 +42,18 @@ def test_a_folder_that_is_no_grid_export_is_one_error_line(tmp_path, name, cfg):
         study.model_of(tmp_path / name)
 
 
+def test_a_run_of_the_grid_is_its_position_window_and_mixture():
+    window, trained = sweep.WINDOW["window-s0"], f"{sweep.shard_name(sweep.DISTRACT_MIX)}_train"
+    m = Model("window-s0", "nope", 0, (f"--attention.window={sweep.L}",))
+    assert study.is_run(m, trained, window)
+    assert not study.is_run(Model("window-s0", "nope", 0), trained, window)  # no window
+    assert not study.is_run(Model("window-s0", "nope", 0, ("--attention.window=48",)), trained, window)
+    assert not study.is_run(m, "kvmix_train", window)  # another mixture
+    assert not study.is_run(Model("nope-s0", "nope"), trained, None)  # no run of that name
+    assert study.is_run(Model("nope-s0", "nope"), trained, sweep.DISTRACT["nope-s0"])
+    assert not study.is_run(Model("nope-s0", "rope"), trained, sweep.DISTRACT["nope-s0"])
+
+
 def test_the_plan_is_nope_lengths_at_the_regimes_length(tmp_path):
     p = study.plan((Model("nope-s0", "nope"),))
     assert (p.L, p.multiples, p.steps) == (sweep.L, (1, 2, 4, 8, 16), sweep.STEPS)
@@ -74,6 +86,9 @@ def test_models_must_be_runs_of_the_grids_with_one_mixture(tmp_path):
     _export(tmp_path / "other", "window-s0", "rope")  # the name of a run, another position
     with pytest.raises(SystemExit, match=r"^error: .*window-s0 \(rope, .*\) is no run of the grids window"):
         study.run(tmp_path / "other", tmp_path / "out", ("window",))
+    _export(tmp_path / "nowindow", "window-s0", "nope", shards=sweep.shard_name(sweep.DISTRACT_MIX))
+    with pytest.raises(SystemExit, match=r"^error: .*window-s0 \(nope, trained on .*\) is no run of the grids window"):
+        study.run(tmp_path / "nowindow", tmp_path / "out", ("window",))  # the run's name, no window
     _provenance(tmp_path / "alibi-s0", shards=sweep.shard_name(sweep.DISTRACT_MIX))  # distract's alibi
     with pytest.raises(SystemExit, match=r"^error: the models .* different mixtures"):
         study.run(tmp_path, tmp_path / "out", ("seeds", "distract"))  # nope-s0 of seeds, alibi of distract

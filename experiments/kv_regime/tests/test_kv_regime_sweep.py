@@ -94,3 +94,9 @@ def test_collect_unpacks_the_last_call_and_keeps_every_calls_summary(tmp_path):
     (first / "logs.tar.gz").write_bytes(b"not a tar")
     with pytest.raises(SystemExit, match="^error: a damaged pack"):
         sweep.main(["collect", str(first), "--into", str(tmp_path / "y"), "--device", "H100"])
+
+
+def test_score_of_a_folder_without_models_is_one_error_line(tmp_path):
+    with pytest.raises(SystemExit, match=r"^error: .* holds no exported model"):
+        sweep.main(["score", "--models", str(tmp_path), "--out", str(tmp_path / "out")])
+    assert not (tmp_path / "out" / "results.json").exists()
