@@ -53,12 +53,12 @@ LAYOUTS: dict[str, tuple[str, tuple[str, ...]]] = {
 """layout -> (attention.position, overrides) of the 4-layer kv model."""
 TRAIN_SETS: dict[str, tuple[str, ...]] = {"irope": ("tail=0:16",)}
 """layout -> kv parameters of its training documents besides the regime's (Model.train_set).
-iRoPE's: 0-16 filler tokens after the answer, so the question and answer fall anywhere in a chunk
-as in the evaluation's documents (L - 16 to L tokens). Written after its first three seeds, trained
-on documents of one alignment, stayed under the gate (0.72-0.89 at L, 7500 steps) and before the
-runs it names: those seeds retrieve at the gate where the question and answer share a chunk, as in
-every training document, and far under it where a chunk boundary parts them (alignment.py,
-results/ALIGNMENT.md); no other layout has chunks."""
+iRoPE's: 0-16 filler tokens after the answer, so that the question and answer fall anywhere in a
+chunk, as in the evaluation's documents (L - 16 to L tokens). Written before the runs it names and
+after iRoPE's first three seeds, trained on the regime's documents (the question and answer always
+in the last chunk), stayed under the gate (0.72-0.89 at L in 7500 steps): those seeds score at the
+gate where the question and answer share a chunk and far under it where a chunk boundary parts
+them (alignment.py, results/ALIGNMENT.md). No other layout has chunks."""
 SEEDS = (0, 1, 2)
 BUDGET = 7500
 """Steps a seed may train to reach the gate (3x the first study's 2500, where iRoPE reached it on

@@ -470,8 +470,8 @@ class KeyValue(Generator):
                     tk.seg(v, "needle" if i == 0 else "distractor"),
                     tk.seg(".", "needle" if i == 0 else "distractor")]
                    for i, (k, v) in enumerate(zip(keys, values))]
-        tail = [tk.seg(f"key {keys[0]} is", "question"), tk.seg(values[0], "answer")]
-        fixed = sum(len(s.ids) for st in needles + [tail] for s in st)
+        ask = [tk.seg(f"key {keys[0]} is", "question"), tk.seg(values[0], "answer")]
+        fixed = sum(len(s.ids) for st in needles + [ask] for s in st)
         filler = take(p.length.draw(rng) - 1 - fixed)
         if filler is None:
             return None
@@ -480,12 +480,12 @@ class KeyValue(Generator):
         after = p.tail.draw(rng) if p.tail.hi else 0  # no draw: documents of tail 0 as before it
         body = max(len(filler) - after, 0) / max(len(filler), 1)  # the filler before the question
         parts = filler.split([where[i] * body for i in order] + ([body] if after else []))
-        segs = _interleave(parts[:n_keys + 1], [needles[i] for i in order]) + tail
+        segs = _interleave(parts[:n_keys + 1], [needles[i] for i in order]) + ask
         segs += [q for q in parts[n_keys + 1:] if q is not None]  # the filler after the answer
         doc = TaskDoc(self.name, segs, depth=depth,
                       actual_depth=filler.cuts[order.index(0)] / max(body * len(filler), 1))
         doc.answers.append((doc.start_of(_index(segs, needles[0][1])),
-                            doc.start_of(_index(segs, tail[1])), len(tail[1].ids)))
+                            doc.start_of(_index(segs, ask[1])), len(ask[1].ids)))
         return doc
 
 
