@@ -13,7 +13,7 @@ Documents: the study's test protocol (TEST_SEED, held-out filler, the kv generat
 DOCS of them; scores as `lenext eval tasks` (lenext_dist/eval/tasks.py's make_documents, score).
 
   python -m experiments.nope_layouts.alignment --work /work/lay --models irope-s0:step_0007500 ...
-      -> experiments/nope_layouts/results/alignment.json + ALIGNMENT.md
+      -> experiments/nope_layouts/results/alignment.json + ALIGNMENT.md (--append: add rows)
 """
 from __future__ import annotations
 
@@ -61,13 +61,15 @@ def render(record: dict) -> str:
              f"{record['docs']} test documents of L = {record['L']} tokens (the study's TEST_SEED, "
              f"held-out filler); chunk {record['chunk']} tokens. Whole answers right; the number of "
              "documents of each kind in brackets.", "",
-             "| model | checkpoint | question and answer in one chunk | on two sides of a boundary |",
-             "|---|---|---|---|"]
+             "| model | trained on | checkpoint | question and answer in one chunk | on two sides of a boundary |",
+             "|---|---|---|---|---|"]
+
     def cell(c: dict) -> str:
         return "-" if c["accuracy"] is None else f"{c['accuracy']:.2f} ({c['documents']})"
 
     for r in record["models"]:
-        lines.append(f"| {r['name']} | {r['tag']} | {cell(r['split']['one chunk'])} | "
+        trained = ", ".join(f"kv {v}" for v in r.get("train_set", [])) or "the regime's documents"
+        lines.append(f"| {r['name']} | {trained} | {r['tag']} | {cell(r['split']['one chunk'])} | "
                      f"{cell(r['split']['two chunks'])} |")
     return "\n".join(lines) + "\n"
 
@@ -80,8 +82,22 @@ def main(argv=None) -> int:
                     help="exported checkpoints under WORK/hf (e.g. irope-s0:step_0007500)")
     ap.add_argument("--out", type=Path, default=HERE / "results")
     ap.add_argument("--docs", type=int, default=DOCS)
+    ap.add_argument("--append", action="store_true",
+                    help="add the rows to OUT/alignment.json (a row of the same model, training "
+                         "documents and checkpoint replaced)")
     a = ap.parse_args(argv)
     plan = json.loads((a.work / "plan.json").read_text())
+    record = {"L": plan["L"], "chunk": CHUNK, "docs": a.docs, "test_seed": TEST_SEED, "models": []}
+    if a.append:
+        try:
+            old = json.loads((a.out / "alignment.json").read_text())
+        except (OSError, ValueError) as e:
+            raise SystemExit(f"error: --append: {a.out}/alignment.json: {e}") from None
+        if {k: old.get(k) for k in record if k != "models"} != {k: v for k, v in record.items() if k != "models"}:
+            raise SystemExit(f"error: --append: {a.out}/alignment.json was measured with other settings "
+                             "(L, chunk, --docs or the test seed): one record, one protocol")
+        record["models"] = old["models"]
+    sets = {m["name"]: m.get("train_set", []) for m in plan.get("models", [])}
     rows = []
     for spec in a.models:
         name, _, tag = spec.partition(":")
@@ -89,9 +105,14 @@ def main(argv=None) -> int:
         if not (hf / "config.json").is_file():
             raise SystemExit(f"error: --models {spec}: {hf} holds no exported model")
         print(f"[alignment] {name} {tag}", flush=True)
-        rows.append({"name": name, "tag": tag,
+        rows.append({"name": name, "train_set": sets.get(name, []), "tag": tag,
                      "split": split_accuracy(hf, a.work / "data/heldout/filler.jsonl", plan["L"], a.docs)})
-    record = {"L": plan["L"], "chunk": CHUNK, "docs": a.docs, "test_seed": TEST_SEED, "models": rows}
+
+    def key(r: dict) -> tuple:
+        return r["name"], tuple(r.get("train_set", [])), r["tag"]
+
+    new = {key(r) for r in rows}
+    record["models"] = [r for r in record["models"] if key(r) not in new] + rows
     a.out.mkdir(parents=True, exist_ok=True)
     (a.out / "alignment.json").write_text(json.dumps(record, indent=1))
     (a.out / "ALIGNMENT.md").write_text(render(record))

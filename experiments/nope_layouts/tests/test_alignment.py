@@ -25,12 +25,21 @@ def test_the_command_splits_every_document_and_writes_its_records(tmp_path):
     info = build(KVCorpus(str(work / "data"), train_files=1, train_words=100, heldout_words=3000))
     save_tiny_lenext(str(work / "hf" / "irope-s0" / "step_0000010"), tokenizer=info["tokenizer"],
                      vocab_size=info["vocab_size"], train_length=64)
-    (work / "plan.json").write_text(json.dumps({"L": 64}))
-    assert alignment.main(["--work", str(work), "--models", "irope-s0:step_0000010", "--out",
-                           str(tmp_path / "out"), "--docs", "24"]) == 0
+    (work / "plan.json").write_text(json.dumps({"L": 64, "models": [{"name": "irope-s0"}]}))
+    out = ["--work", str(work), "--models", "irope-s0:step_0000010", "--out", str(tmp_path / "out")]
+    assert alignment.main([*out, "--docs", "24"]) == 0
     rec = json.loads((tmp_path / "out" / "alignment.json").read_text())
     split = rec["models"][0]["split"]
     assert split["one chunk"]["documents"] + split["two chunks"]["documents"] == 24
-    assert "| irope-s0 | step_0000010 |" in (tmp_path / "out" / "ALIGNMENT.md").read_text()
+    assert "| irope-s0 | the regime's documents | step_0000010 |" in (tmp_path / "out" / "ALIGNMENT.md").read_text()
+    # the same model retrained on other documents: a row beside the first; the same again replaces it
+    (work / "plan.json").write_text(json.dumps({"L": 64, "models": [{"name": "irope-s0", "train_set": ["tail=0:16"]}]}))
+    for _ in range(2):
+        assert alignment.main([*out, "--docs", "24", "--append"]) == 0
+    rec = json.loads((tmp_path / "out" / "alignment.json").read_text())
+    assert [r["train_set"] for r in rec["models"]] == [[], ["tail=0:16"]]
+    assert "| irope-s0 | kv tail=0:16 | step_0000010 |" in (tmp_path / "out" / "ALIGNMENT.md").read_text()
+    with pytest.raises(SystemExit, match=r"^error: --append: .*other settings"):
+        alignment.main([*out, "--docs", "12", "--append"])
     with pytest.raises(SystemExit, match=r"^error: --models nope-s0:step_1: .* holds no exported model"):
         alignment.main(["--work", str(work), "--models", "nope-s0:step_1", "--out", str(tmp_path)])
