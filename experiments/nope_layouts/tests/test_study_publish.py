@@ -15,14 +15,13 @@ STUDIES = [(length, ("summary.json", "STUDY.md")), (layouts, ("summary.json", "L
 
 @pytest.mark.parametrize("study,names", STUDIES, ids=["nope_length", "nope_layouts"])
 def test_only_the_full_study_is_published(study, names, tmp_path, monkeypatch):
-    # a full study's records are published (nope_length's published ones too: written before
-    # Plan.interval and Model.train_set existed, a field a record lacks ran at its default; the
-    # layout study's published ones are its first iRoPE design's until the retrain is published)
+    # a full study's records are published, the published ones too (nope_length's were written
+    # before Plan.interval and Model.train_set existed: a field a record lacks ran at its default)
     full = tmp_path / "full"
     full.mkdir()
     (full / "summary.json").write_text(json.dumps({"plan": asdict(study.full_plan())}))
     (full / names[1]).write_text("the full study\n")
-    for records in (full, study.HERE / "results") if study is length else (full,):
+    for records in (full, study.HERE / "results"):
         study.publish(records, tmp_path / "again", names, full=study.full_plan())
         assert all((tmp_path / "again" / n).read_bytes() == (records / n).read_bytes() for n in names)
     # a quick run's records, in the default quick folder or any --out
