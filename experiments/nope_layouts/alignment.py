@@ -43,13 +43,13 @@ def split_accuracy(hf: Path, filler: Path, L: int, docs: int = DOCS) -> dict:
 
     from lenext_dist.eval.data import load_tokenizer
     from lenext_dist.eval.model_io import load_model
-    from lenext_dist.eval.tasks import answer_positions, content_tokens, make_documents, score
+    from lenext_dist.eval.tasks import answer_positions, cell_seed, content_tokens, make_documents, score
     from lenext_dist.prep.tasks import Toolkit
 
     model, sp = load_model(str(hf), dtype="float32", device="cpu", progress=False), load_tokenizer(str(hf))
     texts = [json.loads(line)["text"] for line in filler.read_text().splitlines() if line.strip()]
     content, right = content_tokens(sp), {"one chunk": [], "two chunks": []}
-    for d in make_documents(Toolkit(sp), texts, "kv", L, docs, seed=TEST_SEED * 1_000_003):
+    for d in make_documents(Toolkit(sp), texts, "kv", L, docs, seed=cell_seed(TEST_SEED)):
         r, _ = score(model, d.ids, answer_positions(d.ids, d.answers, content), pad_to=L, pad_id=sp.eos_id())
         right["two chunks" if crosses(*d.answers[0][1:]) else "one chunk"].append(bool(r.all()))
     return {k: {"documents": len(v), "accuracy": float(np.mean(v)) if v else None} for k, v in right.items()}

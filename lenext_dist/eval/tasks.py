@@ -60,6 +60,12 @@ def make_documents(tk: Toolkit, texts: Sequence[str], kind: str, length: int, n:
                      "in 100 tries each; the text may be too short or have too little whitespace")
 
 
+def cell_seed(seed: int, task_index: int = 0, length_index: int = 0) -> int:
+    """The documents' generator seed of one (task, length) cell: the same documents for every
+    model and scale."""
+    return seed * 1_000_003 + task_index * 10_007 + length_index
+
+
 def content_tokens(sp) -> np.ndarray:
     """[vocab] bool: pieces that carry content (a letter or digit). A format piece (a bare `▁`,
     punctuation) is never scored as an answer token: a rule that never retrieves gets it right
@@ -189,7 +195,7 @@ def run_tasks(model: nn.Module, sp, texts: Sequence[str], lengths: Sequence[int]
         for li, length in enumerate(lengths):
             # the same documents for every model and scale: seeded by (seed, task, length)
             made = make_documents(tk, texts, kind, length - len(head), docs,
-                                  seed=seed * 1_000_003 + ki * 10_007 + li, params=params[kind])
+                                  seed=cell_seed(seed, ki, li), params=params[kind])
             scored = [(head + d.ids, answer_positions(
                 head + d.ids, [(s + len(head), a + len(head), k) for s, a, k in d.answers],
                 content), d) for d in made]
