@@ -109,11 +109,17 @@ class Study:
 
     def _claim_folder(self) -> None:
         """One plan per work folder: resuming in a folder of another plan (another budget, seeds
-        or checkpoint interval) would go on from its checkpoints under the new settings."""
+        or checkpoint interval) would go on from its checkpoints under the new settings. A plan
+        may gain models, or change one that has no run yet (a layout added after the others
+        ran): the runs there are those the new plan would make."""
         record = self.out / "plan.json"
         want = {k: v for k, v in json.loads(json.dumps(asdict(self.plan))).items() if k != "nproc"}
         if record.exists():
-            differ = plan_differs(json.loads(record.read_text()), self.plan)
+            old = json.loads(record.read_text())
+            differ = plan_differs({**old, "models": want["models"]}, self.plan)
+            mine = {m["name"]: m for m in want["models"]}
+            differ += [f"model {m['name']}" for m in plan_models(old) if isinstance(m, dict)
+                       and (self.out / "runs" / str(m.get("name"))).is_dir() and mine.get(m["name"], m) != m]
             why = f"the runs of another plan ({', '.join(differ)} differ)" if differ else None
         else:
             why = "runs of a plan it has no record of" if (self.out / "runs").exists() else None
@@ -357,11 +363,16 @@ def plan_differs(record: dict, plan: Plan) -> list[str]:
     ranks aside; a field the record lacks ran at its default (it was written before the field)."""
     want = json.loads(json.dumps(asdict(plan)))
     default = json.loads(json.dumps({f.name: f.default for f in fields(plan) if f.default is not MISSING}))
-    if isinstance(record.get("models"), list):  # a model field the record lacks: its default too
-        model = json.loads(json.dumps({f.name: f.default for f in fields(Model) if f.default is not MISSING}))
-        record = {**record, "models": [{**model, **m} if isinstance(m, dict) else m for m in record["models"]]}
+    if isinstance(record.get("models"), list):
+        record = {**record, "models": plan_models(record)}
     return sorted(k for k in {*want, *record} - {"nproc"}
                   if record.get(k, default.get(k)) != want.get(k))
+
+
+def plan_models(record: dict) -> list:
+    """A recorded plan's models, a field a model lacks at its default (written before the field)."""
+    model = json.loads(json.dumps({f.name: f.default for f in fields(Model) if f.default is not MISSING}))
+    return [{**model, **m} if isinstance(m, dict) else m for m in record.get("models") or []]
 
 
 def publish(out: Path, dest: Path, names: tuple[str, ...] = ("summary.json", "STUDY.md"), *,

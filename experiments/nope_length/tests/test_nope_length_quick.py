@@ -48,6 +48,14 @@ def test_a_work_folder_holds_one_plan(tmp_path):
     Study(replace(plan, nproc=1), tmp_path / "a")  # the ranks are no part of the plan
     with pytest.raises(SystemExit, match=r"a holds the runs of another plan \(steps differ\)"):
         Study(replace(plan, steps=61), tmp_path / "a")
+    # a plan that adds a model, or changes one with no run yet, resumes; one that changes a model
+    # that ran does not (its checkpoints would go on under the new model)
+    more = replace(plan, models=(*plan.models, replace(plan.models[0], name="extra-s0")))
+    Study(more, tmp_path / "a")
+    Study(replace(more, models=(*plan.models, replace(plan.models[0], name="extra-s0", seed=7))), tmp_path / "a")
+    (tmp_path / "a" / "runs" / "extra-s0").mkdir(parents=True)
+    with pytest.raises(SystemExit, match=r"a holds the runs of another plan \(model extra-s0 differ\)"):
+        Study(replace(more, models=(*plan.models, replace(plan.models[0], name="extra-s0", seed=8))), tmp_path / "a")
     (tmp_path / "b" / "runs").mkdir(parents=True)  # made before plan.json was written
     with pytest.raises(SystemExit, match="b holds runs of a plan it has no record of"):
         Study(plan, tmp_path / "b")
