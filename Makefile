@@ -143,7 +143,7 @@ study-layouts: setup
 	$(BIN)/python -m experiments.nope_layouts
 
 # The best-c slope a at three NoPE sizes (2L d64, 4L d64, 4L d128; three seeds each, to the gate) and
-# HeadScale with its two ablations at the largest (experiments/sizes; ~3 h, resumable).
+# HeadScale with its two ablations at the largest (experiments/sizes; ~2 h, resumable).
 study-sizes: setup
 	$(BIN)/python -m experiments.sizes
 

@@ -69,7 +69,8 @@ def slope_verdict(rows: list[dict]) -> dict:
 
 def headscale_table(headscale: list[dict], results: list[dict]) -> dict:
     """target -> {variant: spread of accuracy at T over seeds, "best uniform": the same for the
-    grid's best c at T, "ablations": {variant: difference verdict}}."""
+    grid's best c at T, "no temperature": for c = 1 (what any temperature has room to add: no
+    verdict reads it), "ablations": {variant: difference verdict}}."""
     by_model = {r["model"]["name"]: r for r in results}
     out: dict = {}
     for t in sorted({h["target"] for h in headscale}):
@@ -81,6 +82,10 @@ def headscale_table(headscale: list[dict], results: list[dict]) -> dict:
                if m in by_model}
         row = {v: {**_spread(list(x.values())), "seeds": x} for v, x in at_T.items()}
         row["best uniform"] = {**_spread(list(uni.values())), "seeds": uni}
+        none = {m: next((_acc(r["cells"], T) for r in by_model[m]["rows"]
+                         if r.get("method") == "uniform" and r.get("c") == 1.0), None)
+                for m in uni}
+        row["no temperature"] = {**_spread(list(none.values())), "seeds": none}
         row["ablations"] = {v: ablation_differs(at_T.get("full", {}), at_T.get(v, {}))
                             for v in ABLATIONS if v in at_T}
         out[f"{t}L"] = row
@@ -142,11 +147,11 @@ def render(summary: dict) -> str:
         f"{PAPER_A[0]:.2f}-{PAPER_A[1]:.2f})." if "largest" in s else ".")]
     if summary["headscale"]:
         out += ["", "## HeadScale vs its ablations (the paper's Table 2 rows), accuracy at T, mean "
-                    "(min..max) over seeds", "", "| target | full | no bound | init 1 | best uniform c |",
-                "|---|---|---|---|---|"]
+                    "(min..max) over seeds", "", "| target | full | no bound | init 1 | best uniform c | "
+                    "no temperature (c = 1) |", "|---|---|---|---|---|---|"]
         for t, row in summary["headscale"].items():
             out.append(f"| {t} | " + " | ".join(_sp(row.get(v, {})) for v in
-                                                 ("full", *ABLATIONS, "best uniform")) + " |")
+                                                 ("full", *ABLATIONS, "best uniform", "no temperature")) + " |")
         out += ["", f"**Verdict** (an ablation differs when every seed is on one side and the mean "
                     f"difference is >= {GAP}): {summary['headscale_verdict']}."]
     return "\n".join(out) + "\n"

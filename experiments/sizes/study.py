@@ -16,7 +16,7 @@ largest size every gated seed also runs the paper's HeadScale search and its two
 (full, no bound, init 1) at 2, 4, 8 L, initialised from that size's own fit. The rules that turn
 the numbers into verdicts are in analysis.py, written before the runs.
 
-  python -m experiments.sizes             # ~3 h on 2 cores, resumable
+  python -m experiments.sizes             # ~2 h on 2 cores, resumable
   python -m experiments.sizes --quick     # a smoke run (a few minutes)
   python -m experiments.sizes --publish   # records -> experiments/sizes/results
 """
