@@ -42,10 +42,19 @@ def test_only_the_full_study_is_published(study, names, tmp_path, monkeypatch):
 
 
 def test_irope_alone_trains_with_the_question_anywhere_in_a_chunk():
-    """The plan written before the iRoPE retrain: 0-16 filler tokens after the answer (the
-    evaluation documents' span below L) for iRoPE's three seeds, the regime's documents for the
-    rest; the budget, segments and checkpoints as for every layout."""
+    """The plans written before the iRoPE retrain and before irope_2g: 0-16 filler tokens after
+    the answer (the evaluation documents' span below L) for the chunked layouts' three seeds each,
+    the regime's documents for the rest; the budget, segments and checkpoints as for every layout;
+    irope_2g's global layers are 2 and 4."""
     plan = layouts.full_plan()
     sets = {m.name: m.train_set for m in plan.models}
-    assert {n: t for n, t in sets.items() if t} == {f"irope-s{s}": ("tail=0:16",) for s in (0, 1, 2)}
-    assert len(sets) == 15 and (plan.steps, plan.interval, layouts.SEGMENT) == (7500, 125, 500)
+    assert {n: t for n, t in sets.items() if t} == {f"{lay}-s{s}": ("tail=0:16",) for s in (0, 1, 2)
+                                                    for lay in ("irope", "irope_2g")}
+    assert len(sets) == 18 and (plan.steps, plan.interval, layouts.SEGMENT) == (7500, 125, 500)
+    from lenext_dist.attention.layout import LAYOUTS, Options
+
+    flags = dict(o.split("=") for o in layouts.LAYOUTS["irope_2g"][1])
+    every = Options(int(flags["--attention.layout.every"]), [], [])
+    layers = LAYOUTS[flags["--attention.layout.kind"]](4, "rope", every)
+    assert layers == [("rope", True), ("nope", False), ("rope", True), ("nope", False)]
+
