@@ -68,7 +68,8 @@ them (alignment.py, results/ALIGNMENT.md). No other layout has chunks.
 irope_2g: written before its runs, after the retrained iRoPE reached the gate on one seed of three
 (0.78-0.89 at best for the others) and alignment.py's needle split found why: all three retrained
 seeds answer every test document with no chunk boundary in the needle or the question (1.00), and
-0.58-0.81 where a boundary cuts the needle. With one global layer, the last, nothing before it
+0.58-0.81 where a boundary cuts the needle and none the question (0.50-0.75 of all those
+with one in the needle: ALIGNMENT.md). With one global layer, the last, nothing before it
 links the needle's tokens across the boundary, so that layer alone must both find and order the
 values. A global NoPE layer below the top (layer 2) can link them first. The expectation, to be
 read in ALIGNMENT.md: its seeds lose no more than analysis.GAP where a boundary cuts the needle.

@@ -41,7 +41,7 @@ def test_only_the_full_study_is_published(study, names, tmp_path, monkeypatch):
     shutil.rmtree(tmp_path / "again")
 
 
-def test_irope_alone_trains_with_the_question_anywhere_in_a_chunk():
+def test_the_chunked_layouts_train_with_the_question_anywhere_in_a_chunk():
     """The plans written before the iRoPE retrain and before irope_2g: 0-16 filler tokens after
     the answer (the evaluation documents' span below L) for the chunked layouts' three seeds each,
     the regime's documents for the rest; the budget, segments and checkpoints as for every layout;
@@ -57,4 +57,3 @@ def test_irope_alone_trains_with_the_question_anywhere_in_a_chunk():
     every = Options(int(flags["--attention.layout.every"]), [], [])
     layers = LAYOUTS[flags["--attention.layout.kind"]](4, "rope", every)
     assert layers == [("rope", True), ("nope", False), ("rope", True), ("nope", False)]
-
