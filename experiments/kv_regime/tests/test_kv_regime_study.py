@@ -43,7 +43,7 @@ def test_a_folder_that_is_no_grid_export_is_one_error_line(tmp_path, name, cfg):
 
 
 def test_a_run_of_the_grid_is_its_position_window_and_mixture():
-    window, trained = sweep.WINDOW["window-s0"], f"{sweep.shard_name(sweep.DISTRACT_MIX)}_train"
+    window, trained = sweep.OTHERS["window-s0"], f"{sweep.shard_name(sweep.DISTRACT_MIX)}_train"
     m = Model("window-s0", "nope", 0, (f"--attention.window={sweep.L}",))
     assert study.is_run(m, trained, window)
     assert not study.is_run(Model("window-s0", "nope", 0), trained, window)  # no window
@@ -84,19 +84,19 @@ def test_models_must_be_runs_of_the_grids_with_one_mixture(tmp_path):
                        match=r"^error: .*alibi-s0 \(alibi, trained on kvmix_train\) is no run of the grids seeds"):
         study.run(tmp_path, tmp_path / "out", ("seeds",))
     _export(tmp_path / "other", "window-s0", "rope")  # the name of a run, another position
-    with pytest.raises(SystemExit, match=r"^error: .*window-s0 \(rope, .*\) is no run of the grids window"):
-        study.run(tmp_path / "other", tmp_path / "out", ("window",))
+    with pytest.raises(SystemExit, match=r"^error: .*window-s0 \(rope, .*\) is no run of the grids others"):
+        study.run(tmp_path / "other", tmp_path / "out", ("others",))
     _export(tmp_path / "nowindow", "window-s0", "nope", shards=sweep.shard_name(sweep.DISTRACT_MIX))
-    with pytest.raises(SystemExit, match=r"^error: .*window-s0 \(nope, trained on .*\) is no run of the grids window"):
-        study.run(tmp_path / "nowindow", tmp_path / "out", ("window",))  # the run's name, no window
-    _provenance(tmp_path / "alibi-s0", shards=sweep.shard_name(sweep.DISTRACT_MIX))  # distract's alibi
+    with pytest.raises(SystemExit, match=r"^error: .*window-s0 \(nope, trained on .*\) is no run of the grids others"):
+        study.run(tmp_path / "nowindow", tmp_path / "out", ("others",))  # the run's name, no window
+    _provenance(tmp_path / "alibi-s0", shards=sweep.shard_name(sweep.DISTRACT_MIX))  # others' alibi
     with pytest.raises(SystemExit, match=r"^error: the models .* different mixtures"):
-        study.run(tmp_path, tmp_path / "out", ("seeds", "distract"))  # nope-s0 of seeds, alibi of distract
+        study.run(tmp_path, tmp_path / "out", ("seeds", "others"))  # nope-s0 of seeds, alibi of others
     with pytest.raises(SystemExit, match=r"^error: .*nope-s0 \(nope, trained on kvmix_train\) is no run"):
-        study.run(tmp_path, tmp_path / "out", ("distract",))  # a seeds-grid model by the same name
+        study.run(tmp_path, tmp_path / "out", ("distract", "others"))  # a seeds-grid model by the same name
     (tmp_path / "nope-s0" / "lenext_run_config.yaml").write_text("model: {}\n")
     with pytest.raises(SystemExit, match=r"^error: .*nope-s0/lenext_run_config.yaml names no training data"):
-        study.run(tmp_path, tmp_path / "out", ("distract",))
+        study.run(tmp_path, tmp_path / "out", ("distract", "others"))
 
 
 @pytest.mark.e2e

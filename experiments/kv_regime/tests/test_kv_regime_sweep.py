@@ -21,7 +21,7 @@ def test_every_run_of_every_grid_is_a_valid_config(grid, tmp_path):
         assert cfg.attention.position == spec.position and cfg.train.seed == 1234 + spec.seed
         assert cfg.data.blend[0].prefix.endswith(f"/{sweep.shard_name(spec.mix)}_train")
         assert cfg.attention.window == (spec.window or None)
-    assert len(sweep.GRIDS[grid]) == {"pilot": 8, "seeds": 6, "distract": 8, "window": 1}[grid]  # 8: 2 cores a run
+    assert len(sweep.GRIDS[grid]) == {"pilot": 8, "seeds": 6, "distract": 6, "others": 3}[grid]  # <= 8: 2 cores a run
 
 
 @pytest.mark.parametrize("mix", [TRAIN_MIX, sweep.DISTRACT_MIX])
@@ -34,8 +34,9 @@ def test_shards_are_the_training_mixture_at_L(tmp_path, mix):
 def test_the_distract_grid_is_the_seeds_grid_with_a_distractor_in_every_document():
     assert sweep.shard_name(TRAIN_MIX) == "kvmix"  # the seeds grid's shards keep their name
     same = {n: r._replace(mix=TRAIN_MIX) for n, r in sweep.DISTRACT.items() if n in sweep.SEEDS}
-    assert same == sweep.SEEDS and set(sweep.DISTRACT) - set(sweep.SEEDS) == {"alibi-s0", "kerple_log-s0"}
-    assert all(r.mix == sweep.DISTRACT_MIX for r in sweep.DISTRACT.values())
+    assert same == sweep.SEEDS and set(sweep.DISTRACT) == set(sweep.SEEDS)
+    assert all(r.mix == sweep.DISTRACT_MIX for g in (sweep.DISTRACT, sweep.OTHERS) for r in g.values())
+    assert {r.position for r in sweep.OTHERS.values()} == {"alibi", "kerple_log", "nope"}
     assert "distractors=1:3" in sweep.DISTRACT_MIX and "distractors=0:3" not in sweep.DISTRACT_MIX
 
 
