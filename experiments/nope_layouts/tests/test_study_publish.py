@@ -48,12 +48,30 @@ def test_the_chunked_layouts_train_with_the_question_anywhere_in_a_chunk():
     irope_2g's global layers are 2 and 4."""
     plan = layouts.full_plan()
     sets = {m.name: m.train_set for m in plan.models}
-    assert {n: t for n, t in sets.items() if t} == {f"{lay}-s{s}": ("tail=0:16",) for s in (0, 1, 2)
-                                                    for lay in ("irope", "irope_2g")}
-    assert len(sets) == 18 and (plan.steps, plan.interval, layouts.SEGMENT) == (7500, 125, 500)
+    chunked = {f"irope-s{s}" for s in range(9)} | {f"irope_2g-s{s}" for s in (0, 1, 2)}
+    assert {n: t for n, t in sets.items() if t} == {n: ("tail=0:16",) for n in chunked}
+    assert len(sets) == 24 and (plan.steps, plan.interval, layouts.SEGMENT) == (7500, 125, 500)
     from lenext_dist.attention.layout import LAYOUTS, Options
 
     flags = dict(o.split("=") for o in layouts.LAYOUTS["irope_2g"][1])
     every = Options(int(flags["--attention.layout.every"]), [], [])
     layers = LAYOUTS[flags["--attention.layout.kind"]](4, "rope", every)
     assert layers == [("rope", True), ("nope", False), ("rope", True), ("nope", False)]
+
+
+def test_irope_trains_more_seeds_only_until_three_are_at_the_gate():
+    """The plan written before iRoPE's seeds 3-8: in order after 0-2, each only while fewer than
+    MIN_SEEDS (3) of the layout's earlier seeds reached the gate; other layouts keep three seeds."""
+    plan = layouts.full_plan()
+    assert layouts.MORE_SEEDS == {"irope": (3, 4, 5, 6, 7, 8)} and layouts.MIN_SEEDS == 3
+    names = [m.name for m in plan.models]
+    assert names.index("irope-s3") == names.index("irope-s2") + 1  # trained after the first three
+    by = {m.name: m for m in plan.models}
+    gate, off = {"chosen": "step_0001000"}, {"chosen": None}
+    rules = {"irope-s0": gate, "irope-s1": off, "irope-s2": off, "irope_2g-s0": gate,
+             "irope_2g-s1": gate, "irope_2g-s2": gate, "nope-s0": gate}  # other layouts do not count
+    assert layouts.next_seed_needed(by["irope-s3"], rules)
+    assert layouts.next_seed_needed(by["irope-s4"], {**rules, "irope-s3": gate})
+    assert not layouts.next_seed_needed(by["irope-s5"], {**rules, "irope-s3": gate, "irope-s4": gate})
+    assert layouts.next_seed_needed(by["irope-s5"], {**rules, "irope-s3": gate, "irope-s4": off})
+    assert layouts.next_seed_needed(by["irope-s0"], {"irope-s9": gate, "irope-s8": gate, "irope-s7": gate})
