@@ -16,8 +16,8 @@ checkpoint rule and scoring; its `Study` steps are reused), with 4 layers so a 3
                   layer below the top, as here, not the 3:1 ratio at 4 layers)
 
 Each trained with three seeds until the gate (iRoPE, which gated one of three: up to six more,
-in order, until three are at the gate; MORE_SEEDS): in segments of SEGMENT steps (the LR schedule over
-BUDGET), each followed by the checkpoint rule (the first checkpoint >= 0.9 at L, validation
+in order, until three are at the gate; MORE_SEEDS): in segments of SEGMENT steps (the LR
+schedule over BUDGET), each followed by the checkpoint rule (the first checkpoint >= 0.9 at L, validation
 documents, every CHECKPOINT steps), stopping at the first segment that holds a checkpoint at the
 gate or at BUDGET (then the seed is reported as not at the gate and scored nowhere; analysis.py
 draws verdicts only from layouts with 3 seeds at the gate). Each chosen checkpoint
@@ -106,8 +106,9 @@ def models(seeds=SEEDS, layouts=tuple(LAYOUTS), more=MORE_SEEDS) -> tuple[Model,
                        TRAIN_SETS.get(name, ())) for name in layouts for s in (*seeds, *more.get(name, ())))
 
 
-def layout_of(m: Model) -> str:
-    return m.name.rsplit("-s", 1)[0]
+def layout_of(name: str) -> str:
+    """The layout of a model's name (`irope_2g-s1` -> `irope_2g`)."""
+    return name.rsplit("-s", 1)[0]
 
 
 def next_seed_needed(m: Model, rules: dict) -> bool:
@@ -115,8 +116,7 @@ def next_seed_needed(m: Model, rules: dict) -> bool:
     layout's seeds trained before it (`rules`: name -> the checkpoint rule's record) are at the gate."""
     if m.seed in SEEDS:
         return True
-    lay = layout_of(m)
-    return sum(1 for n, r in rules.items() if n.rsplit("-s", 1)[0] == lay and r["chosen"]) < MIN_SEEDS
+    return sum(1 for n, r in rules.items() if layout_of(n) == layout_of(m.name) and r["chosen"]) < MIN_SEEDS
 
 
 def full_plan() -> Plan:
@@ -163,7 +163,7 @@ def main(argv=None) -> int:
 def measure(study: Study, m: Model, rule: dict) -> dict:
     """Every schedule of SCHEDULES at 1..8 L on the chosen checkpoint (a seed off the gate is
     scored nowhere); pure RoPE has no NoPE layer and is scored with `none` only."""
-    p, layout, tag = study.plan, layout_of(m), rule["chosen"]
+    p, layout, tag = study.plan, layout_of(m.name), rule["chosen"]
     rows = []
     if tag is None:
         return {"model": asdict(m), "layout": layout, "rule": rule, "tag": None, "rows": rows}
