@@ -138,7 +138,7 @@ study-quick: setup
 
 # NoPE inside hybrid layouts (experiments/nope_layouts): NoPE, RoPE, 3:1 interleave, local RoPE +
 # global NoPE, iRoPE, three seeds each trained until the gate (a budget of 7500 steps), scored with
-# each temperature schedule on the NoPE layers (~2-3 h, resumable).
+# each temperature schedule on the NoPE layers (~3 h, resumable).
 study-layouts: setup
 	$(BIN)/python -m experiments.nope_layouts
 

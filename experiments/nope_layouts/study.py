@@ -27,7 +27,7 @@ before any run: c = 1.5 (the demo's), the log fit's a = 0.274 (experiments/nope_
 fit), Llama 4's attn_scale 0.1 with floor_scale = L (its 8192 relative to its training chunk)).
 Pure RoPE has no NoPE layer: its schedules change nothing and are scored once.
 
-  python -m experiments.nope_layouts             # ~2-3 h on 2 cores, resumable
+  python -m experiments.nope_layouts             # ~3 h on 2 cores, resumable
   python -m experiments.nope_layouts --quick     # a smoke run (a few minutes)
   python -m experiments.nope_layouts --publish   # records -> experiments/nope_layouts/results
 """
