@@ -17,8 +17,8 @@ checkpoint rule and scoring; its `Study` steps are reused), with 4 layers so a 3
 
 Each trained with three seeds until the gate (iRoPE, which gated one of three: up to six more,
 in order, until three are at the gate; MORE_SEEDS): in segments of SEGMENT steps (the LR
-schedule over BUDGET), each followed by the checkpoint rule (the first checkpoint >= 0.9 at L, validation
-documents, every CHECKPOINT steps), stopping at the first segment that holds a checkpoint at the
+schedule over BUDGET), each followed by the checkpoint rule (the first checkpoint >= 0.9 at L,
+validation documents, every CHECKPOINT steps), stopping at the first segment that holds a checkpoint at the
 gate or at BUDGET (then the seed is reported as not at the gate and scored nowhere; analysis.py
 draws verdicts only from layouts with 3 seeds at the gate). Each chosen checkpoint
 is scored at 1, 2, 4, 8 L under every temperature schedule of `SCHEDULES`, applied at evaluation to
