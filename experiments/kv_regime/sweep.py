@@ -54,6 +54,9 @@ class Run(NamedTuple):
     """The training documents' kv parameters."""
     window: int = 0
     """Sliding-window attention of this many tokens (0: none)."""
+    bos: bool = False
+    """BOS before every document (data.bos): documents of L - 1 tokens, so a sample is still one
+    document; evaluation then starts every document with BOS (the export records it)."""
 
 
 PILOT = {
@@ -81,7 +84,13 @@ KERPLE and NoPE under a window of L (nope_length's). They first ran in the distr
 at once: at ~8 steps/s each (H100, 27 Nov) 6000 steps need ~780 s of training, more than one
 session's 900 s of device time holds beside two starts; a later call on a cold machine starts over
 (no checkpoint comes back). Hence two grids that each fit one session, the runs unchanged."""
-GRIDS = {"pilot": PILOT, "seeds": SEEDS, "distract": DISTRACT, "others": OTHERS}
+DISTRACT_BOS = {n: r._replace(bos=True) for n, r in DISTRACT.items()}
+"""The distract grid with BOS before every document (data.bos; written after the distract grid's
+first call, before any run of its own). Why: NoPE has no position but what the causal mask gives
+(Kazemnejad et al. 2023, Theorem 1: a first-layer head reads absolute position as the weight it
+puts on a fixed first token, ~1/(t+1)). Without BOS the first token of a kv document is random
+filler, so that code is noise; real models (TinyLlama, Llama) train with BOS."""
+GRIDS = {"pilot": PILOT, "seeds": SEEDS, "distract": DISTRACT, "others": OTHERS, "distract_bos": DISTRACT_BOS}
 
 
 def kv_data() -> Path:
@@ -102,13 +111,17 @@ def exported(models: Path) -> list[Path]:
     return found
 
 
-def shard_name(mix: tuple[str, ...]) -> str:
-    """The shards of a mixture (the seeds grid's keep their first name)."""
-    return "kvmix" if mix == TRAIN_MIX else "kv_" + "_".join(
+def shard_name(mix: tuple[str, ...], bos: bool = False) -> str:
+    """The shards of a mixture (the seeds grid's keep their first name); with BOS the documents
+    are one token shorter (BOS is added when samples are built)."""
+    name = "kvmix" if mix == TRAIN_MIX else "kv_" + "_".join(
         p.replace("=", "").replace(":", "-") for p in mix)
+    return name + ("_bos" if bos else "")
+
 
 def config(name: str, spec: Run, shards: Path, work: Path, steps: int, backend: str) -> str:
-    pos, layers, hidden, heads, batch, lr, seed, mix, window = spec
+    pos, layers, hidden, heads, batch, lr, seed, mix, window, bos = spec
+    shard, bos_line = shard_name(mix, bos), "\n  bos: true" if bos else ""
     inc = ", ".join(str(REPO / "configs" / c) for c in ("model/kv-tiny.yaml", "data/kv.yaml", "train/kv.yaml"))
     return f"""include: [{inc}]
 name: {name}
@@ -118,9 +131,9 @@ model: {{num_layers: {layers}, hidden_size: {hidden}, num_attention_heads: {head
 attention: {{position: {pos}{f", window: {window}" if window else ""}}}
 data:
   tokenizer: {DATA / "tokenizer.model"}
-  blend: [{{prefix: {shards}/{shard_name(mix)}_train, weight: 1.0}}]
-  valid_blend: [{{prefix: {shards}/{shard_name(mix)}_valid, weight: 1.0}}]
-  seed: {1234 + seed}
+  blend: [{{prefix: {shards}/{shard}_train, weight: 1.0}}]
+  valid_blend: [{{prefix: {shards}/{shard}_valid, weight: 1.0}}]
+  seed: {1234 + seed}{bos_line}
 train: {{steps: {steps}, seed: {1234 + seed}, micro_batch_size: {batch}, global_batch_size: {batch},
         eval_interval: 1000, eval_iters: 2}}
 optim: {{lr: {lr}, warmup_steps: 200}}
@@ -130,12 +143,13 @@ parallel: {{backend: {backend}}}
 """
 
 
-def shard_command(shards: Path, workers: int, mix: tuple[str, ...] = TRAIN_MIX) -> list[str]:
+def shard_command(shards: Path, workers: int, mix: tuple[str, ...] = TRAIN_MIX,
+                  bos: bool = False) -> list[str]:
     sets = [a for p in mix for a in ("--task-set", f"kv.{p}")]
     return [sys.executable, str(REPO / "data_prep/shard.py"), "--format", "tasks", "--tasks", "kv",
             "--input", str(kv_data() / "train/*.jsonl"), "--tokenizer", str(DATA / "tokenizer.model"),
-            "--out", str(shards), "--name", shard_name(mix), "--task-passes", "32", "--valid-fraction", "0.01",
-            "--workers", str(workers), *sets, "--task-set", f"kv.length={L}", "--no-progress"]
+            "--out", str(shards), "--name", shard_name(mix, bos), "--task-passes", "32", "--valid-fraction", "0.01",
+            "--workers", str(workers), *sets, "--task-set", f"kv.length={L - bos}", "--no-progress"]
 
 
 def train(a) -> dict:
@@ -144,9 +158,9 @@ def train(a) -> dict:
     work, out, shards = Path(a.work), Path(a.out), Path(a.shards)
     (work / "cfg").mkdir(parents=True, exist_ok=True)
     out.mkdir(parents=True, exist_ok=True)
-    for mix in sorted({grid[n].mix for n in names}):
-        if not (shards / f"{shard_name(mix)}.manifest.json").exists():
-            subprocess.run(shard_command(shards, a.workers, mix), check=True)
+    for mix, bos in sorted({(grid[n].mix, grid[n].bos) for n in names}):
+        if not (shards / f"{shard_name(mix, bos)}.manifest.json").exists():
+            subprocess.run(shard_command(shards, a.workers, mix, bos), check=True)
     env = {**os.environ, "OMP_NUM_THREADS": str(a.threads), "PYTHONUNBUFFERED": "1"}
     procs, logs, t0, cpus = {}, [], time.time(), os.cpu_count() or 1
     for i, n in enumerate(names):

@@ -52,6 +52,9 @@ def test_a_run_of_the_grid_is_its_position_window_and_mixture():
     assert not study.is_run(Model("nope-s0", "nope"), trained, None)  # no run of that name
     assert study.is_run(Model("nope-s0", "nope"), trained, sweep.DISTRACT["nope-s0"])
     assert not study.is_run(Model("nope-s0", "rope"), trained, sweep.DISTRACT["nope-s0"])
+    with_bos = f"{sweep.shard_name(sweep.DISTRACT_MIX, True)}_train"
+    assert study.is_run(Model("nope-s0", "nope"), with_bos, sweep.DISTRACT_BOS["nope-s0"])
+    assert not study.is_run(Model("nope-s0", "nope"), trained, sweep.DISTRACT_BOS["nope-s0"])
 
 
 def test_the_plan_is_nope_lengths_at_the_regimes_length(tmp_path):

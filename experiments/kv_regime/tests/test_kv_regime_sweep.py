@@ -19,16 +19,21 @@ def test_every_run_of_every_grid_is_a_valid_config(grid, tmp_path):
         cfg = load_config(str(f), [])
         assert cfg.model.seq_length == sweep.L and cfg.train.global_batch_size == spec[4]
         assert cfg.attention.position == spec.position and cfg.train.seed == 1234 + spec.seed
-        assert cfg.data.blend[0].prefix.endswith(f"/{sweep.shard_name(spec.mix)}_train")
-        assert cfg.attention.window == (spec.window or None)
-    assert len(sweep.GRIDS[grid]) == {"pilot": 8, "seeds": 6, "distract": 6, "others": 3}[grid]  # <= 8: 2 cores a run
+        assert cfg.data.blend[0].prefix.endswith(f"/{sweep.shard_name(spec.mix, spec.bos)}_train")
+        assert cfg.attention.window == (spec.window or None) and cfg.data.bos == spec.bos
+    assert len(sweep.GRIDS[grid]) == {"pilot": 8, "seeds": 6, "distract": 6, "others": 3,
+                                      "distract_bos": 6}[grid]  # <= 8: 2 cores a run
 
 
 @pytest.mark.parametrize("mix", [TRAIN_MIX, sweep.DISTRACT_MIX])
-def test_shards_are_the_training_mixture_at_L(tmp_path, mix):
-    cmd = " ".join(sweep.shard_command(tmp_path, 2, mix))
-    assert all(f"--task-set kv.{p}" in cmd for p in mix) and f"kv.length={sweep.L}" in cmd
-    assert f"--name {sweep.shard_name(mix)} " in cmd
+@pytest.mark.parametrize("bos", [False, True])
+def test_shards_are_the_training_mixture_at_L(tmp_path, mix, bos):
+    """With BOS (added when samples are built) the documents are L - 1 tokens: a sample of L
+    tokens is still exactly one document."""
+    cmd = " ".join(sweep.shard_command(tmp_path, 2, mix, bos))
+    assert all(f"--task-set kv.{p}" in cmd for p in mix) and f"kv.length={sweep.L - bos} " in cmd
+    assert f"--name {sweep.shard_name(mix, bos)} " in cmd
+    assert sweep.shard_name(mix, bos) != sweep.shard_name(mix, not bos)
 
 
 def test_the_distract_grid_is_the_seeds_grid_with_a_distractor_in_every_document():
@@ -38,6 +43,8 @@ def test_the_distract_grid_is_the_seeds_grid_with_a_distractor_in_every_document
     assert all(r.mix == sweep.DISTRACT_MIX for g in (sweep.DISTRACT, sweep.OTHERS) for r in g.values())
     assert {r.position for r in sweep.OTHERS.values()} == {"alibi", "kerple_log", "nope"}
     assert "distractors=1:3" in sweep.DISTRACT_MIX and "distractors=0:3" not in sweep.DISTRACT_MIX
+    assert {n: r._replace(bos=False) for n, r in sweep.DISTRACT_BOS.items()} == sweep.DISTRACT
+    assert all(r.bos for r in sweep.DISTRACT_BOS.values())
 
 
 def test_zipf_filler_is_skewed(tmp_path):
