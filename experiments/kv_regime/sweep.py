@@ -89,7 +89,8 @@ DISTRACT_BOS = {n: r._replace(bos=True) for n, r in DISTRACT.items()}
 first call, before any run of its own). Why: NoPE has no position but what the causal mask gives
 (Kazemnejad et al. 2023, Theorem 1: a first-layer head reads absolute position as the weight it
 puts on a fixed first token, ~1/(t+1)). Without BOS the first token of a kv document is random
-filler, so that code is noise; real models (TinyLlama, Llama) train with BOS."""
+filler, so that code is noise; real models (TinyLlama, Llama) train with BOS. Its NoPE seed 0 on
+the CPU (results/distract-bos-probe) still copied without matching the key at step 5384."""
 GRIDS = {"pilot": PILOT, "seeds": SEEDS, "distract": DISTRACT, "others": OTHERS, "distract_bos": DISTRACT_BOS}
 
 
