@@ -29,7 +29,7 @@ import sys
 import tarfile
 import time
 from pathlib import Path
-from typing import NamedTuple
+from typing import NamedTuple, Optional
 
 from .analysis import FORMATS, TRAIN_MIX, gate, passes
 
@@ -57,6 +57,17 @@ class Run(NamedTuple):
     bos: bool = False
     """BOS before every document (data.bos): documents of L - 1 tokens, so a sample is still one
     document; evaluation then starts every document with BOS (the export records it)."""
+    warm: Optional["Warm"] = None
+    """A first length stage of shorter documents (train.stages); None: one stage of `mix` at L."""
+
+
+class Warm(NamedTuple):
+    """The first `steps` optimizer steps train on documents of `length` tokens of `mix` (the same
+    sequences a step), the rest on the run's own mix at L: a length curriculum (one run,
+    train.stages; model.train_length stays L)."""
+    steps: int
+    length: int
+    mix: tuple[str, ...]
 
 
 PILOT = {
@@ -91,7 +102,18 @@ first call, before any run of its own). Why: NoPE has no position but what the c
 puts on a fixed first token, ~1/(t+1)). Without BOS the first token of a kv document is random
 filler, so that code is noise; real models (TinyLlama, Llama) train with BOS. Its NoPE seed 0 on
 the CPU (results/distract-bos-probe) still copied without matching the key at step 5384."""
-GRIDS = {"pilot": PILOT, "seeds": SEEDS, "distract": DISTRACT, "others": OTHERS, "distract_bos": DISTRACT_BOS}
+WARM = Warm(2000, 48, ("values=2:4", "distractors=1:2"))
+DISTRACT_WARM = {n: r._replace(warm=WARM) for n, r in DISTRACT.items()}
+"""The distract grid after a first stage of short documents (written 28 Nov, before any run of its
+own): 2000 steps on documents of 48 tokens with 2-4 values and 1-2 distractors (the key-blind copy
+still worth <= 0.5), then 4000 on the distract mix at L = 96; same steps, sequences a step and LR
+schedule. Why: picking the needle by its key needs the token two back (K in `key K is v1`); NoPE
+reads offsets only through the causal mask, whose position signal (~1/t) is sharper at small t,
+and a short document has less filler to dilute the match. Judged like the BOS probe: NoPE seed 0
+on the CPU; it works if that run's last checkpoint scores >= 0.9 at L with 1, 2 and 3 distractors
+(the gate's cells), and it is then a candidate for the device grid, not its verdict."""
+GRIDS = {"pilot": PILOT, "seeds": SEEDS, "distract": DISTRACT, "others": OTHERS, "distract_bos": DISTRACT_BOS,
+         "distract_warm": DISTRACT_WARM}
 
 
 def kv_data() -> Path:
@@ -112,30 +134,41 @@ def exported(models: Path) -> list[Path]:
     return found
 
 
-def shard_name(mix: tuple[str, ...], bos: bool = False) -> str:
+def shard_name(mix: tuple[str, ...], bos: bool = False, length: int = L) -> str:
     """The shards of a mixture (the seeds grid's keep their first name); with BOS the documents
-    are one token shorter (BOS is added when samples are built)."""
+    are one token shorter (BOS is added when samples are built); `_l<n>` for documents of n != L."""
     name = "kvmix" if mix == TRAIN_MIX else "kv_" + "_".join(
         p.replace("=", "").replace(":", "-") for p in mix)
-    return name + ("_bos" if bos else "")
+    return name + (f"_l{length}" if length != L else "") + ("_bos" if bos else "")
+
+
+def shard_sets(r: Run) -> list[tuple[tuple[str, ...], bool, int]]:
+    """The shards a run reads: (mix, bos, document length) of each stage."""
+    return [(r.mix, r.bos, L)] + ([(r.warm.mix, r.bos, r.warm.length)] if r.warm else [])
 
 
 def config(name: str, spec: Run, shards: Path, work: Path, steps: int, backend: str) -> str:
-    pos, layers, hidden, heads, batch, lr, seed, mix, window, bos = spec
+    pos, layers, hidden, heads, batch, lr, seed, mix, window, bos, warm = spec
     shard, bos_line = shard_name(mix, bos), "\n  bos: true" if bos else ""
+    first, seq, stages = shard, L, ""
+    if warm:  # stage 0 on the short documents, then the run's own mix at L (one run: train.stages)
+        first, seq = shard_name(warm.mix, bos, warm.length), warm.length
+        stages = (f"\n        stages: [{{start_step: {warm.steps}, seq_length: {L}, global_batch_size: {batch}, "
+                  f"blend: [{{prefix: {shards}/{shard}_train, weight: 1.0}}]}}],")
     inc = ", ".join(str(REPO / "configs" / c) for c in ("model/kv-tiny.yaml", "data/kv.yaml", "train/kv.yaml"))
     return f"""include: [{inc}]
 name: {name}
 run_dir: {work / "runs" / name}
 model: {{num_layers: {layers}, hidden_size: {hidden}, num_attention_heads: {heads},
-         num_query_groups: {heads}, ffn_hidden_size: {int(2.75 * hidden)}, seq_length: {L}}}
+         num_query_groups: {heads}, ffn_hidden_size: {int(2.75 * hidden)}, seq_length: {seq},
+         train_length: {L}}}
 attention: {{position: {pos}{f", window: {window}" if window else ""}}}
 data:
   tokenizer: {DATA / "tokenizer.model"}
-  blend: [{{prefix: {shards}/{shard}_train, weight: 1.0}}]
+  blend: [{{prefix: {shards}/{first}_train, weight: 1.0}}]
   valid_blend: [{{prefix: {shards}/{shard}_valid, weight: 1.0}}]
   seed: {1234 + seed}{bos_line}
-train: {{steps: {steps}, seed: {1234 + seed}, micro_batch_size: {batch}, global_batch_size: {batch},
+train: {{steps: {steps}, seed: {1234 + seed}, micro_batch_size: {batch}, global_batch_size: {batch},{stages}
         eval_interval: 1000, eval_iters: 2}}
 optim: {{lr: {lr}, warmup_steps: 200}}
 checkpoint: {{interval: 500, keep_last: 2}}
@@ -145,12 +178,13 @@ parallel: {{backend: {backend}}}
 
 
 def shard_command(shards: Path, workers: int, mix: tuple[str, ...] = TRAIN_MIX,
-                  bos: bool = False) -> list[str]:
+                  bos: bool = False, length: int = L) -> list[str]:
     sets = [a for p in mix for a in ("--task-set", f"kv.{p}")]
     return [sys.executable, str(REPO / "data_prep/shard.py"), "--format", "tasks", "--tasks", "kv",
             "--input", str(kv_data() / "train/*.jsonl"), "--tokenizer", str(DATA / "tokenizer.model"),
-            "--out", str(shards), "--name", shard_name(mix, bos), "--task-passes", "32", "--valid-fraction", "0.01",
-            "--workers", str(workers), *sets, "--task-set", f"kv.length={L - bos}", "--no-progress"]
+            "--out", str(shards), "--name", shard_name(mix, bos, length), "--task-passes", "32",
+            "--valid-fraction", "0.01",
+            "--workers", str(workers), *sets, "--task-set", f"kv.length={length - bos}", "--no-progress"]
 
 
 def train(a) -> dict:
@@ -159,9 +193,9 @@ def train(a) -> dict:
     work, out, shards = Path(a.work), Path(a.out), Path(a.shards)
     (work / "cfg").mkdir(parents=True, exist_ok=True)
     out.mkdir(parents=True, exist_ok=True)
-    for mix, bos in sorted({(grid[n].mix, grid[n].bos) for n in names}):
-        if not (shards / f"{shard_name(mix, bos)}.manifest.json").exists():
-            subprocess.run(shard_command(shards, a.workers, mix, bos), check=True)
+    for mix, bos, length in sorted({s for n in names for s in shard_sets(grid[n])}):
+        if not (shards / f"{shard_name(mix, bos, length)}.manifest.json").exists():
+            subprocess.run(shard_command(shards, a.workers, mix, bos, length), check=True)
     env = {**os.environ, "OMP_NUM_THREADS": str(a.threads), "PYTHONUNBUFFERED": "1"}
     procs, logs, t0, cpus = {}, [], time.time(), os.cpu_count() or 1
     for i, n in enumerate(names):
