@@ -15,14 +15,22 @@ from lenext_dist.config import load_config
 def test_every_run_of_every_grid_is_a_valid_config(grid, tmp_path):
     for name, spec in sweep.GRIDS[grid].items():
         f = tmp_path / f"{name}.yaml"
-        f.write_text(sweep.config(name, spec, tmp_path / "sh", tmp_path, 100, "gloo"))
+        f.write_text(sweep.config(name, spec, tmp_path / "sh", tmp_path, sweep.STEPS, "gloo"))
         cfg = load_config(str(f), [])
-        assert cfg.model.seq_length == sweep.L and cfg.train.global_batch_size == spec[4]
+        assert cfg.model.train_length == sweep.L and cfg.train.global_batch_size == spec[4]
         assert cfg.attention.position == spec.position and cfg.train.seed == 1234 + spec.seed
-        assert cfg.data.blend[0].prefix.endswith(f"/{sweep.shard_name(spec.mix, spec.bos)}_train")
         assert cfg.attention.window == (spec.window or None) and cfg.data.bos == spec.bos
+        last = cfg.train.stages[-1] if spec.warm else cfg.model
+        assert last.seq_length == sweep.L and (spec.warm is None) == (not cfg.train.stages)
+        shard = sweep.shard_name(spec.mix, spec.bos)
+        assert (last if spec.warm else cfg.data).blend[0].prefix.endswith(f"/{shard}_train")
+        if spec.warm:  # the first stage: the short documents, the same sequences a step
+            assert cfg.model.seq_length == spec.warm.length and cfg.train.stages[0].start_step == spec.warm.steps
+            assert cfg.data.blend[0].prefix.endswith(
+                f"/{sweep.shard_name(spec.warm.mix, spec.bos, spec.warm.length)}_train")
+            assert cfg.train.stages[0].global_batch_size == cfg.train.global_batch_size
     assert len(sweep.GRIDS[grid]) == {"pilot": 8, "seeds": 6, "distract": 6, "others": 3,
-                                      "distract_bos": 6}[grid]  # <= 8: 2 cores a run
+                                      "distract_bos": 6, "distract_warm": 6}[grid]  # <= 8: 2 cores a run
 
 
 @pytest.mark.parametrize("mix", [TRAIN_MIX, sweep.DISTRACT_MIX])
@@ -34,6 +42,9 @@ def test_shards_are_the_training_mixture_at_L(tmp_path, mix, bos):
     assert all(f"--task-set kv.{p}" in cmd for p in mix) and f"kv.length={sweep.L - bos} " in cmd
     assert f"--name {sweep.shard_name(mix, bos)} " in cmd
     assert sweep.shard_name(mix, bos) != sweep.shard_name(mix, not bos)
+    short = " ".join(sweep.shard_command(tmp_path, 2, mix, bos, 48))
+    assert f"kv.length={48 - bos} " in short and f"--name {sweep.shard_name(mix, bos, 48)} " in short
+    assert sweep.shard_name(mix, bos, 48) != sweep.shard_name(mix, bos)
 
 
 def test_the_distract_grid_is_the_seeds_grid_with_a_distractor_in_every_document():
@@ -45,6 +56,10 @@ def test_the_distract_grid_is_the_seeds_grid_with_a_distractor_in_every_document
     assert "distractors=1:3" in sweep.DISTRACT_MIX and "distractors=0:3" not in sweep.DISTRACT_MIX
     assert {n: r._replace(bos=False) for n, r in sweep.DISTRACT_BOS.items()} == sweep.DISTRACT
     assert all(r.bos for r in sweep.DISTRACT_BOS.values())
+    assert {n: r._replace(warm=None) for n, r in sweep.DISTRACT_WARM.items()} == sweep.DISTRACT
+    w = sweep.WARM  # the plan as written: 2000 steps of 48-token documents the copy is worth <= 0.5 in
+    assert (w.steps, w.length, w.mix) == (2000, 48, ("values=2:4", "distractors=1:2"))
+    assert [s[2] for s in sweep.shard_sets(sweep.DISTRACT_WARM["nope-s0"])] == [sweep.L, 48]
 
 
 def test_zipf_filler_is_skewed(tmp_path):
