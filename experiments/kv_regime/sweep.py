@@ -64,7 +64,9 @@ class Run(NamedTuple):
 class Warm(NamedTuple):
     """The first `steps` optimizer steps train on documents of `length` tokens of `mix` (the same
     sequences a step), the rest on the run's own mix at L: a length curriculum (one run,
-    train.stages; model.train_length stays L)."""
+    train.stages; model.train_length stays L). The validation set is the run's mix at L
+    throughout, so a validation loss before `steps` (samples of `length` tokens cut from its
+    documents) measures nothing."""
     steps: int
     length: int
     mix: tuple[str, ...]
@@ -183,8 +185,8 @@ def shard_command(shards: Path, workers: int, mix: tuple[str, ...] = TRAIN_MIX,
     return [sys.executable, str(REPO / "data_prep/shard.py"), "--format", "tasks", "--tasks", "kv",
             "--input", str(kv_data() / "train/*.jsonl"), "--tokenizer", str(DATA / "tokenizer.model"),
             "--out", str(shards), "--name", shard_name(mix, bos, length), "--task-passes", "32",
-            "--valid-fraction", "0.01",
-            "--workers", str(workers), *sets, "--task-set", f"kv.length={length - bos}", "--no-progress"]
+            "--valid-fraction", "0.01", "--workers", str(workers), *sets,
+            "--task-set", f"kv.length={length - bos}", "--no-progress"]
 
 
 def train(a) -> dict:
