@@ -113,7 +113,8 @@ schedule. Why: picking the needle by its key needs the token two back (K in `key
 reads offsets only through the causal mask, whose position signal (~1/t) is sharper at small t,
 and a short document has less filler to dilute the match. Judged like the BOS probe: NoPE seed 0
 on the CPU; it works if that run's last checkpoint scores >= 0.9 at L with 1, 2 and 3 distractors
-(the gate's cells), and it is then a candidate for the device grid, not its verdict."""
+(the gate's cells), and it is then a candidate for the device grid, not its verdict. It did not
+(results/distract-warm-probe: 0.51 / 0.25 / 0.16, the key-blind copy)."""
 GRIDS = {"pilot": PILOT, "seeds": SEEDS, "distract": DISTRACT, "others": OTHERS, "distract_bos": DISTRACT_BOS,
          "distract_warm": DISTRACT_WARM}
 
