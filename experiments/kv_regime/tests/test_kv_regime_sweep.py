@@ -20,10 +20,11 @@ def test_every_run_of_every_grid_is_a_valid_config(grid, tmp_path):
         assert cfg.model.train_length == sweep.L and cfg.train.global_batch_size == spec[4]
         assert cfg.attention.position == spec.position and cfg.train.seed == 1234 + spec.seed
         assert cfg.attention.window == (spec.window or None) and cfg.data.bos == spec.bos
-        last = cfg.train.stages[-1] if spec.warm else cfg.model
-        assert last.seq_length == sweep.L and (spec.warm is None) == (not cfg.train.stages)
-        shard = sweep.shard_name(spec.mix, spec.bos)
-        assert (last if spec.warm else cfg.data).blend[0].prefix.endswith(f"/{shard}_train")
+        assert (spec.warm is None) == (not cfg.train.stages)
+        # the run's own mix at L: the whole run, or the stage after the warm one
+        seq, blend = ((cfg.train.stages[-1].seq_length, cfg.train.stages[-1].blend) if spec.warm
+                      else (cfg.model.seq_length, cfg.data.blend))
+        assert seq == sweep.L and blend[0].prefix.endswith(f"/{sweep.shard_name(spec.mix, spec.bos)}_train")
         if spec.warm:  # the first stage: the short documents, the same sequences a step
             assert cfg.model.seq_length == spec.warm.length and cfg.train.stages[0].start_step == spec.warm.steps
             assert cfg.data.blend[0].prefix.endswith(
