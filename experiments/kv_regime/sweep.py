@@ -59,6 +59,8 @@ class Run(NamedTuple):
     document; evaluation then starts every document with BOS (the export records it)."""
     warm: Optional["Warm"] = None
     """A first length stage of shorter documents (train.stages); None: one stage of `mix` at L."""
+    steps: int = STEPS
+    """Optimizer steps; the LR schedule (warmup, cosine to 0.1 lr) spans them."""
 
 
 class Warm(NamedTuple):
@@ -115,8 +117,19 @@ and a short document has less filler to dilute the match. Judged like the BOS pr
 on the CPU; it works if that run's last checkpoint scores >= 0.9 at L with 1, 2 and 3 distractors
 (the gate's cells), and it is then a candidate for the device grid, not its verdict. It did not
 (results/distract-warm-probe: 0.51 / 0.25 / 0.16, the key-blind copy)."""
+DISTRACT_LONG = {n: r._replace(steps=2 * STEPS) for n, r in DISTRACT.items()}
+"""The distract grid over twice the steps, 12000, the LR schedule stretched to them (written 28 Nov,
+before any run of its own). Why: the one NoPE that matched keys (the seeds grid's seed 0) left the
+key-blind copy late, at a decaying LR: its validation loss sat at 0.173 at step 4000, the copy's
+floor on that mixture (E ln(k+1) over its 0-3 distractors / 5 values a document: 0.16), and fell to
+0.007 by 5000. The runs that did not were at their floor when their schedule ended (the BOS probe
+0.245 at 5000 against the distract mix's 0.21). A longer schedule gives the escape more steps at
+each LR. Judged like the BOS and warm probes: NoPE seed 0 on the CPU (two sessions: ~4.7 h); it
+works if that run's last checkpoint scores >= 0.9 at L with 1, 2 and 3 distractors (the gate's
+cells), and it is then a candidate for the device (its NoPE seeds first: 3 runs share the H100
+faster than 6), not its verdict."""
 GRIDS = {"pilot": PILOT, "seeds": SEEDS, "distract": DISTRACT, "others": OTHERS, "distract_bos": DISTRACT_BOS,
-         "distract_warm": DISTRACT_WARM}
+         "distract_warm": DISTRACT_WARM, "distract_long": DISTRACT_LONG}
 
 
 def kv_data() -> Path:
@@ -150,8 +163,8 @@ def shard_sets(r: Run) -> list[tuple[tuple[str, ...], bool, int]]:
     return [(r.mix, r.bos, L)] + ([(r.warm.mix, r.bos, r.warm.length)] if r.warm else [])
 
 
-def config(name: str, spec: Run, shards: Path, work: Path, steps: int, backend: str) -> str:
-    pos, layers, hidden, heads, batch, lr, seed, mix, window, bos, warm = spec
+def config(name: str, spec: Run, shards: Path, work: Path, backend: str) -> str:
+    pos, layers, hidden, heads, batch, lr, seed, mix, window, bos, warm, steps = spec
     shard, bos_line = shard_name(mix, bos), "\n  bos: true" if bos else ""
     first, seq, stages = shard, L, ""
     if warm:  # stage 0 on the short documents, then the run's own mix at L (one run: train.stages)
@@ -203,7 +216,7 @@ def train(a) -> dict:
     procs, logs, t0, cpus = {}, [], time.time(), os.cpu_count() or 1
     for i, n in enumerate(names):
         cfg = work / "cfg" / f"{n}.yaml"
-        cfg.write_text(config(n, grid[n], shards, work, a.steps, a.backend))
+        cfg.write_text(config(n, grid[n], shards, work, a.backend))
         pin = ["taskset", "-c", f"{(2 * i) % cpus},{(2 * i + 1) % cpus}"] if cpus >= 2 * len(names) else []
         logs.append(open(work / f"{n}.log", "a"))
         procs[n] = subprocess.Popen([*pin, sys.executable, "-m", "lenext_dist.train", "--config", str(cfg)],
@@ -385,7 +398,6 @@ def main(argv=None) -> int:
     t.add_argument("--out", required=True)
     t.add_argument("--grid", choices=sorted(GRIDS), default="seeds")
     t.add_argument("--only", default="")
-    t.add_argument("--steps", type=int, default=STEPS)
     t.add_argument("--seconds", type=float, default=300, help="training time after the data are made")
     t.add_argument("--until", type=float, default=0,
                    help="also stop training by this Unix time (gpu.sh: its call's end less the export's)")

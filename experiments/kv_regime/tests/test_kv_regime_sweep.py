@@ -15,10 +15,11 @@ from lenext_dist.config import load_config
 def test_every_run_of_every_grid_is_a_valid_config(grid, tmp_path):
     for name, spec in sweep.GRIDS[grid].items():
         f = tmp_path / f"{name}.yaml"
-        f.write_text(sweep.config(name, spec, tmp_path / "sh", tmp_path, sweep.STEPS, "gloo"))
+        f.write_text(sweep.config(name, spec, tmp_path / "sh", tmp_path, "gloo"))
         cfg = load_config(str(f), [])
         assert cfg.model.train_length == sweep.L and cfg.train.global_batch_size == spec[4]
         assert cfg.attention.position == spec.position and cfg.train.seed == 1234 + spec.seed
+        assert cfg.train.steps == spec.steps
         assert cfg.attention.window == (spec.window or None) and cfg.data.bos == spec.bos
         assert (spec.warm is None) == (not cfg.train.stages)
         # the run's own mix at L: the whole run, or the stage after the warm one
@@ -30,8 +31,8 @@ def test_every_run_of_every_grid_is_a_valid_config(grid, tmp_path):
             assert cfg.data.blend[0].prefix.endswith(
                 f"/{sweep.shard_name(spec.warm.mix, spec.bos, spec.warm.length)}_train")
             assert cfg.train.stages[0].global_batch_size == cfg.train.global_batch_size
-    assert len(sweep.GRIDS[grid]) == {"pilot": 8, "seeds": 6, "distract": 6, "others": 3,
-                                      "distract_bos": 6, "distract_warm": 6}[grid]  # <= 8: 2 cores a run
+    assert len(sweep.GRIDS[grid]) == {"pilot": 8, "seeds": 6, "distract": 6, "others": 3, "distract_bos": 6,
+                                      "distract_warm": 6, "distract_long": 6}[grid]  # <= 8: 2 cores a run
 
 
 @pytest.mark.parametrize("mix", [TRAIN_MIX, sweep.DISTRACT_MIX])
@@ -58,6 +59,8 @@ def test_the_distract_grid_is_the_seeds_grid_with_a_distractor_in_every_document
     assert {n: r._replace(bos=False) for n, r in sweep.DISTRACT_BOS.items()} == sweep.DISTRACT
     assert all(r.bos for r in sweep.DISTRACT_BOS.values())
     assert {n: r._replace(warm=None) for n, r in sweep.DISTRACT_WARM.items()} == sweep.DISTRACT
+    assert {n: r._replace(steps=sweep.STEPS) for n, r in sweep.DISTRACT_LONG.items()} == sweep.DISTRACT
+    assert {r.steps for r in sweep.DISTRACT_LONG.values()} == {12000}  # the plan as written
     w = sweep.WARM  # the plan as written: 2000 steps of 48-token documents the copy is worth <= 0.5 in
     assert (w.steps, w.length, w.mix) == (2000, 48, ("values=2:4", "distractors=1:2"))
     assert [s[2] for s in sweep.shard_sets(sweep.DISTRACT_WARM["nope-s0"])] == [sweep.L, 48]
