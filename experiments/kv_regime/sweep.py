@@ -14,10 +14,11 @@ gate of analysis.py on the held-out formats, scored at home on the CPU.
   python -m experiments.kv_regime.sweep train --shards /tmp/sh --work /tmp/w --out $OUT --grid seeds
   python -m experiments.kv_regime.sweep score --models DIR --out experiments/kv_regime/results/NAME
 
-The pilot grid is the one that ran first (27 Nov, H100): regime candidates, one seed each. The
-seeds grid is the regime it pointed to (4 layers, d128, 256 sequences a step, lr 3e-3), 3 seeds
-of NoPE and RoPE, for the gate; the distract grid is the same with a distractor key in every
-training document (DISTRACT_MIX: why).
+The grids (GRIDS; each one's docstring says why it exists and, for the explorations, the rule
+written before its run): pilot (regime candidates, one seed each), seeds (the regime it pointed to:
+4 layers, d128, 256 sequences a step, lr 3e-3; 3 seeds of NoPE and RoPE), distract (a distractor
+key in every training document), others (ALiBi, KERPLE, windowed NoPE on it), and the levers tried
+for NoPE on it: distract_bos, distract_warm, distract_long.
 """
 from __future__ import annotations
 
@@ -163,12 +164,17 @@ def shard_sets(r: Run) -> list[tuple[tuple[str, ...], bool, int]]:
     return [(r.mix, r.bos, L)] + ([(r.warm.mix, r.bos, r.warm.length)] if r.warm else [])
 
 
+def first_shards(r: Run) -> str:
+    """The shards of a run's first stage (its config's data.blend; what its export records)."""
+    return shard_name(r.warm.mix, r.bos, r.warm.length) if r.warm else shard_name(r.mix, r.bos)
+
+
 def config(name: str, spec: Run, shards: Path, work: Path, backend: str) -> str:
     pos, layers, hidden, heads, batch, lr, seed, mix, window, bos, warm, steps = spec
     shard, bos_line = shard_name(mix, bos), "\n  bos: true" if bos else ""
-    first, seq, stages = shard, L, ""
+    first, seq, stages = first_shards(spec), L, ""
     if warm:  # stage 0 on the short documents, then the run's own mix at L (one run: train.stages)
-        first, seq = shard_name(warm.mix, bos, warm.length), warm.length
+        seq = warm.length
         stages = (f"\n        stages: [{{start_step: {warm.steps}, seq_length: {L}, global_batch_size: {batch}, "
                   f"blend: [{{prefix: {shards}/{shard}_train, weight: 1.0}}]}}],")
     inc = ", ".join(str(REPO / "configs" / c) for c in ("model/kv-tiny.yaml", "data/kv.yaml", "train/kv.yaml"))

@@ -42,30 +42,39 @@ def test_a_folder_that_is_no_grid_export_is_one_error_line(tmp_path, name, cfg):
         study.model_of(tmp_path / name)
 
 
-def test_a_run_of_the_grid_is_its_position_window_and_mixture():
+def test_a_run_of_the_grid_is_its_position_window_mixture_and_last_step():
     window, trained = sweep.OTHERS["window-s0"], f"{sweep.shard_name(sweep.DISTRACT_MIX)}_train"
-    m = Model("window-s0", "nope", 0, (f"--attention.window={sweep.L}",))
-    assert study.is_run(m, trained, window)
-    assert not study.is_run(Model("window-s0", "nope", 0), trained, window)  # no window
-    assert not study.is_run(Model("window-s0", "nope", 0, ("--attention.window=48",)), trained, window)
-    assert not study.is_run(m, "kvmix_train", window)  # another mixture
-    assert not study.is_run(Model("nope-s0", "nope"), trained, None)  # no run of that name
-    assert study.is_run(Model("nope-s0", "nope"), trained, sweep.DISTRACT["nope-s0"])
-    assert not study.is_run(Model("nope-s0", "rope"), trained, sweep.DISTRACT["nope-s0"])
+    m, last = Model("window-s0", "nope", 0, (f"--attention.window={sweep.L}",)), "step_0006000"
+    assert study.is_run(m, trained, last, window)
+    assert not study.is_run(m, trained, "step_0005500", window)  # a run cut short
+    assert not study.is_run(Model("window-s0", "nope", 0), trained, last, window)  # no window
+    assert not study.is_run(Model("window-s0", "nope", 0, ("--attention.window=48",)), trained, last, window)
+    assert not study.is_run(m, "kvmix_train", last, window)  # another mixture
+    nope = Model("nope-s0", "nope")
+    assert not study.is_run(nope, trained, last, None)  # no run of that name
+    assert study.is_run(nope, trained, last, sweep.DISTRACT["nope-s0"])
+    assert not study.is_run(Model("nope-s0", "rope"), trained, last, sweep.DISTRACT["nope-s0"])
     with_bos = f"{sweep.shard_name(sweep.DISTRACT_MIX, True)}_train"
-    assert study.is_run(Model("nope-s0", "nope"), with_bos, sweep.DISTRACT_BOS["nope-s0"])
-    assert not study.is_run(Model("nope-s0", "nope"), trained, sweep.DISTRACT_BOS["nope-s0"])
+    assert study.is_run(nope, with_bos, last, sweep.DISTRACT_BOS["nope-s0"])
+    assert not study.is_run(nope, trained, last, sweep.DISTRACT_BOS["nope-s0"])
+    # the long grid shares the distract grid's data: its last step tells them apart
+    assert study.is_run(nope, trained, "step_0012000", sweep.DISTRACT_LONG["nope-s0"])
+    assert not study.is_run(nope, trained, last, sweep.DISTRACT_LONG["nope-s0"])
+    # a warm run's export records its first stage's shards (the short documents)
+    short = f"{sweep.shard_name(sweep.WARM.mix, False, sweep.WARM.length)}_train"
+    assert study.is_run(nope, short, last, sweep.DISTRACT_WARM["nope-s0"])
+    assert not study.is_run(nope, trained, last, sweep.DISTRACT_WARM["nope-s0"])
 
 
 def test_the_plan_is_nope_lengths_at_the_regimes_length(tmp_path):
-    p = study.plan((Model("nope-s0", "nope"),))
-    assert (p.L, p.multiples, p.steps) == (sweep.L, (1, 2, 4, 8, 16), sweep.STEPS)
+    p = study.plan((Model("nope-s0", "nope"),), 12000)
+    assert (p.L, p.multiples, p.steps) == (sweep.L, (1, 2, 4, 8, 16), 12000)
     assert p.variants == () and p.headscale_targets == ()
     assert 1.5 in p.final_scales and p.scales[0] == 1.0
 
 
 def test_the_grid_study_reads_the_exports_and_scores_the_training_mixture(tmp_path, monkeypatch):
-    s = study.GridStudy(study.plan((Model("nope-s0", "nope"),)), tmp_path / "work", tmp_path / "models",
+    s = study.GridStudy(study.plan((Model("nope-s0", "nope"),), sweep.STEPS), tmp_path / "work", tmp_path / "models",
                         sweep.DISTRACT_MIX)
     assert s.export(tmp_path / "unused", "step_0006000", "nope-s0") == tmp_path / "models" / "nope-s0"
     assert (s.data / "heldout" / "filler.jsonl").is_file()  # what sweep.score reads
@@ -84,18 +93,19 @@ def test_models_must_be_runs_of_the_grids_with_one_mixture(tmp_path):
     _export(tmp_path, "nope-s0", "nope")
     _export(tmp_path, "alibi-s0", "alibi")
     with pytest.raises(SystemExit,
-                       match=r"^error: .*alibi-s0 \(alibi, trained on kvmix_train\) is no run of the grids seeds"):
+                       match=r"^error: .*alibi-s0 \(alibi, trained on kvmix_train, checkpoint step_0006000\) "
+                             r"is no finished run of the grids seeds: pass --grids, or finish the run"):
         study.run(tmp_path, tmp_path / "out", ("seeds",))
     _export(tmp_path / "other", "window-s0", "rope")  # the name of a run, another position
-    with pytest.raises(SystemExit, match=r"^error: .*window-s0 \(rope, .*\) is no run of the grids others"):
+    with pytest.raises(SystemExit, match=r"^error: .*window-s0 \(rope, .*\) is no finished run of the grids others"):
         study.run(tmp_path / "other", tmp_path / "out", ("others",))
     _export(tmp_path / "nowindow", "window-s0", "nope", shards=sweep.shard_name(sweep.DISTRACT_MIX))
-    with pytest.raises(SystemExit, match=r"^error: .*window-s0 \(nope, trained on .*\) is no run of the grids others"):
+    with pytest.raises(SystemExit, match=r"^error: .*window-s0 \(nope, trained on .*\) is no finished run of the gr"):
         study.run(tmp_path / "nowindow", tmp_path / "out", ("others",))  # the run's name, no window
     _provenance(tmp_path / "alibi-s0", shards=sweep.shard_name(sweep.DISTRACT_MIX))  # others' alibi
     with pytest.raises(SystemExit, match=r"^error: the models .* different mixtures"):
         study.run(tmp_path, tmp_path / "out", ("seeds", "others"))  # nope-s0 of seeds, alibi of others
-    with pytest.raises(SystemExit, match=r"^error: .*nope-s0 \(nope, trained on kvmix_train\) is no run"):
+    with pytest.raises(SystemExit, match=r"^error: .*nope-s0 \(nope, trained on kvmix_train, .*\) is no finished run"):
         study.run(tmp_path, tmp_path / "out", ("distract", "others"))  # a seeds-grid model by the same name
     (tmp_path / "nope-s0" / "lenext_run_config.yaml").write_text("model: {}\n")
     with pytest.raises(SystemExit, match=r"^error: .*nope-s0/lenext_run_config.yaml names no training data"):
@@ -116,10 +126,11 @@ def test_the_study_runs_end_to_end_on_exported_models(tmp_path, monkeypatch):
     for name, position in (("nope-s0", "nope"), ("rope-s0", "rope")):
         save_tiny_lenext(str(models / name), tokenizer=str(sweep.kv_data() / "tokenizer.model"),
                          position=position, vocab_size=128, train_length=sweep.L)
-        _provenance(models / name, "step_0000010", sweep.shard_name(TRAIN_MIX))
+        _provenance(models / name, f"step_{sweep.STEPS:07d}", sweep.shard_name(TRAIN_MIX))
     summary = study.run(models, tmp_path / "work", ("seeds",), docs=2)
     md = (tmp_path / "work" / "STUDY.md").read_text()
     assert all(c["claim"] in md for c in summary["claims"].values())
+    assert f"{sweep.STEPS} steps of 256 documents" in md  # the seeds grid's runs' own schedule
     assert summary["documents"] == [f"kv.{p}" for p in TRAIN_MIX]
     rows = {r["model"]["name"]: r["rows"] for r in summary["results"]}
     assert len([r for r in rows["nope-s0"] if r["method"] == "uniform"]) == 7  # the c grid
