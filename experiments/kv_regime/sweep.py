@@ -127,8 +127,9 @@ floor on that mixture (E ln(k+1) over its 0-3 distractors / 5 values a document:
 0.245 at 5000 against the distract mix's 0.21). A longer schedule gives the escape more steps at
 each LR. Judged like the BOS and warm probes: NoPE seed 0 on the CPU (two sessions: ~4.7 h); it
 works if that run's last checkpoint scores >= 0.9 at L with 1, 2 and 3 distractors (the gate's
-cells), and it is then a candidate for the device (its NoPE seeds first: 3 runs share the H100
-faster than 6), not its verdict."""
+cells), and it is then a candidate for the device (its NoPE seeds first: 6 runs of 12000 steps
+do not fit one session at the ~11 steps/s each that 6 runs made; 3 at once: not measured), not its
+verdict."""
 GRIDS = {"pilot": PILOT, "seeds": SEEDS, "distract": DISTRACT, "others": OTHERS, "distract_bos": DISTRACT_BOS,
          "distract_warm": DISTRACT_WARM, "distract_long": DISTRACT_LONG}
 
