@@ -61,7 +61,7 @@ class Run(NamedTuple):
     warm: Optional["Warm"] = None
     """A first length stage of shorter documents (train.stages); None: one stage of `mix` at L."""
     steps: int = STEPS
-    """Optimizer steps; the LR schedule (warmup, cosine to 0.1 lr) spans them."""
+    """Optimizer steps; the LR schedule (configs/train/kv.yaml's, warmup 200) spans them."""
 
 
 class Warm(NamedTuple):
