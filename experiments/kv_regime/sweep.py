@@ -212,7 +212,11 @@ def shard_command(shards: Path, workers: int, mix: tuple[str, ...] = TRAIN_MIX,
 
 def train(a) -> dict:
     grid = GRIDS[a.grid]
-    names = [n for n in grid if not a.only or n in a.only.split(",")]
+    only = [n for n in a.only.split(",") if n]
+    if unknown := sorted(set(only) - set(grid)):
+        raise SystemExit(f"error: --only {','.join(unknown)}: no such run in grid {a.grid} "
+                         f"(its runs: {','.join(grid)})")
+    names = [n for n in grid if not only or n in only]
     work, out, shards = Path(a.work), Path(a.out), Path(a.shards)
     (work / "cfg").mkdir(parents=True, exist_ok=True)
     out.mkdir(parents=True, exist_ok=True)
@@ -404,7 +408,7 @@ def main(argv=None) -> int:
     t.add_argument("--work", required=True)
     t.add_argument("--out", required=True)
     t.add_argument("--grid", choices=sorted(GRIDS), default="seeds")
-    t.add_argument("--only", default="")
+    t.add_argument("--only", default="", help="the grid's runs to train, comma-separated (default: all)")
     t.add_argument("--seconds", type=float, default=300, help="training time after the data are made")
     t.add_argument("--until", type=float, default=0,
                    help="also stop training by this Unix time (gpu.sh: its call's end less the export's)")
