@@ -27,6 +27,16 @@ from pathlib import Path
 import torch
 
 PROBES = ("key@v1", "key@is", "v1@v2", "tok@v1")
+CARRIED = 0.5
+"""A model carries the key where key@v1 reaches this at some layer (written 28 Nov, before the
+positive control's run: README.md here)."""
+
+
+def carries_key(record: dict) -> bool:
+    """The probes' verdict on one record of `run`: the needle's key is at its first value (key@v1
+    >= CARRIED) after some layer; the embeddings do not count (a token's own holds no key). A model
+    that reads the first value by its key must hold the key there by the reading layer."""
+    return max(record["probes"]["key@v1"]["by_layer"][1:]) >= CARRIED
 
 
 def samples(model, docs, bos: int | None) -> tuple[dict, float]:
@@ -119,6 +129,7 @@ def main(argv=None) -> int:
     print(f"{a.model}: first answer token {res['first_answer_token']}")
     for p, r in res["probes"].items():
         print(f"  {p:7s} n={r['n']:5d} chance {r['chance']:.2f}  embeddings, layer 1..: {r['by_layer']}")
+    print(f"  carries the key to the first value (key@v1 >= {CARRIED} after a layer): {carries_key(res)}")
     return 0
 
 

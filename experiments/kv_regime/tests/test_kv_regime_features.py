@@ -25,3 +25,13 @@ def test_the_probes_read_their_tokens_where_they_are(tmp_path):
 def test_a_folder_without_a_model_is_one_error_line(tmp_path):
     with pytest.raises(SystemExit, match=r"^error: --model .*: no config.json"):
         features.main(["--model", str(tmp_path)])
+
+
+def test_carries_key_needs_the_key_at_the_first_value_after_a_layer():
+    def rec(v1, at_is=(0.03, 0.9, 0.9)):
+        return {"probes": {"key@v1": {"by_layer": list(v1)}, "key@is": {"by_layer": list(at_is)}}}
+    assert not features.carries_key(rec([0.03, 0.04, 0.49]))  # key@is alone is not the match's input
+    assert features.carries_key(rec([0.03, 0.04, 0.5]))
+    assert features.carries_key(rec([0.03, 0.7, 0.2]))  # any layer
+    assert not features.carries_key(rec([0.9, 0.04, 0.04]))  # the embeddings do not count
+    assert features.CARRIED == 0.5
