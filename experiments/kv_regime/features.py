@@ -11,6 +11,11 @@ residual stream (embeddings, then after each layer) ask whether it is carried at
   v1@v2   the first value at the second (one back): what the in-order copy reads
   tok@v1  the token itself at the first value: a control the embeddings must pass (~1.0)
 
+key@v1, key@is and v1@v2 are also probed on the document's first needle and on its later ones
+apart. A head that gathers tokens by kind (every key, every value before it), as a model without
+position can, reads the token back exactly at the first needle and a blend at the later ones; a
+previous-token head reads it at both.
+
 Each probe is a multinomial logistic regression fit on the needles of 2/3 of the documents and
 scored on the rest (held out), one per layer; chance is 1 / (classes). Documents: the distract
 mixture (2-8 values, 1-3 distractors) at L over the held-out filler, the evaluation's test seed.
@@ -26,7 +31,8 @@ from pathlib import Path
 
 import torch
 
-PROBES = ("key@v1", "key@is", "v1@v2", "tok@v1")
+SPLIT = ("key@v1", "key@is", "v1@v2")
+PROBES = ("key@v1", "key@is", "v1@v2", "tok@v1") + tuple(f"{p} {w}" for p in SPLIT for w in ("first", "later"))
 CARRIED = 0.5
 """A model carries the key where key@v1 reaches this at some layer (written 28 Nov, before the
 positive control's run: README.md here)."""
@@ -49,7 +55,7 @@ def samples(model, docs, bos: int | None) -> tuple[dict, float]:
         with torch.no_grad():
             out = model(torch.tensor([ids], device=model.device), output_hidden_states=True)
         hs = torch.stack(out.hidden_states)[:, 0].float().cpu()  # [layers + 1, s, h]
-        pos = 0 if bos is None else 1
+        pos, needles = 0 if bos is None else 1, 0
         for i, s in enumerate(d.segments):
             at_is = pos + len(s.ids) - 1  # `key K is`: the segment's last token
             if s.role in ("needle", "distractor") and s.text.startswith("key "):
@@ -57,6 +63,8 @@ def samples(model, docs, bos: int | None) -> tuple[dict, float]:
                 rows = {"key@v1": (at_is + 1, key), "key@is": (at_is, key), "tok@v1": (at_is + 1, vals[0])}
                 if len(vals) > 1:
                     rows["v1@v2"] = (at_is + 2, vals[0])
+                rows.update({f"{p} {'later' if needles else 'first'}": rows[p] for p in SPLIT if p in rows})
+                needles += 1
                 for p, (t, label) in rows.items():
                     got[p][0].append(hs[:, t])
                     got[p][1].append(label)

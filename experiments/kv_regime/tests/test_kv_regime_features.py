@@ -16,6 +16,9 @@ def test_the_probes_read_their_tokens_where_they_are(tmp_path):
     p = r["probes"]
     assert all(len(v["by_layer"]) == 3 for v in p.values())  # embeddings + 2 layers
     assert p["key@v1"]["n"] == p["key@is"]["n"] == p["tok@v1"]["n"] >= 2 * 120  # 1-3 distractors
+    assert p["key@is first"]["n"] == 120  # one first needle a document, the rest later
+    assert p["key@is first"]["n"] + p["key@is later"]["n"] == p["key@is"]["n"]
+    assert p["v1@v2 first"]["n"] + p["v1@v2 later"]["n"] == p["v1@v2"]["n"]
     # the value itself is its embedding; the key two back is nowhere in it
     assert p["tok@v1"]["by_layer"][0] >= 0.9
     assert p["key@v1"]["by_layer"][0] <= p["key@v1"]["chance"] + 0.1
