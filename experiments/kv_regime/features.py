@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 
 SPLIT = ("key@v1", "key@is", "v1@v2")
-PROBES = ("key@v1", "key@is", "v1@v2", "tok@v1") + tuple(f"{p} {w}" for p in SPLIT for w in ("first", "later"))
+PROBES = (*SPLIT, "tok@v1", *(f"{p} {w}" for p in SPLIT for w in ("first", "later")))
 CARRIED = 0.5
 """A model carries the key where key@v1 reaches this at some layer (written 28 Nov, before the
 positive control's run: README.md here)."""
@@ -136,7 +136,7 @@ def main(argv=None) -> int:
         Path(a.out).write_text(json.dumps(res, indent=1))
     print(f"{a.model}: first answer token {res['first_answer_token']}")
     for p, r in res["probes"].items():
-        print(f"  {p:7s} n={r['n']:5d} chance {r['chance']:.2f}  embeddings, layer 1..: {r['by_layer']}")
+        print(f"  {p:12s} n={r['n']:5d} chance {r['chance']:.2f}  embeddings, layer 1..: {r['by_layer']}")
     print(f"  carries the key to the first value (key@v1 >= {CARRIED} after a layer): {carries_key(res)}")
     return 0
 

@@ -130,7 +130,7 @@ def test_score_of_a_folder_without_models_is_one_error_line(tmp_path):
 
 
 def test_an_unknown_only_run_is_one_error_line_before_any_work(tmp_path):
-    # a typo in --only (gpu.sh's RUNS) must not train nothing and return a device call empty
+    # a typo in --only (gpu.sh's RUNS) would train nothing and waste a device call
     with pytest.raises(SystemExit, match=r"^error: --only nope-s9: no such run in grid distract_long"):
         sweep.main(["train", "--shards", str(tmp_path / "s"), "--work", str(tmp_path / "w"), "--out",
                     str(tmp_path / "o"), "--grid", "distract_long", "--only", "nope-s0,nope-s9"])
