@@ -18,7 +18,7 @@ The grids (GRIDS; each one's docstring says why it exists and, for the explorati
 written before its run): pilot (regime candidates, one seed each), seeds (the regime it pointed to:
 4 layers, d128, 256 sequences a step, lr 3e-3; 3 seeds of NoPE and RoPE), distract (a distractor
 key in every training document), others (ALiBi, KERPLE, windowed NoPE on it), and the levers tried
-for NoPE on it: distract_bos, distract_warm, distract_long.
+for NoPE on it: distract_bos, distract_warm, distract_long, distract_lm.
 """
 from __future__ import annotations
 
@@ -62,6 +62,9 @@ class Run(NamedTuple):
     """A first length stage of shorter documents (train.stages); None: one stage of `mix` at L."""
     steps: int = STEPS
     """Optimizer steps; the LR schedule (configs/train/kv.yaml's, warmup 200) spans them."""
+    lm: float = 0.0
+    """Weight of the skip-bigram text (`skip_text`) in the training blend, the kv documents the
+    rest (0: none). A text shard: every one of its tokens trains; the validation set stays kv."""
 
 
 class Warm(NamedTuple):
@@ -130,8 +133,20 @@ works if that run's last checkpoint scores >= 0.9 at L with 1, 2 and 3 distracto
 cells), and it is then a candidate for the device (its NoPE seeds first: 6 runs of 12000 steps
 do not fit one session at the ~11 steps/s each that 6 runs made; 3 at once: not measured), not its
 verdict."""
+DISTRACT_LM = {n: r._replace(lm=0.05) for n, r in DISTRACT.items()}
+"""The distract grid with skip-bigram text (`skip_text`) at weight 0.05 in its training blend
+(written 28 Nov, before any run of its own; same steps, sequences a step, LR schedule, kv
+documents and validation set). Why: the split probes (features.py) show NoPE gathering tokens by
+kind; no head of theirs reads the key one back at a later needle, which RoPE does at every one.
+In the kv documents nothing but the answer rewards such a read (the filler is uniform, the loss on
+answers only); a language model's text rewards it at every token. Here every text token's loss
+needs it (3.47 nats without, 0.65 with). At 0.05 a step holds ~13 text samples of 96 loss tokens
+and ~243 kv documents of 5 answer tokens (their mean): each about half the loss. Judged like the BOS, warm
+and long probes: NoPE seed 0 on the CPU; it works if that run's last checkpoint scores >= 0.9 at L
+with 1, 2 and 3 distractors, and it is then a candidate for the device grid, not its verdict.
+(Exploration beside the rule: whether the split probe's key@is at later needles rises.)"""
 GRIDS = {"pilot": PILOT, "seeds": SEEDS, "distract": DISTRACT, "others": OTHERS, "distract_bos": DISTRACT_BOS,
-         "distract_warm": DISTRACT_WARM, "distract_long": DISTRACT_LONG}
+         "distract_warm": DISTRACT_WARM, "distract_long": DISTRACT_LONG, "distract_lm": DISTRACT_LM}
 
 
 def kv_data() -> Path:
@@ -142,6 +157,43 @@ def kv_data() -> Path:
 
         build(KVCorpus(str(DATA)))
     return DATA
+
+
+SKIP = "skipgram"
+"""The skip-bigram text's shard (`skip_text`, then shard.py --format jsonl)."""
+SKIP_P = 0.9
+
+
+def skip_text(folder: Path, files: int = 8, words: int = 250_000, seed: int = 5, p: float = SKIP_P) -> Path:
+    """Text over the kv filler's syllables in which each word is g(the word two before it) with
+    probability p, else uniform (g: one fixed permutation; records of RECORD_WORDS words, each
+    starting afresh). The word after token t is then a function of token t - 1 and nearly
+    independent of token t: the loss on it falls from ln 32 (3.47) to its floor (0.65 nats at
+    p = 0.9) only through a read of the token one back, which is what a kv needle's key match
+    needs at `is`. Written once into `folder` (*.jsonl); deterministic."""
+    import numpy as np
+
+    from lenext_dist.atomic import atomic_write
+    from lenext_dist.prep.kv_corpus import RECORD_WORDS, alphabet
+
+    vocab = np.array(alphabet()["filler"])
+    rng = np.random.default_rng(seed)
+    g = rng.permutation(len(vocab))
+    folder.mkdir(parents=True, exist_ok=True)
+    for i in range(files):
+        path = folder / f"skip-{i:03d}.jsonl"
+        if path.exists():
+            continue
+        lines = []
+        for _ in range(0, words, RECORD_WORDS):
+            x = rng.integers(0, len(vocab), RECORD_WORDS)  # the draws where the chain resets
+            keep = rng.random(RECORD_WORDS) < p
+            for t in range(2, RECORD_WORDS):
+                if keep[t]:
+                    x[t] = g[x[t - 2]]
+            lines.append(json.dumps({"text": " ".join(vocab[x])}))
+        atomic_write(path, "\n".join(lines) + "\n")
+    return folder
 
 
 def exported(models: Path) -> list[Path]:
@@ -170,14 +222,20 @@ def first_shards(r: Run) -> str:
     return shard_name(r.warm.mix, r.bos, r.warm.length) if r.warm else shard_name(r.mix, r.bos)
 
 
+def blend(shard: str, shards: Path, lm: float) -> str:
+    """A training blend: the kv shard, and the skip-bigram text at weight `lm` beside it."""
+    text = f", {{prefix: {shards}/{SKIP}_train, weight: {lm}}}" if lm else ""
+    return f"[{{prefix: {shards}/{shard}_train, weight: {round(1 - lm, 6)}}}{text}]"
+
+
 def config(name: str, spec: Run, shards: Path, work: Path, backend: str) -> str:
-    pos, layers, hidden, heads, batch, lr, seed, mix, window, bos, warm, steps = spec
+    pos, layers, hidden, heads, batch, lr, seed, mix, window, bos, warm, steps, lm = spec
     shard, bos_line = shard_name(mix, bos), "\n  bos: true" if bos else ""
     first, seq, stages = first_shards(spec), L, ""
     if warm:  # stage 0 on the short documents, then the run's own mix at L (one run: train.stages)
         seq = warm.length
         stages = (f"\n        stages: [{{start_step: {warm.steps}, seq_length: {L}, global_batch_size: {batch}, "
-                  f"blend: [{{prefix: {shards}/{shard}_train, weight: 1.0}}]}}],")
+                  f"blend: {blend(shard, shards, lm)}}}],")
     inc = ", ".join(str(REPO / "configs" / c) for c in ("model/kv-tiny.yaml", "data/kv.yaml", "train/kv.yaml"))
     return f"""include: [{inc}]
 name: {name}
@@ -188,7 +246,7 @@ model: {{num_layers: {layers}, hidden_size: {hidden}, num_attention_heads: {head
 attention: {{position: {pos}{f", window: {window}" if window else ""}}}
 data:
   tokenizer: {DATA / "tokenizer.model"}
-  blend: [{{prefix: {shards}/{first}_train, weight: 1.0}}]
+  blend: {blend(first, shards, lm)}
   valid_blend: [{{prefix: {shards}/{shard}_valid, weight: 1.0}}]
   seed: {1234 + seed}{bos_line}
 train: {{steps: {steps}, seed: {1234 + seed}, micro_batch_size: {batch}, global_batch_size: {batch},{stages}
@@ -210,6 +268,14 @@ def shard_command(shards: Path, workers: int, mix: tuple[str, ...] = TRAIN_MIX,
             "--task-set", f"kv.length={length - bos}", "--no-progress"]
 
 
+def skip_command(shards: Path, workers: int) -> list[str]:
+    """The skip-bigram text's shard: a text shard (every token trains), no validation part."""
+    return [sys.executable, str(REPO / "data_prep/shard.py"), "--format", "jsonl",
+            "--input", str(skip_text(shards / f"{SKIP}-text") / "*.jsonl"),
+            "--tokenizer", str(kv_data() / "tokenizer.model"), "--out", str(shards),
+            "--name", SKIP, "--workers", str(workers), "--no-progress"]
+
+
 def train(a) -> dict:
     grid = GRIDS[a.grid]
     only = [n for n in a.only.split(",") if n]
@@ -223,6 +289,8 @@ def train(a) -> dict:
     for mix, bos, length in sorted({s for n in names for s in shard_sets(grid[n])}):
         if not (shards / f"{shard_name(mix, bos, length)}.manifest.json").exists():
             subprocess.run(shard_command(shards, a.workers, mix, bos, length), check=True)
+    if any(grid[n].lm for n in names) and not (shards / f"{SKIP}.manifest.json").exists():
+        subprocess.run(skip_command(shards, a.workers), check=True)
     env = {**os.environ, "OMP_NUM_THREADS": str(a.threads), "PYTHONUNBUFFERED": "1"}
     procs, logs, t0, cpus = {}, [], time.time(), os.cpu_count() or 1
     for i, n in enumerate(names):
