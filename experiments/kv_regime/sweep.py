@@ -170,18 +170,18 @@ def skip_text(folder: Path, files: int = 8, words: int = 250_000, seed: int = 5,
     starting afresh). The word after token t is then a function of token t - 1 and nearly
     independent of token t: the loss on it falls from ln 32 (3.47) to its floor (0.65 nats at
     p = 0.9) only through a read of the token one back, which is what a kv needle's key match
-    needs at `is`. Written once into `folder` (*.jsonl); deterministic."""
+    needs at `is`. Written once into `folder` (skip-NNN.jsonl); file i is the same whatever was
+    written before it (a held-out file: an index past training's)."""
     import numpy as np
 
     from lenext_dist.atomic import atomic_write
     from lenext_dist.prep.kv_corpus import RECORD_WORDS, alphabet
 
     vocab = np.array(alphabet()["filler"])
-    rng = np.random.default_rng(seed)
-    g = rng.permutation(len(vocab))
+    g = np.random.default_rng(seed).permutation(len(vocab))
     folder.mkdir(parents=True, exist_ok=True)
     for i in range(files):
-        path = folder / f"skip-{i:03d}.jsonl"
+        path, rng = folder / f"skip-{i:03d}.jsonl", np.random.default_rng([seed, i])
         if path.exists():
             continue
         lines = []
