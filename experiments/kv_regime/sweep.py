@@ -132,7 +132,7 @@ each LR. Judged like the BOS and warm probes: NoPE seed 0 on the CPU (two sessio
 works if that run's last checkpoint scores >= 0.9 at L with 1, 2 and 3 distractors (the gate's
 cells), and it is then a candidate for the device (its NoPE seeds first: 6 runs of 12000 steps
 do not fit one session at the ~11 steps/s each that 6 runs made; 3 at once: not measured), not its
-verdict."""
+verdict. It did not (results/distract-long-probe: 0.31 / 0.17 / 0.19)."""
 DISTRACT_LM = {n: r._replace(lm=0.05) for n, r in DISTRACT.items()}
 """The distract grid with skip-bigram text (`skip_text`) at weight 0.05 in its training blend
 (written 28 Nov, before any run of its own; same steps, sequences a step, LR schedule, kv
