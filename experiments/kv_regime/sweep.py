@@ -141,9 +141,10 @@ kind; no head of theirs reads the key one back at a later needle, which RoPE doe
 In the kv documents nothing but the answer rewards such a read (the filler is uniform, the loss on
 answers only); a language model's text rewards it at every token. Here every text token's loss
 needs it (3.47 nats without, 0.65 with). At 0.05 a step holds ~13 text samples of 96 loss tokens
-and ~243 kv documents of 5 answer tokens (their mean): each about half the loss. Judged like the BOS, warm
-and long probes: NoPE seed 0 on the CPU; it works if that run's last checkpoint scores >= 0.9 at L
-with 1, 2 and 3 distractors, and it is then a candidate for the device grid, not its verdict.
+and ~243 kv documents of 5 answer tokens (their mean): each about half the loss. Judged like the
+BOS, warm and long probes: NoPE seed 0 on the CPU; it works if that run's last checkpoint scores
+>= 0.9 at L with 1, 2 and 3 distractors, and it is then a candidate for the device grid, not its
+verdict.
 (Exploration beside the rule: whether the split probe's key@is at later needles rises.)"""
 GRIDS = {"pilot": PILOT, "seeds": SEEDS, "distract": DISTRACT, "others": OTHERS, "distract_bos": DISTRACT_BOS,
          "distract_warm": DISTRACT_WARM, "distract_long": DISTRACT_LONG, "distract_lm": DISTRACT_LM}
