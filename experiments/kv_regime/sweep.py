@@ -1,7 +1,8 @@
 """The kv regime's runs (issue 43, item 1): many small trainings at once on one GPU, then the
 gate of analysis.py on the held-out formats, scored at home on the CPU.
 
-  train   (on the GPU node) kv documents of each run's training mixture (Run.mix, L tokens),
+  train   (on the GPU node) kv documents of each run's training mixture (Run.mix, L tokens; the
+          skip-bigram text too where a run has Run.lm),
           every run of --grid in parallel (one process each, one GPU shared), cut at --seconds
           (SIGTERM: a checkpoint, exit 0; rerunning resumes), then each run's last checkpoint
           exported; models and metrics packed into <= 15 MB tars under --out (what a device call
