@@ -9,6 +9,7 @@ import pytest
 from experiments.kv_regime import sweep
 from experiments.kv_regime.analysis import FORMATS, TRAIN_MIX
 from lenext_dist.config import load_config
+from lenext_dist.prep.kv_corpus import alphabet
 
 
 @pytest.mark.parametrize("grid", sorted(sweep.GRIDS))
@@ -28,7 +29,7 @@ def test_every_run_of_every_grid_is_a_valid_config(grid, tmp_path):
         assert seq == sweep.L and blend[0].prefix.endswith(f"/{sweep.shard_name(spec.mix, spec.bos)}_train")
         # the skip-bigram text beside the kv documents at weight lm; validation on kv alone
         assert [b.weight for b in blend] == ([1 - spec.lm, spec.lm] if spec.lm else [1.0])
-        assert not spec.lm or blend[1].prefix.endswith(f"/{sweep.SKIP}_train")
+        assert not spec.lm or blend[1].prefix.endswith(f"/{sweep.skip_name(spec.lm_text)}_train")
         assert [b.prefix.rsplit("/", 1)[1] for b in cfg.data.valid_blend] == [
             f"{sweep.shard_name(spec.mix, spec.bos)}_valid"]
         if spec.warm:  # the first stage: the short documents, the same sequences a step
@@ -37,7 +38,8 @@ def test_every_run_of_every_grid_is_a_valid_config(grid, tmp_path):
                 f"/{sweep.shard_name(spec.warm.mix, spec.bos, spec.warm.length)}_train")
             assert cfg.train.stages[0].global_batch_size == cfg.train.global_batch_size
     assert len(sweep.GRIDS[grid]) == {"pilot": 8, "seeds": 6, "distract": 6, "others": 3, "distract_bos": 6,  # <= 8:
-                                      "distract_warm": 6, "distract_long": 6, "distract_lm": 6}[grid]  # 2 cores a run
+                                      "distract_warm": 6, "distract_long": 6, "distract_lm": 6,
+                                      "distract_lm_all": 6}[grid]  # 2 cores a run
 
 
 @pytest.mark.parametrize("mix", [TRAIN_MIX, sweep.DISTRACT_MIX])
@@ -68,18 +70,24 @@ def test_the_distract_grid_is_the_seeds_grid_with_a_distractor_in_every_document
     assert {r.steps for r in sweep.DISTRACT_LONG.values()} == {12000}  # the plan as written
     assert {n: r._replace(lm=0.0) for n, r in sweep.DISTRACT_LM.items()} == sweep.DISTRACT
     assert {r.lm for r in sweep.DISTRACT_LM.values()} == {0.05}  # the plan as written
+    assert {n: r._replace(lm_text="filler") for n, r in sweep.DISTRACT_LM_ALL.items()} == sweep.DISTRACT_LM
+    assert {r.lm_text for r in sweep.DISTRACT_LM_ALL.values()} == {"all"}
     w = sweep.WARM  # the plan as written: 2000 steps of 48-token documents the copy is worth <= 0.5 in
     assert (w.steps, w.length, w.mix) == (2000, 48, ("values=2:4", "distractors=1:2"))
     assert [s[2] for s in sweep.shard_sets(sweep.DISTRACT_WARM["nope-s0"])] == [sweep.L, 48]
 
 
-def test_skip_text_is_predictable_from_the_token_one_back_only(tmp_path):
+@pytest.mark.parametrize("text, size", [("filler", 32), ("all", 99)])
+def test_skip_text_is_predictable_from_the_token_one_back_only(tmp_path, text, size):
     """The next word is g(the word before the current one) ~90% of the time; the best guess from
-    the current word alone is right ~1/32 + a little: the loss needs the read one back."""
-    folder = sweep.skip_text(tmp_path / "t", files=2, words=20_000)
+    the current word alone is right ~1/V + a little: the loss needs the read one back. The text
+    over every alphabet holds every word of the kv documents."""
+    kinds = sweep.SKIP_TEXTS[text]
+    folder = sweep.skip_text(tmp_path / "t", kinds, files=2, words=20_000)
     words = [w for f in sorted(folder.glob("*.jsonl")) for line in f.read_text().splitlines()
              for w in json.loads(line)["text"].split()]
-    assert len(words) == 40_000 and len(set(words)) == 32
+    assert len(words) == 40_000 and len(set(words)) == size
+    assert set(words) == {w for k in kinds for w in alphabet()[k]}
 
     def best_map_accuracy(back: int) -> float:  # the best function of the word `back` before
         pairs = Counter(zip(words[:-back], words[back:]))
@@ -89,13 +97,15 @@ def test_skip_text_is_predictable_from_the_token_one_back_only(tmp_path):
         return sum(best.values()) / (len(words) - back)
 
     assert best_map_accuracy(2) > 0.85 and best_map_accuracy(1) < 0.1
-    cmd = " ".join(sweep.skip_command(tmp_path, 2))  # a text shard: every token trains
-    assert "--format jsonl " in cmd and f"--name {sweep.SKIP} " in cmd and "--valid-fraction" not in cmd
+    cmd = " ".join(sweep.skip_command(tmp_path, 2, text))  # a text shard: every token trains
+    assert "--format jsonl " in cmd and f"--name {sweep.skip_name(text)} " in cmd and "--valid-fraction" not in cmd
+    assert f"/{sweep.skip_name(text)}-text/" in cmd
     (folder / "skip-000.jsonl").unlink()  # rewritten after a kill: the same file
-    again = sweep.skip_text(folder, files=3, words=20_000)
+    again = sweep.skip_text(folder, kinds, files=3, words=20_000)
     texts = {f.name: f.read_text() for f in sorted(again.glob("*.jsonl"))}
     assert len(texts) == 3 and texts == {f.name: f.read_text() for f in sorted(
-        sweep.skip_text(tmp_path / "u", files=3, words=20_000).glob("*.jsonl"))}
+        sweep.skip_text(tmp_path / "u", kinds, files=3, words=20_000).glob("*.jsonl"))}
+    assert sweep.skip_name("filler") == sweep.SKIP != sweep.skip_name("all")  # its shards keep their name
 
 
 def test_zipf_filler_is_skewed(tmp_path):
