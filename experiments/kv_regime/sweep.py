@@ -258,6 +258,17 @@ def first_shards(r: Run) -> str:
     return shard_name(r.warm.mix, r.bos, r.warm.length) if r.warm else shard_name(r.mix, r.bos)
 
 
+def first_blend(r: Run) -> list[tuple[str, float]]:
+    """The shards (name, weight) of a run's first stage: what its export records as its data."""
+    kv = f"{first_shards(r)}_train"
+    return [(kv, round(1 - r.lm, 6)), (f"{skip_name(r.lm_text)}_train", r.lm)] if r.lm else [(kv, 1.0)]
+
+
+def trained_on(blend: list[tuple[str, float]]) -> str:
+    """A training blend in words: its shards, each with its weight where there are several."""
+    return " + ".join(n if len(blend) == 1 else f"{n} ({w:g})" for n, w in blend)
+
+
 def blend(shard: str, shards: Path, lm: float, lm_text: str = "filler") -> str:
     """A training blend: the kv shard, and the skip-bigram text at weight `lm` beside it."""
     text = f", {{prefix: {shards}/{skip_name(lm_text)}_train, weight: {lm}}}" if lm else ""

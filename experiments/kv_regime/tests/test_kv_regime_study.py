@@ -64,6 +64,27 @@ def test_a_run_of_the_grid_is_its_position_window_mixture_and_last_step():
     short = f"{sweep.shard_name(sweep.WARM.mix, False, sweep.WARM.length)}_train"
     assert study.is_run(nope, short, last, sweep.DISTRACT_WARM["nope-s0"])
     assert not study.is_run(nope, trained, last, sweep.DISTRACT_WARM["nope-s0"])
+    # the lm grids share the distract grid's kv shards: the text beside them tells them apart
+    lm_all = sweep.DISTRACT_LM_ALL["nope-s0"]
+    with_text = sweep.trained_on([(trained, 0.95), ("skipgram_all_train", 0.05)])
+    assert with_text == f"{trained} (0.95) + skipgram_all_train (0.05)"
+    assert study.is_run(nope, with_text, last, lm_all)
+    assert not study.is_run(nope, trained, last, lm_all)
+    assert not study.is_run(nope, with_text, last, sweep.DISTRACT["nope-s0"])
+    assert not study.is_run(nope, with_text, last, sweep.DISTRACT_LM["nope-s0"])  # the filler's text
+    assert not study.is_run(nope, with_text.replace("0.05", "0.1"), last, lm_all)  # another weight
+
+
+def test_an_exports_training_data_is_its_first_stages_whole_blend(tmp_path):
+    """What `lenext convert` writes (lenext_run_config.yaml's data.blend): every shard and weight."""
+    f = _export(tmp_path, "nope-s0", "nope")
+    (f / "lenext_run_config.yaml").write_text(
+        "data:\n  blend:\n  - {prefix: /s/kv_a_train, weight: 0.95, text: false}\n"
+        "  - {prefix: /s/skipgram_all_train, weight: 0.05, text: false}\n")
+    assert study._shards(f) == "kv_a_train (0.95) + skipgram_all_train (0.05)"
+    (f / "lenext_run_config.yaml").write_text("data:\n  blend: []\n")
+    with pytest.raises(SystemExit, match=r"^error: .*names no training data"):
+        study._shards(f)
 
 
 def test_the_plan_is_nope_lengths_at_the_regimes_length(tmp_path):
