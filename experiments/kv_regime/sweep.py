@@ -19,7 +19,8 @@ The grids (GRIDS; each one's docstring says why it exists and, for the explorati
 written before its run): pilot (regime candidates, one seed each), seeds (the regime it pointed to:
 4 layers, d128, 256 sequences a step, lr 3e-3; 3 seeds of NoPE and RoPE), distract (a distractor
 key in every training document), others (ALiBi, KERPLE, windowed NoPE on it), and the levers tried
-for NoPE on it: distract_bos, distract_warm, distract_long, distract_lm, distract_lm_all.
+for NoPE on it: distract_bos, distract_warm, distract_long, distract_lm, distract_lm_all (and
+others_lm_all: the others grid in distract_lm_all's regime).
 """
 from __future__ import annotations
 
@@ -170,9 +171,14 @@ like the earlier probes: NoPE seed 0 on the CPU; it works if that run's last che
 scores >= 0.9 at L with 1, 2 and 3 distractors (`sweep.py score`, 128 documents each), and it is
 then a candidate for the device grid, not its verdict.
 (Exploration beside the rule: features.py's key@is and key@v1 at later needles.)"""
+OTHERS_LM_ALL = {n: r._replace(lm=0.05, lm_text="all") for n, r in OTHERS.items()}
+"""The others grid in distract_lm_all's regime (written 28 Nov, before any run of its own): the
+study compares positions trained alike, so ALiBi, KERPLE and the windowed NoPE train on the same
+text beside the same kv documents. For the device session after distract_lm_all's (6 runs and 3
+do not fit one session together: see OTHERS)."""
 GRIDS = {"pilot": PILOT, "seeds": SEEDS, "distract": DISTRACT, "others": OTHERS, "distract_bos": DISTRACT_BOS,
          "distract_warm": DISTRACT_WARM, "distract_long": DISTRACT_LONG, "distract_lm": DISTRACT_LM,
-         "distract_lm_all": DISTRACT_LM_ALL}
+         "distract_lm_all": DISTRACT_LM_ALL, "others_lm_all": OTHERS_LM_ALL}
 
 
 def kv_data() -> Path:

@@ -39,7 +39,7 @@ def test_every_run_of_every_grid_is_a_valid_config(grid, tmp_path):
             assert cfg.train.stages[0].global_batch_size == cfg.train.global_batch_size
     assert len(sweep.GRIDS[grid]) == {"pilot": 8, "seeds": 6, "distract": 6, "others": 3, "distract_bos": 6,  # <= 8:
                                       "distract_warm": 6, "distract_long": 6, "distract_lm": 6,
-                                      "distract_lm_all": 6}[grid]  # 2 cores a run
+                                      "distract_lm_all": 6, "others_lm_all": 3}[grid]  # 2 cores a run
 
 
 @pytest.mark.parametrize("mix", [TRAIN_MIX, sweep.DISTRACT_MIX])
@@ -72,6 +72,8 @@ def test_the_distract_grid_is_the_seeds_grid_with_a_distractor_in_every_document
     assert {r.lm for r in sweep.DISTRACT_LM.values()} == {0.05}  # the plan as written
     assert {n: r._replace(lm_text="filler") for n, r in sweep.DISTRACT_LM_ALL.items()} == sweep.DISTRACT_LM
     assert {r.lm_text for r in sweep.DISTRACT_LM_ALL.values()} == {"all"}
+    assert {n: r._replace(lm=0.0, lm_text="filler") for n, r in sweep.OTHERS_LM_ALL.items()} == sweep.OTHERS
+    assert {(r.lm, r.lm_text) for r in sweep.OTHERS_LM_ALL.values()} == {(0.05, "all")}
     w = sweep.WARM  # the plan as written: 2000 steps of 48-token documents the copy is worth <= 0.5 in
     assert (w.steps, w.length, w.mix) == (2000, 48, ("values=2:4", "distractors=1:2"))
     assert [s[2] for s in sweep.shard_sets(sweep.DISTRACT_WARM["nope-s0"])] == [sweep.L, 48]
