@@ -264,31 +264,35 @@ def first_shards(r: Run) -> str:
     return shard_name(r.warm.mix, r.bos, r.warm.length) if r.warm else shard_name(r.mix, r.bos)
 
 
-def first_blend(r: Run) -> list[tuple[str, float]]:
-    """The shards (name, weight) of a run's first stage: what its export records as its data."""
-    kv = f"{first_shards(r)}_train"
+def blend(shard: str, r: Run) -> list[tuple[str, float]]:
+    """A training blend of run r, (shard, weight) each: the kv shard, and the run's skip-bigram
+    text at weight r.lm beside it."""
+    kv = f"{shard}_train"
     return [(kv, round(1 - r.lm, 6)), (f"{skip_name(r.lm_text)}_train", r.lm)] if r.lm else [(kv, 1.0)]
 
 
-def trained_on(blend: list[tuple[str, float]]) -> str:
+def first_blend(r: Run) -> list[tuple[str, float]]:
+    """The blend of a run's first stage: what its export records as its data."""
+    return blend(first_shards(r), r)
+
+
+def trained_on(pairs: list[tuple[str, float]]) -> str:
     """A training blend in words: its shards, each with its weight where there are several."""
-    return " + ".join(n if len(blend) == 1 else f"{n} ({w:g})" for n, w in blend)
+    return " + ".join(n if len(pairs) == 1 else f"{n} ({w:g})" for n, w in pairs)
 
 
-def blend(shard: str, shards: Path, lm: float, lm_text: str = "filler") -> str:
-    """A training blend: the kv shard, and the skip-bigram text at weight `lm` beside it."""
-    text = f", {{prefix: {shards}/{skip_name(lm_text)}_train, weight: {lm}}}" if lm else ""
-    return f"[{{prefix: {shards}/{shard}_train, weight: {round(1 - lm, 6)}}}{text}]"
+def blend_yaml(pairs: list[tuple[str, float]], shards: Path) -> str:
+    return "[" + ", ".join(f"{{prefix: {shards}/{n}, weight: {w}}}" for n, w in pairs) + "]"
 
 
 def config(name: str, spec: Run, shards: Path, work: Path, backend: str) -> str:
-    pos, layers, hidden, heads, batch, lr, seed, mix, window, bos, warm, steps, lm, lm_text = spec
+    pos, layers, hidden, heads, batch, lr, seed, mix, window, bos, warm, steps = spec[:12]
     shard, bos_line = shard_name(mix, bos), "\n  bos: true" if bos else ""
-    first, seq, stages = first_shards(spec), L, ""
+    seq, stages = L, ""
     if warm:  # stage 0 on the short documents, then the run's own mix at L (one run: train.stages)
         seq = warm.length
         stages = (f"\n        stages: [{{start_step: {warm.steps}, seq_length: {L}, global_batch_size: {batch}, "
-                  f"blend: {blend(shard, shards, lm, lm_text)}}}],")
+                  f"blend: {blend_yaml(blend(shard, spec), shards)}}}],")
     inc = ", ".join(str(REPO / "configs" / c) for c in ("model/kv-tiny.yaml", "data/kv.yaml", "train/kv.yaml"))
     return f"""include: [{inc}]
 name: {name}
@@ -299,7 +303,7 @@ model: {{num_layers: {layers}, hidden_size: {hidden}, num_attention_heads: {head
 attention: {{position: {pos}{f", window: {window}" if window else ""}}}
 data:
   tokenizer: {DATA / "tokenizer.model"}
-  blend: {blend(first, shards, lm, lm_text)}
+  blend: {blend_yaml(first_blend(spec), shards)}
   valid_blend: [{{prefix: {shards}/{shard}_valid, weight: 1.0}}]
   seed: {1234 + seed}{bos_line}
 train: {{steps: {steps}, seed: {1234 + seed}, micro_batch_size: {batch}, global_batch_size: {batch},{stages}
