@@ -170,7 +170,10 @@ the key one back at chance). Over every alphabet the read must serve every pair 
 like the earlier probes: NoPE seed 0 on the CPU; it works if that run's last checkpoint (6000)
 scores >= 0.9 at L with 1, 2 and 3 distractors (`sweep.py score`, 128 documents each), and it is
 then a candidate for the device grid, not its verdict.
-(Exploration beside the rule: features.py's key@is and key@v1 at later needles.)"""
+(Exploration beside the rule: features.py's key@is and key@v1 at later needles.)
+It works (results/distract-lm-all-probe): 1.00 / 1.00 / 1.00 at step 6000, every held-out format
+at L 0.94-1.00; key@is and key@v1 at later needles 1.00 after layer 3. The device grid's
+candidate, then OTHERS_LM_ALL."""
 OTHERS_LM_ALL = {n: r._replace(lm=0.05, lm_text="all") for n, r in OTHERS.items()}
 """The others grid in distract_lm_all's regime (written 28 Nov, before any run of its own): the
 study compares positions trained alike, so ALiBi, KERPLE and the windowed NoPE train on the same
@@ -260,7 +263,7 @@ def shard_sets(r: Run) -> list[tuple[tuple[str, ...], bool, int]]:
 
 
 def first_shards(r: Run) -> str:
-    """The shards of a run's first stage (its config's data.blend; what its export records)."""
+    """The kv shard of a run's first stage (first_blend adds its text beside it)."""
     return shard_name(r.warm.mix, r.bos, r.warm.length) if r.warm else shard_name(r.mix, r.bos)
 
 
