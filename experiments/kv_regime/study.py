@@ -11,7 +11,7 @@ filler; the uniform-c grid with the attention entropy on the NoPE seeds (the fit
 c = 1 and 1.5 on every other model, RoPE PI / NTK / YaRN on rope-s0. HeadScale needs the training
 checkpoint (the device brings back exports only): it is item 4's (experiments/sizes).
 
-  python -m experiments.kv_regime.study --models MODELS --out WORK [--grids distract,others]
+  python -m experiments.kv_regime.study --models MODELS --out WORK [--grids distract_lm_all,others_lm_all]
 """
 from __future__ import annotations
 
@@ -28,6 +28,9 @@ from experiments.nope_length.study import Model, Plan, Study
 from .sweep import GRIDS, L, Run, exported, first_blend, kv_data, trained_on
 
 MULTIPLES = (1, 2, 4, 8, 16)
+GRIDS_STUDIED = ("distract_lm_all", "others_lm_all")
+"""The grids the study reads by default: the regime whose NoPE probe passed its rule (sweep.py
+DISTRACT_LM_ALL), and ALiBi, KERPLE and the windowed NoPE trained alike."""
 
 
 def model_of(folder: Path) -> tuple[Model, str]:
@@ -116,7 +119,7 @@ def is_run(m: Model, trained: str, tag: str, r: Optional[Run]) -> bool:
             and m.overrides == ((f"--attention.window={r.window}",) if r.window else ()))
 
 
-def run(models: Path, out: Path, grids: tuple[str, ...] = ("distract", "others"), docs: int = 128) -> dict:
+def run(models: Path, out: Path, grids: tuple[str, ...] = GRIDS_STUDIED, docs: int = 128) -> dict:
     """Every exported model under `models`, each a finished run of `grids` (its training mixture:
     the documents it is scored on; all the same, or NoPE and RoPE would be compared on different
     ones)."""
@@ -156,8 +159,8 @@ def main(argv=None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", required=True, help="folder of a grid's exported models (one folder each)")
     ap.add_argument("--out", required=True, help="work folder: evaluations, summary.json, STUDY.md")
-    ap.add_argument("--grids", default="distract,others",
-                    help="the grids the models are runs of (their training mixture; default distract,others)")
+    ap.add_argument("--grids", default=",".join(GRIDS_STUDIED),
+                    help="the grids the models are runs of (their training mixture; default %(default)s)")
     ap.add_argument("--docs", type=int, default=128, help="test documents per cell (default 128)")
     a = ap.parse_args(argv)
     grids = tuple(g for g in a.grids.split(",") if g)
