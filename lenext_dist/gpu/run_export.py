@@ -1,6 +1,6 @@
 """Training (megatron GPTModel) vs export (HF LenextForCausalLM) logits on CUDA at 1x and 8x L.
 
-The export is built in memory the way `lenext export` builds it (convert/keymap.megatron_to_hf,
+The export is built in memory the way `lenext convert` builds it (convert/keymap.megatron_to_hf,
 export.build_hf_config, the uniform head scales as fp32 rows), so the comparison covers the
 weight map and both attention call sites on the GPU's kernels (flash in bf16, memory-efficient in
 fp32), with no checkpoint on disk.

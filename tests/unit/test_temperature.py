@@ -188,3 +188,23 @@ def test_old_log_scale_a_key_reads_as_the_log_fit(tmp_path):
     assert (t.kind, t.a, t.layers) == ("log_fit", 0.3, "all")
     old.write_text("attention:\n  log_scale_a: null\n")
     assert load_config(old).attention.temperature.kind == "none"
+
+
+def test_the_extending_guides_schedule_runs_on_both_paths(monkeypatch):
+    """docs/extending.md's example schedule, registered as the guide says, runs on a config's
+    section and on the plain dict `lenext eval --temperature linear:a=0.2` makes."""
+    from pathlib import Path
+
+    from lenext_dist.attention import temperature as T
+    from lenext_dist.eval.options import temperature_section
+
+    guide = Path(__file__).resolve().parents[2] / "docs" / "extending.md"
+    code = guide.read_text().split("# lenext_dist/attention/temperature.py\n", 1)[1].split("```", 1)[0]
+    for name in ("TEMPERATURES", "PARAMS", "REQUIRED"):
+        monkeypatch.setattr(T, name, dict(getattr(T, name)))
+    monkeypatch.setattr(T, "NEEDS_LENGTH", T.NEEDS_LENGTH)
+    monkeypatch.setattr(T, "_linear", None, raising=False)  # undone: the module keeps no trace
+    exec(code, vars(T))
+    want = 1 + 0.2 * torch.clamp(torch.arange(1, 9) / 4 - 1, min=0)  # i = position + 1, L = 4
+    for section in (temperature_section("linear:a=0.2"), NS(kind="linear", a=0.2)):
+        torch.testing.assert_close(T.multiplier(section, torch.arange(8), 4), want)
