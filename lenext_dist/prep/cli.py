@@ -20,7 +20,9 @@ import shlex
 import sys
 from typing import Optional, Sequence
 
-from .errors import BAD_REASONS
+from lenext_dist.flags import float_, pos_float
+
+from .errors import BAD_REASONS, PrepError
 from .readers import FORMATS
 from .tasks import TASKS
 
@@ -29,9 +31,31 @@ def _csv(s: str) -> list[str]:
     return [x.strip() for x in s.split(",") if x.strip()]
 
 
+def _model_file(s: str) -> str:
+    """--tokenizer: "" would become the current folder and be blamed as a missing model."""
+    if not s:
+        raise argparse.ArgumentTypeError("is empty; pass a SentencePiece .model file, e.g. "
+                                         "data/sample/tokenizer.model")
+    return s
+
+
+def _share(s: str) -> float:
+    """A fraction of the documents: 0 would sample nothing."""
+    v = float_(s)
+    if not 0 < v <= 1:
+        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {s!r}")
+    return v
+
+
 def _env_int(name: str) -> Optional[int]:
     v = os.environ.get(name)
-    return int(v) if v not in (None, "") else None
+    if v in (None, ""):
+        return None
+    try:
+        return int(v)
+    except ValueError:
+        raise PrepError(f"{name}={v!r} in the environment is not an integer; unset it, or pass "
+                        "--task-index and --num-tasks") from None
 
 
 def _slurm_defaults() -> tuple[int, int]:
@@ -53,7 +77,6 @@ def _typed(prog: str) -> str:
 
 
 def shard_parser(prog: str = "lenext prep") -> argparse.ArgumentParser:
-    idx, count = _slurm_defaults()
     reasons = "\n".join(f"  {k:18s} {v}" for k, v in BAD_REASONS.items())
     p = argparse.ArgumentParser(
         prog=prog,
@@ -82,7 +105,7 @@ def shard_parser(prog: str = "lenext prep") -> argparse.ArgumentParser:
                    help="slimpajama: jsonl(.zst) with meta.redpajama_set_name; starcoder: "
                         "<language>/*.parquet with `content`; jsonl; txt (one doc per file); "
                         "tasks: documents of --tasks over the real text of such files")
-    p.add_argument("--tokenizer", required=True, help="SentencePiece .model file")
+    p.add_argument("--tokenizer", required=True, type=_model_file, help="SentencePiece .model file")
     p.add_argument("--out", required=True, help="output directory")
     p.add_argument("--name", required=True, help="output prefix, e.g. slimpajama -> slimpajama_train")
     p.add_argument("--workers", type=int, default=1, help="worker processes (default 1)")
@@ -101,9 +124,10 @@ def shard_parser(prog: str = "lenext prep") -> argparse.ArgumentParser:
                         "<name>_valid, e.g. 0.01 (default 0: train only)")
     p.add_argument("--skip-bad", action="store_true",
                    help="skip bad documents/files and count them in the manifest instead of stopping")
-    p.add_argument("--task-index", type=int, default=idx,
+    # None: from the Slurm array's environment, read only then (shard_main)
+    p.add_argument("--task-index", type=int, default=None,
                    help="this task's index (default: $SLURM_ARRAY_TASK_ID - $SLURM_ARRAY_TASK_MIN, or 0)")
-    p.add_argument("--num-tasks", type=int, default=count,
+    p.add_argument("--num-tasks", type=int, default=None,
                    help="number of tasks sharing the inputs (default: $SLURM_ARRAY_TASK_COUNT, or 1);"
                         " with more than 1, run `merge` after all tasks")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -175,6 +199,10 @@ def shard_main(argv: Optional[Sequence[str]] = None, prog: str = "lenext prep") 
     def go():
         from .runner import ShardJob, run_shard
 
+        if args.task_index is None or args.num_tasks is None:
+            idx, count = _slurm_defaults()
+            args.task_index = idx if args.task_index is None else args.task_index
+            args.num_tasks = count if args.num_tasks is None else args.num_tasks
         tasks = None
         if args.format == "tasks" or args.tasks:
             from .task_source import checked_task_spec
@@ -240,9 +268,9 @@ def train_tokenizer_main(argv: Optional[Sequence[str]] = None,
     p.add_argument("--text-key", default=None)
     p.add_argument("--languages", type=_csv, default=[], metavar="A,B")
     p.add_argument("--exclude-sets", type=_csv, default=[], metavar="A,B")
-    p.add_argument("--doc-fraction", type=float, default=1.0,
+    p.add_argument("--doc-fraction", type=_share, default=1.0,
                    help="sample this fraction of documents by a stable hash (default 1.0)")
-    p.add_argument("--max-mb", type=float, default=100.0,
+    p.add_argument("--max-mb", type=pos_float, default=100.0,
                    help="stop sampling after this many MB of text (default 100)")
     p.add_argument("--skip-bad", action="store_true")
     p.add_argument("--threads", type=int, default=1,
@@ -256,7 +284,7 @@ def train_tokenizer_main(argv: Optional[Sequence[str]] = None,
             args.input, args.format, args.model_prefix, vocab_size=args.vocab_size,
             model_type=args.model_type, text_key=args.text_key, languages=args.languages,
             exclude_sets=args.exclude_sets, doc_fraction=args.doc_fraction,
-            max_bytes=int(args.max_mb * 1e6), skip_bad=args.skip_bad, threads=args.threads,
+            max_bytes=int(min(args.max_mb * 1e6, 2**63)), skip_bad=args.skip_bad, threads=args.threads,
         )
 
     return _run(go)

@@ -51,7 +51,6 @@ class Bad(NamedTuple):
 
     def error(self) -> PrepError:
         what = BAD_REASONS.get(self.reason, self.reason)
-        return PrepError(
-            f"{self.where}: {what} [{self.reason}]: {self.detail}\n"
-            f"  Fix the input, or {SKIP_BAD_HINT}."
-        )
+        detail = " ".join(str(self.detail).split())  # one line: a parser's message may hold several
+        return PrepError(f"{self.where}: {what} [{self.reason}]: {detail}; fix the input, or "
+                         f"{SKIP_BAD_HINT}")

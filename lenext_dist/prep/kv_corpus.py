@@ -28,6 +28,8 @@ import numpy as np
 
 from lenext_dist.atomic import atomic_write
 
+from .errors import PrepError
+
 FILLER = [c + v for c in "bdfghkl" for v in "aeiou"][:32]
 
 
@@ -91,9 +93,47 @@ def train_word_tokenizer(prefix: str) -> str:
     return prefix + ".model"
 
 
+def _same_model(a: bytes, b: bytes) -> bool:
+    """Two SentencePiece models alike but for the output path they were trained to (the same
+    command run with --out spelled another way)."""
+    from google.protobuf.message import DecodeError
+    from sentencepiece import sentencepiece_model_pb2 as pb
+
+    protos = []
+    for data in (a, b):
+        m = pb.ModelProto()
+        try:
+            m.ParseFromString(data)
+        except DecodeError:
+            return False
+        m.trainer_spec.ClearField("model_prefix")
+        protos.append(m)
+    return protos[0] == protos[1]
+
+
+def _tokenizer(out: Path) -> str:
+    """Train the word tokenizer into <out>/tokenizer.model; one already there is kept when it is
+    the same model (a rerun) and refused when it is another (shards may have been made with it)."""
+    model = out / "tokenizer.model"
+    if not model.exists():
+        return train_word_tokenizer(os.fspath(out / "tokenizer"))
+    tmp = out / f"tokenizer.tmp-{os.getpid()}"
+    try:
+        new = Path(train_word_tokenizer(os.fspath(tmp))).read_bytes()
+        if not _same_model(model.read_bytes(), new):
+            raise PrepError(f"{model}: a different tokenizer is already there; choose another "
+                            "--out or remove it")
+    finally:
+        for ext in (".model", ".vocab"):
+            Path(os.fspath(tmp) + ext).unlink(missing_ok=True)
+    return os.fspath(model)
+
+
 def build(corpus: KVCorpus) -> dict:
-    """Write the filler files and the tokenizer; return what was written (also kv.json)."""
+    """Write the tokenizer and the filler files; return what was written (also kv.json)."""
     out = Path(corpus.out)
+    out.mkdir(parents=True, exist_ok=True)
+    model = _tokenizer(out)  # first: a refused --out gets nothing written
     rng = np.random.default_rng(corpus.seed)
     (out / "train").mkdir(parents=True, exist_ok=True)
     (out / "heldout").mkdir(parents=True, exist_ok=True)
@@ -101,7 +141,6 @@ def build(corpus: KVCorpus) -> dict:
         write_filler(out / "train" / f"filler-{i:03d}.jsonl", corpus.train_words, rng)
     write_filler(out / "heldout" / "filler.jsonl", corpus.heldout_words,
                   np.random.default_rng(corpus.seed + 1_000_003))
-    model = train_word_tokenizer(os.fspath(out / "tokenizer"))
     import sentencepiece as spm
 
     sp = spm.SentencePieceProcessor(model_file=model)
@@ -136,7 +175,7 @@ def main(argv=None, prog: str = "lenext prep kv") -> int:
     a = p.parse_args(argv)
     try:
         info = build(KVCorpus(a.out, a.train_files, a.train_words, a.heldout_words, a.seed))
-    except (ValueError, OSError) as e:
+    except (ValueError, OSError, PrepError) as e:
         print(f"{prog}: error: {e}", file=sys.stderr)
         return 2
     print(f"[build_kv] {a.out}: {a.train_files} x {a.train_words:,} filler words, "

@@ -29,13 +29,22 @@ PLAN_VERSION = 2  # 2: units finer than a file, input size + mtime recorded
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*")
 
 
+# The longest file name made from --name is <name>_valid_answers.tmp-<pid>.idx (30 more
+# characters); file systems allow 255 bytes, and the name is ASCII (_NAME_RE).
+MAX_NAME = 200
+
+
 def check_name(name: str) -> None:
-    """--name becomes file names directly under --out: it must not leave that directory."""
+    """--name becomes file names directly under --out: it must not leave that directory, and
+    must leave room for the suffixes within a file name's 255 bytes."""
     if not _NAME_RE.fullmatch(name) or ".." in name:
         raise PrepError(
             f"--name {name!r} is not a plain file-name prefix (letters, digits, '.', '_', '+', "
             "'-'; no '/' or '..'): outputs must stay inside --out. Pick e.g. --name slimpajama"
         )
+    if len(name) > MAX_NAME:
+        raise PrepError(f"--name {name[:40]}... ({len(name)} characters): too long for the file "
+                        f"names under --out; use at most {MAX_NAME} characters")
 
 
 def write_json_atomic(path: str, obj) -> None:

@@ -20,6 +20,7 @@ family of its own: none of the passkey evaluation's template (prep/passkey_wordi
 from __future__ import annotations
 
 import dataclasses
+import math
 import typing
 from dataclasses import dataclass, field
 from typing import Callable, NamedTuple, Optional
@@ -490,6 +491,12 @@ class KeyValue(Generator):
 
 
 # ----------------------------------------------------------------------------- parameters
+def _finite(*values) -> None:
+    # nan passes every comparison below unnoticed and reaches numpy's samplers as a traceback
+    if not all(math.isfinite(v) for v in values if isinstance(v, float)):
+        raise ValueError("must be finite")
+
+
 def parse_value(tp, raw: str, where: str):
     """A CLI string as the field's type (int, float, IntRange, FloatRange)."""
     try:
@@ -497,10 +504,12 @@ def parse_value(tp, raw: str, where: str):
             conv = int if tp is IntRange else float
             lo, _, hi = raw.partition(":")
             lo_v, hi_v = conv(lo), conv(hi if hi else lo)
+            _finite(lo_v, hi_v)
             if lo_v > hi_v or lo_v < 0:
                 raise ValueError("need 0 <= lo <= hi")
             return tp(lo_v, hi_v)
         v = tp(raw)
+        _finite(v)
         if v < 0:
             raise ValueError("must be >= 0")
         return v

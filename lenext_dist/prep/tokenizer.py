@@ -24,6 +24,8 @@ from typing import Sequence
 
 import numpy as np
 
+from lenext_dist.errors import UserError
+
 from .errors import PrepError
 
 
@@ -38,23 +40,27 @@ def sha256_file(path: str, chunk: int = 1 << 22) -> str:
     return h.hexdigest()
 
 
-def load_sentencepiece(path: str, what: str = ""):
-    """The SentencePieceProcessor of the .model file `path`; a missing file, or one that is not a
-    SentencePiece model, is a UserError naming it (`what`: the flag or key it came from)."""
+def load_sentencepiece(path: str, what: str = "",
+                       hint: str = "pass the tokenizer.model the data was prepared with"):
+    """The SentencePieceProcessor of the .model file `path`; a missing or unreadable file, or one
+    that is not a SentencePiece model, is a UserError naming it (`what`: the flag or key it came
+    from; `hint`: what to do about a file that is not a model)."""
     import sentencepiece as spm
-
-    from lenext_dist.errors import UserError
 
     where = f"{what}: {path}" if what else str(path)
     if not os.path.isfile(path):
         raise UserError(f"{where}: no such SentencePiece model file; pass a tokenizer.model "
                         "(e.g. data/sample/tokenizer.model)")
+    try:  # SentencePiece reports an unreadable file as a bad model: open it first
+        open(path, "rb").close()
+    except OSError as e:
+        raise UserError(f"{where}: cannot be read ({e.strerror}); check its permissions") from None
     sp = spm.SentencePieceProcessor()
     try:
         sp.Load(os.fspath(path))
     except (OSError, RuntimeError) as e:
-        raise UserError(f"{where}: not a SentencePiece model ({str(e).strip()[:200]}); pass the "
-                        "tokenizer.model the data was prepared with") from None
+        raise UserError(f"{where}: not a SentencePiece model ({str(e).strip()[:200]}); {hint}") \
+            from None
     return sp
 
 
@@ -62,19 +68,17 @@ class SpmTokenizer:
     """A loaded SentencePiece model plus what the shard format needs to know about it."""
 
     def __init__(self, model_path: str, threads: int = 1):
-        import sentencepiece as spm
-
         if not os.path.isfile(model_path):
             raise PrepError(
                 f"tokenizer model {model_path!r} not found. Pass a SentencePiece .model "
                 "(e.g. data/sample/tokenizer.model) or train one with `lenext prep tokenizer`"
             )
         self.path = os.path.abspath(model_path)
-        self.sp = spm.SentencePieceProcessor()
         try:
-            self.sp.Load(self.path)
-        except (OSError, RuntimeError) as e:
-            raise PrepError(f"{model_path}: not a SentencePiece model ({e})") from None
+            self.sp = load_sentencepiece(self.path, hint="pass a SentencePiece .model, or train "
+                                                         "one with `lenext prep tokenizer`")
+        except UserError as e:  # a PrepError, which a worker process reports as the user's
+            raise PrepError(str(e)) from None
         self.sha256 = sha256_file(self.path)
         self.vocab_size = int(self.sp.vocab_size())
         self.eos_id = int(self.sp.eos_id())

@@ -129,7 +129,12 @@ def run_train_tokenizer(
     skip_bad: bool = False,
     threads: int = 1,
 ) -> dict:
-    """The train-tokenizer command: sample, train, report."""
+    """The train-tokenizer command: sample, train, report. An existing model is never replaced
+    (shards made with it would no longer match it)."""
+    for existing in (model_prefix + ".model", model_prefix + ".vocab"):
+        if os.path.lexists(existing):
+            raise PrepError(f"{existing}: already exists; choose another --model-prefix or "
+                            "remove it")
     paths = discover_inputs(inputs, fmt, languages)
     stats: dict = {}
     lines = sample_lines(paths, fmt, text_key=text_key, exclude_sets=exclude_sets,

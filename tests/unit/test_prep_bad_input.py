@@ -72,7 +72,7 @@ def test_bad_input_stops_with_location_and_hint(tmp_path, reason):
         shard([path], tmp_path / "out", fmt=fmt)
     msg = str(e.value)
     assert path in msg and where in msg and f"[{reason}]" in msg
-    assert "rerun with --skip-bad" in msg
+    assert "rerun with --skip-bad" in msg and "\n" not in msg  # one line, the advice kept
     # nothing half-done is left behind as if finished
     assert not os.path.exists(tmp_path / "out" / "t_train.bin")
     files = os.listdir(parts_dir(str(tmp_path / "out"), "t"))
@@ -107,7 +107,7 @@ def test_empty_documents_are_always_counted(tmp_path):
 
 def test_set_filter_needs_set_names(tmp_path):
     path = write_zst(str(tmp_path / "a.jsonl.zst"), [GOOD[0], b'{"text": "no meta"}'])
-    with pytest.raises(PrepError, match=r"missing_set_name.*\n.*--skip-bad"):
+    with pytest.raises(PrepError, match=r"missing_set_name.*--skip-bad"):
         shard([path], tmp_path / "o1", exclude_sets=["RedPajamaGithub"])
     m = shard([path], tmp_path / "o2", exclude_sets=["RedPajamaGithub"], skip_bad=True)["manifest"]
     assert m["documents"]["skipped"] == {"missing_set_name": 1}
@@ -123,6 +123,37 @@ def test_missing_tokenizer_and_bad_options_are_clear(tmp_path):
         shard([path], tmp_path, fmt="jsonl", valid_fraction=1.5)
     with pytest.raises(PrepError, match="task-index"):
         shard([path], tmp_path, fmt="jsonl", task_index=2, num_tasks=2)
+
+
+def test_an_empty_tokenizer_flag_is_named(tmp_path, capsys):
+    """`--tokenizer ""` is refused as empty, not as "tokenizer model '<the current folder>' not
+    found"."""
+    from lenext_dist.prep.cli import shard_main
+
+    path = write_zst(str(tmp_path / "a.jsonl.zst"), GOOD)
+    with pytest.raises(SystemExit) as e:
+        shard_main(["--input", path, "--format", "jsonl", "--tokenizer", "", "--out",
+                    str(tmp_path / "o"), "--name", "x", "--no-progress"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "argument --tokenizer: is empty" in err and "Traceback" not in err
+
+
+def test_a_slurm_task_id_that_is_not_a_number_is_one_line(tmp_path, capsys, monkeypatch):
+    """A Slurm array variable that is not an integer names itself and its value; explicit
+    --task-index/--num-tasks do not read it."""
+    from prep_helpers import TOKENIZER
+    from lenext_dist.prep.cli import shard_main
+
+    path = write_zst(str(tmp_path / "a.jsonl.zst"), GOOD)
+    monkeypatch.setenv("SLURM_ARRAY_TASK_ID", "x")
+    monkeypatch.setenv("SLURM_ARRAY_TASK_COUNT", "4")
+    argv = ["--input", path, "--format", "jsonl", "--tokenizer", TOKENIZER, "--out",
+            str(tmp_path / "o"), "--name", "x", "--no-progress"]
+    assert shard_main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: SLURM_ARRAY_TASK_ID='x'") and "not an integer" in err
+    assert len(err.strip().splitlines()) == 1
+    assert shard_main([*argv, "--task-index", "0", "--num-tasks", "1"]) == 0
 
 
 @pytest.mark.parametrize("args,message", [

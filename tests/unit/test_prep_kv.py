@@ -2,16 +2,18 @@
 piece of its tokenizer, documents of exactly L tokens, and through megatron's real GPTDataset one
 training sample is one whole document: its needle and its answer are never split by packing, and
 the loss mask (data.task_loss: answers) is the answer's value tokens only."""
+import os
 from pathlib import Path
 
 import numpy as np
 import sentencepiece as spm
 import pytest
 
-from prep_helpers import load_docs
+from prep_helpers import TOKENIZER, load_docs
 from lenext_dist.config import BlendItem, DataConfig, ModelConfig, RunConfig, TrainConfig
 from lenext_dist.data.gpt_data import build_datasets, collate
-from lenext_dist.prep.kv_corpus import KVCorpus, alphabet, build
+from lenext_dist.prep.errors import PrepError
+from lenext_dist.prep.kv_corpus import KVCorpus, alphabet, build, main
 from lenext_dist.prep.manifest import answers_prefix
 from lenext_dist.prep.runner import ShardJob, run_shard
 from lenext_dist.prep.task_source import task_spec
@@ -90,3 +92,26 @@ def test_a_tail_of_filler_after_the_answer_moves_the_question_and_keeps_the_leng
         key = d[at[0] - 3:at[0]].tolist()  # `key K is` just before the answer
         assert sp.decode(d[:at[0] - 3].tolist()).count(sp.decode(key + d[at].tolist())) == 1  # the needle
     assert tails == set(range(3, 10))
+
+
+def test_a_rerun_keeps_the_tokenizer_and_a_different_one_is_never_replaced(tmp_path, monkeypatch,
+                                                                           capsys):
+    """The same command again (even with --out spelled another way) works; a different
+    tokenizer.model in --out (shards may have been made with it) is refused and kept."""
+    small = dict(train_files=1, train_words=200, heldout_words=200)
+    first = build(KVCorpus(str(tmp_path / "kv"), **small))
+    model = (tmp_path / "kv" / "tokenizer.model").read_bytes()
+    monkeypatch.chdir(tmp_path)
+    assert build(KVCorpus("kv", **small))["vocab_size"] == first["vocab_size"]
+    assert (tmp_path / "kv" / "tokenizer.model").read_bytes() == model
+    other = (tmp_path / "other")
+    other.mkdir()
+    (other / "tokenizer.model").write_bytes(open(TOKENIZER, "rb").read())
+    with pytest.raises(PrepError, match="tokenizer.model: a different tokenizer is already there"):
+        build(KVCorpus(str(other), **small))
+    assert main(["--out", str(other), "--train-files", "1", "--train-words", "200",
+                 "--heldout-words", "200"]) == 2
+    err = capsys.readouterr().err
+    assert "a different tokenizer is already there" in err and len(err.strip().splitlines()) == 1
+    assert (other / "tokenizer.model").read_bytes() == open(TOKENIZER, "rb").read()
+    assert sorted(os.listdir(other)) == ["tokenizer.model"]  # nothing written beside it

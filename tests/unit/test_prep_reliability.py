@@ -21,7 +21,7 @@ from prep_helpers import REPO, SLIMPAJAMA, TOKENIZER, file_bytes, load_docs, sha
 from lenext_dist.prep import tokenizer as tokmod
 from lenext_dist.prep.errors import PrepError
 from lenext_dist.prep.lock import RunLock
-from lenext_dist.prep.manifest import parts_dir
+from lenext_dist.prep.manifest import check_name, parts_dir
 from lenext_dist.prep.merge import merge
 from lenext_dist.prep.readers import Doc, JsonlReader, discover_inputs, open_reader
 from lenext_dist.prep import units
@@ -188,6 +188,17 @@ def test_names_that_leave_out_are_refused(tmp_path, name):
     with pytest.raises(PrepError, match="outputs must stay inside --out"):
         merge(str(tmp_path / "o"), name, "merge")
     assert not os.path.exists(tmp_path / "o")
+
+
+def test_a_name_too_long_for_a_file_name_is_refused_naming_the_flag(tmp_path):
+    """--name prefixes file names under --out (<name>_valid_answers.tmp-<pid>.idx, ...): past
+    the file system's 255 bytes it is --name, not --out, that is at fault."""
+    with pytest.raises(PrepError, match=r"--name n+\.\.\. \(300 characters\): too long"):
+        shard(SLIMPAJAMA[:1], tmp_path / "o", "n" * 300)
+    with pytest.raises(PrepError, match="too long"):
+        merge(str(tmp_path / "o"), "n" * 300, "merge")
+    assert not os.path.exists(tmp_path / "o")
+    check_name("n" * 200)  # the longest allowed
 
 
 def _cli(args, **kw):

@@ -1,6 +1,9 @@
 """Tokenizer training (train_tokenizer) and the tokenizer wrapper used by the shard step."""
 
 import hashlib
+import os
+import shutil
+import tempfile
 
 import numpy as np
 import pytest
@@ -8,7 +11,9 @@ import sentencepiece as spm
 
 from prep_helpers import SLIMPAJAMA, STARCODER, TOKENIZER
 from lenext_dist.prep.errors import PrepError
-from lenext_dist.prep.tokenizer import SpmTokenizer, in_valid_split
+from lenext_dist.errors import UserError
+from lenext_dist.prep.cli import train_tokenizer_main
+from lenext_dist.prep.tokenizer import SpmTokenizer, in_valid_split, load_sentencepiece
 from lenext_dist.prep.train_tokenizer import run_train_tokenizer
 
 
@@ -29,6 +34,82 @@ def test_train_on_parquet_with_languages(tmp_path):
     out = run_train_tokenizer(STARCODER[:1], "starcoder", str(tmp_path / "c"), vocab_size=400,
                               languages=["python"], max_bytes=200_000)
     assert spm.SentencePieceProcessor(model_file=out["model"]).vocab_size() == 400
+
+
+@pytest.mark.parametrize("flag,value,says", [
+    ("--max-mb", "nan", "must be finite"),
+    ("--max-mb", "inf", "must be finite"),
+    ("--max-mb", "0", "must be > 0"),
+    ("--doc-fraction", "nan", "must be finite"),
+    ("--doc-fraction", "0", "must be in (0, 1]"),
+    ("--doc-fraction", "1.5", "must be in (0, 1]"),
+])
+def test_tokenizer_cli_refuses_numbers_out_of_range(flag, value, says, tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        train_tokenizer_main(["--input", SLIMPAJAMA[0], "--format", "slimpajama", "--model-prefix",
+                              str(tmp_path / "m"), "--vocab-size", "400", flag, value])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and f"argument {flag}: {says}" in err and "Traceback" not in err
+    assert not os.listdir(tmp_path)
+
+
+def test_tokenizer_cli_refuses_to_replace_an_existing_model(tmp_path, capsys):
+    """A model already at --model-prefix (shards may have been made with it) is never replaced."""
+    (tmp_path / "m.model").write_bytes(b"the model the shards were made with")
+    argv = ["--input", SLIMPAJAMA[0], "--format", "slimpajama", "--model-prefix",
+            str(tmp_path / "m"), "--vocab-size", "400", "--max-mb", "0.05"]
+    assert train_tokenizer_main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {tmp_path / 'm.model'}: already exists; choose another "
+                          "--model-prefix or remove it") and len(err.strip().splitlines()) == 1
+    assert (tmp_path / "m.model").read_bytes() == b"the model the shards were made with"
+    assert not (tmp_path / "m.vocab").exists()
+
+
+def _load_as_nobody(path: str) -> str:
+    """The messages of load_sentencepiece and SpmTokenizer for `path`, in a child that runs as
+    the user nobody when this one is root (root reads a chmod 000 file)."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(r)
+        msgs = []
+        try:
+            if os.getuid() == 0:
+                os.setgroups([])
+                os.setgid(65534)
+                os.setuid(65534)
+            for load in (lambda: load_sentencepiece(path, "--tokenizer"), lambda: SpmTokenizer(path)):
+                try:
+                    load()
+                    msgs.append("loaded")
+                except UserError as e:
+                    msgs.append(str(e))
+        except BaseException as e:  # noqa: BLE001 (reported to the parent)
+            msgs.append(f"child failed: {e!r}")
+        os.write(w, "\n".join(msgs).encode())
+        os._exit(0)
+    os.close(w)
+    with os.fdopen(r, "rb") as f:
+        out = f.read().decode()
+    os.waitpid(pid, 0)
+    return out
+
+
+def test_an_unreadable_tokenizer_says_it_cannot_be_read():
+    folder = tempfile.mkdtemp()  # not under pytest's 0700 tmp folders: nobody must reach it
+    try:
+        os.chmod(folder, 0o755)
+        path = os.path.join(folder, "tokenizer.model")
+        shutil.copy(TOKENIZER, path)
+        os.chmod(path, 0)
+        msgs = _load_as_nobody(path).splitlines()
+    finally:
+        shutil.rmtree(folder)
+    assert len(msgs) == 2, msgs
+    for m in msgs:
+        assert f"{path}: cannot be read (Permission denied)" in m and "not a SentencePiece" not in m
+    assert msgs[0].startswith("--tokenizer: ")
 
 
 def test_encode_batch_appends_eos_and_uses_megatron_dtype():
