@@ -14,7 +14,9 @@ a required option left unset in code gets argparse's "the following arguments ar
 from __future__ import annotations
 
 import argparse
+import math
 from dataclasses import MISSING, Field, field, fields
+from numbers import Integral, Real
 from typing import Any, Callable, Optional, Sequence
 
 _KEY = "flag"
@@ -28,6 +30,71 @@ def choice(options: Sequence[str]) -> Callable[[str], str]:
                 f"invalid choice: {s!r} (choose from {', '.join(map(repr, options))})")
         return s
     return check
+
+
+# ----- numbers: finite (nan passes every range check unnoticed; inf overflows int())
+def int_(s) -> int:
+    if isinstance(s, Integral) and not isinstance(s, bool):
+        return int(s)
+    try:
+        return int(s) if isinstance(s, str) else _bad()
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {s!r}") from None
+
+
+def _bad():
+    raise ValueError
+
+
+def float_(s) -> float:
+    try:
+        if isinstance(s, bool):
+            raise ValueError
+        v = float(s) if isinstance(s, (str, Real)) else _bad()
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {s!r}") from None
+    if not math.isfinite(v):
+        raise argparse.ArgumentTypeError(f"must be finite, got {s!r}")
+    return v
+
+
+def pos_int(s) -> int:
+    v = int_(s)
+    if v <= 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {v}")
+    return v
+
+
+def nonneg_int(s) -> int:
+    v = int_(s)
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {v}")
+    return v
+
+
+def pos_float(s) -> float:
+    v = float_(s)
+    if v <= 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {v:g}")
+    return v
+
+
+PORTS = (1, 65535)
+"""The TCP ports a rendezvous can listen on (0 would be 'any port': the ranks could not agree on it)."""
+
+
+def port_number(s) -> int:
+    """The check of a rendezvous port flag (`lenext train --port`, `lenext extend --port`), and of
+    $MASTER_PORT (lenext_dist/cluster): an integer in PORTS, refused before any rank starts
+    (torch's store would refuse it once per rank)."""
+    lo, hi = PORTS
+    try:
+        v = int(s) if isinstance(s, (str, int)) and not isinstance(s, bool) else None
+    except ValueError:
+        v = None
+    if v is None or not lo <= v <= hi:
+        raise argparse.ArgumentTypeError(f"expected a port number {lo}-{hi}, got {s!r}")
+    return v
 
 
 def option(default: Any = MISSING, check: Optional[Callable] = None, help: Optional[str] = None, *,

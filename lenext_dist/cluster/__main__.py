@@ -18,17 +18,13 @@ import signal
 import sys
 
 from lenext_dist.cluster import hostlist, rendezvous
+from lenext_dist.errors import entry_point
 
 
 def _load(config: str, overrides: list[str]):
-    from lenext_dist.config import ConfigError, load_config, split_cli_overrides
+    from lenext_dist.config import load_config, split_cli_overrides
 
-    if not os.path.isfile(config):
-        sys.exit(f"error: config file {config} not found")
-    try:
-        return load_config(config, split_cli_overrides(overrides))
-    except ConfigError as e:
-        sys.exit(f"config error: {e}")
+    return load_config(config, split_cli_overrides(overrides))  # a ConfigError: one line (main)
 
 
 def _exec(cmd: list[str], env: dict) -> None:
@@ -38,6 +34,15 @@ def _exec(cmd: list[str], env: dict) -> None:
 
 
 def main(argv=None) -> int:
+    """Under entry_point: a user's mistake (a bad hostlist, --slots, MASTER_PORT, config...) is one
+    `error:` line and exit 2. The command after `--` (task, node) is passed on as given:
+    entry_point takes `--debug` out of what it wraps."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    cut = argv.index("--") if "--" in argv else len(argv)
+    return entry_point(lambda head: _main(head + argv[cut:]))(argv[:cut])
+
+
+def _main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="python -m lenext_dist.cluster", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)

@@ -15,9 +15,12 @@ import base64
 import json
 import re
 import sys
+from argparse import ArgumentTypeError
 from typing import Mapping, Optional, Sequence
 
+from lenext_dist.cluster import ClusterError
 from lenext_dist.cluster.hostlist import hostnames
+from lenext_dist.flags import PORTS, port_number
 
 DEFAULT_PORT = 29500
 PORT_BASE, PORT_SPAN = 20000, 10000
@@ -25,10 +28,23 @@ PORT_BASE, PORT_SPAN = 20000, 10000
 
 def master_port(environ: Mapping[str, str]) -> int:
     if environ.get("MASTER_PORT"):
-        return int(environ["MASTER_PORT"])
+        try:
+            return port_number(environ["MASTER_PORT"])
+        except ArgumentTypeError:
+            raise ClusterError(f"MASTER_PORT={environ['MASTER_PORT']!r}: not a port number "
+                               f"{PORTS[0]}-{PORTS[1]}; set it to a free port, or unset it") from None
     if environ.get("SLURM_JOB_ID"):
-        return PORT_BASE + int(environ["SLURM_JOB_ID"]) % PORT_SPAN
+        return PORT_BASE + _env_int(environ, "SLURM_JOB_ID") % PORT_SPAN
     return DEFAULT_PORT
+
+
+def _env_int(environ: Mapping[str, str], name: str, default: int = 0) -> int:
+    """An integer environment variable (unset or empty: `default`); a ClusterError names it."""
+    v = environ.get(name) or str(default)
+    try:
+        return int(v)
+    except ValueError:
+        raise ClusterError(f"{name}={v!r}: expected a whole number") from None
 
 
 def master_addr(environ: Mapping[str, str], hosts: Optional[Sequence[str]] = None) -> str:
@@ -47,7 +63,7 @@ def tasks_per_node(spec: str) -> list[int]:
     for part in spec.split(","):
         m = re.fullmatch(r"\s*(\d+)(?:\(x(\d+)\))?\s*", part)
         if not m:
-            raise ValueError(f"bad tasks-per-node list {spec!r}")
+            raise ClusterError(f"bad tasks-per-node list {spec!r} (SLURM_TASKS_PER_NODE)")
         out.extend([int(m.group(1))] * int(m.group(2) or 1))
     return out
 
@@ -58,7 +74,7 @@ def rank_env(environ: Mapping[str, str]) -> dict[str, str]:
     if "RANK" in environ:
         return {}
     if "SLURM_PROCID" in environ and "SLURM_STEP_NUM_TASKS" in environ:  # an srun task (not the batch shell)
-        node = int(environ.get("SLURM_NODEID", "0"))
+        node = _env_int(environ, "SLURM_NODEID")
         per_node = environ.get("SLURM_STEP_TASKS_PER_NODE") or environ.get("SLURM_TASKS_PER_NODE") or "1"
         counts = tasks_per_node(per_node)
         env = {"RANK": environ["SLURM_PROCID"], "WORLD_SIZE": environ["SLURM_STEP_NUM_TASKS"],
@@ -89,14 +105,15 @@ def node_command(launcher: str, nproc_per_node: int, script_and_args: Sequence[s
     """The command one node runs in a multi-node job: a launcher that starts `nproc_per_node`
     ranks here, with node rank, node count, master address and port from the allocation."""
     if launcher not in LAUNCHERS:
-        raise ValueError(f"launcher must be one of {LAUNCHERS}, got {launcher!r}")
+        raise ClusterError(f"--launcher {launcher!r}: must be one of {LAUNCHERS}")
     if nproc_per_node < 1:
-        raise ValueError(f"nproc_per_node must be >= 1, got {nproc_per_node}")
+        raise ClusterError(f"--nproc-per-node {nproc_per_node}: must be >= 1 (the ranks per node)")
     if hosts is None:
         hosts = hostnames(environ.get("SLURM_JOB_NODELIST") or environ.get("SLURM_NODELIST"))
-    node_rank = int(environ.get("NODE_RANK") or environ.get("SLURM_NODEID") or 0)
+    node_rank = _env_int(environ, "NODE_RANK" if environ.get("NODE_RANK") else "SLURM_NODEID")
     if not 0 <= node_rank < len(hosts):
-        raise ValueError(f"node rank {node_rank} outside the {len(hosts)} hosts {list(hosts)}")
+        raise ClusterError(f"node rank {node_rank} (NODE_RANK / SLURM_NODEID) outside the {len(hosts)} "
+                           f"hosts {list(hosts)}")
     addr, port = master_addr(environ, hosts), str(master_port(environ))
     if launcher == "torchrun":
         return [python, "-m", "torch.distributed.run", "--nnodes", str(len(hosts)), "--node_rank",
@@ -104,7 +121,7 @@ def node_command(launcher: str, nproc_per_node: int, script_and_args: Sequence[s
                 "--master_port", port, *script_and_args]
     world = {h: list(range(nproc_per_node)) for h in hosts}
     if len(world) != len(hosts):
-        raise ValueError(f"duplicate host names in {list(hosts)}")
+        raise ClusterError(f"duplicate host names in {list(hosts)}")
     info = base64.urlsafe_b64encode(json.dumps(world).encode()).decode()
     return [python, "-u", "-m", "deepspeed.launcher.launch", f"--world_info={info}",
             f"--node_rank={node_rank}", f"--master_addr={addr}", f"--master_port={port}",

@@ -1,6 +1,7 @@
 """One item of a data blend (data.blend, data.valid_blend, train.stages[].blend)."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from .checks import _check
@@ -19,4 +20,11 @@ class BlendItem:
     `{prefix: shards/web_train, weight: 0.5, text: true}`; refused on a shard with a mask."""
 
     def __post_init__(self):
-        _check(self.weight > 0, "data.blend[].weight", "must be > 0")
+        _check(self.weight > 0, "data.blend[].weight", "must be > 0")  # NaN and inf: the loader's
+
+
+def check_weights(items: list[BlendItem], key: str) -> None:
+    """The blend's weights must sum to a finite number: megatron normalizes by the sum (each item
+    finite, two of 1e308 still overflow, and every weight would become 0)."""
+    _check(math.isfinite(sum(item.weight for item in items)), key,
+           "the weights sum past the largest float; scale them down (only their ratios count)")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import types
 import typing
 from pathlib import Path
@@ -57,9 +58,31 @@ def _expanded_size(node, memo: dict, busy: set) -> int:
     return n
 
 
+def _duplicate_key(node) -> yaml.Node | None:
+    """The first (in the text) key node repeating an earlier key of its mapping: PyYAML keeps the
+    last silently, so a second `train:` section would drop the first. `<<` merge keys are not keys."""
+    dups, seen, todo = [], set(), [node]
+    while todo:
+        n = todo.pop()
+        if id(n) in seen:  # an alias: its node is walked once
+            continue
+        seen.add(id(n))
+        if isinstance(n, yaml.MappingNode):
+            keys = set()
+            for k, v in n.value:
+                if isinstance(k, yaml.ScalarNode) and k.tag != "tag:yaml.org,2002:merge":
+                    if (k.tag, k.value) in keys:
+                        dups.append(k)
+                    keys.add((k.tag, k.value))
+                todo += [k, v]
+        elif isinstance(n, yaml.SequenceNode):
+            todo += n.value
+    return min(dups, key=lambda k: k.start_mark.index, default=None)
+
+
 def safe_yaml(text: str, where: str) -> Any:
     """yaml.safe_load, refusing documents over MAX_CONFIG_BYTES or whose aliases expand past
-    MAX_EXPANDED_NODES, before anything walks them."""
+    MAX_EXPANDED_NODES, before anything walks them, and mappings that repeat a key."""
     if len(text) > MAX_CONFIG_BYTES:
         raise ConfigError(f"{where}: {len(text):,} bytes, over the {MAX_CONFIG_BYTES:,}-byte limit "
                           "for a config (is this a config file?)")
@@ -77,6 +100,10 @@ def safe_yaml(text: str, where: str) -> Any:
         if node is not None and _expanded_size(node, {}, set()) > MAX_EXPANDED_NODES:
             raise ConfigError(f"{where}: its anchors and aliases (&name / *name) expand to more than "
                               f"{MAX_EXPANDED_NODES:,} values (a YAML alias bomb?); write the values out")
+        dup = None if node is None else _duplicate_key(node)
+        if dup is not None:
+            raise ConfigError(f"{where}: line {dup.start_mark.line + 1}: key {dup.value!r} given twice in one "
+                              "mapping (the first would be dropped); merge them into one")
         return yaml.safe_load(text)
     except yaml.YAMLError as e:
         raise ConfigError(f"{where}: not valid YAML: {_yaml_problem(e)}") from None
@@ -114,9 +141,12 @@ def _read_yaml(path: Path, stack: tuple[Path, ...] = (), reads: list | None = No
         text = path.read_text()
     except (OSError, UnicodeDecodeError) as e:
         raise ConfigError(f"{path}: cannot be read as text ({e})") from None
-    data = safe_yaml(text, str(path)) or {}
+    data = safe_yaml(text, str(path))
+    if data is None:  # an empty file (or only comments) is not "the defaults": a wrong file?
+        raise ConfigError(f"{path}: empty; a config is a YAML mapping of sections (e.g. `train: {{steps: 100}}`)")
     if not isinstance(data, dict):
-        raise ConfigError(f"{path}: top level must be a mapping, got {type(data).__name__}")
+        raise ConfigError(f"{path}: top level must be a mapping of sections, got {type(data).__name__} "
+                          f"{data!r:.40}")
     merged: dict = {}
     origin: dict = {}
     includes = data.pop("include", [])
@@ -192,7 +222,10 @@ def _coerce(value: Any, tp, key: str) -> Any:
                 pass
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(f"{key}: expected a number, got {value!r}")
-        return float(value)
+        try:
+            return float(value)
+        except OverflowError:  # an int of 400 digits: refused with the other infinities (_build)
+            return math.inf
     if tp in (int, bool, str):
         if type(value) is not tp:
             raise ConfigError(f"{key}: expected {tp.__name__}, got {value!r} ({type(value).__name__})")
@@ -215,9 +248,16 @@ def _build(cls, data: dict, prefix: str = ""):
     if missing:  # else the dataclass raises a TypeError that names neither the section nor the file
         raise ConfigError(f"{prefix}{missing[0]}: required key missing")
     try:
-        return cls(**kwargs)
+        obj = cls(**kwargs)
     except ConfigError as e:
         raise ConfigError(str(e)) from None
+    # every float of the config, in one place: no key has a use for NaN or inf (.nan, `inf`,
+    # 1e999), which pass `> 0` checks and surface as a diverged run (after the section's own
+    # checks, whose messages say more where they have one)
+    for k, v in kwargs.items():
+        if isinstance(v, float) and not math.isfinite(v):
+            raise ConfigError(f"{prefix}{k}: must be a finite number, got {v}")
+    return obj
 
 
 def parse_override(text: str) -> tuple[str, Any]:
@@ -256,7 +296,10 @@ def _migrate(data: dict) -> dict:
 
 def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> RunConfig:
     """Load a YAML config (or the defaults when path is None) and apply dotted overrides."""
-    data, origin = _read_yaml(Path(path)) if path else ({}, {})
+    if path is not None and not str(path).strip():  # `--config ""` (an unset shell variable)
+        raise ConfigError("--config '': no file named; give a YAML config, or leave --config out "
+                          "for the built-in defaults")
+    data, origin = _read_yaml(Path(path)) if path is not None else ({}, {})
     for text in overrides:
         key, value = parse_override(text)
         apply_override(data, key, value)
@@ -265,7 +308,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Ru
         return _build(RunConfig, _migrate(data))
     except ConfigError as e:
         key = str(e).split(":", 1)[0].split("[")[0]
-        where = origin.get(key) or _nearest_origin(key, origin) or (str(path) if path else "defaults")
+        where = origin.get(key) or _nearest_origin(key, origin) or (str(path) if path is not None else "defaults")
         if where != "command line" and overrides:
             # a check across keys (e.g. a batch size against another) may fail through an
             # override of another key than the one named: the file alone is not to blame

@@ -16,7 +16,7 @@ from typing import Literal, Optional
 
 from .attention import AttentionConfig
 from .checks import ConfigError, _check
-from .blend import BlendItem
+from .blend import BlendItem, check_weights
 from .stages import StageConfig, check_stages
 
 
@@ -106,6 +106,8 @@ class DataConfig:
     def __post_init__(self):
         for item in self.blend + self.valid_blend:
             _check(bool(item.prefix), "data.blend[].prefix", "must not be empty")
+        for name in ("blend", "valid_blend"):
+            check_weights(getattr(self, name), f"data.{name}")
 
 
 @dataclass
@@ -138,6 +140,8 @@ class OptimConfig:
 
     def __post_init__(self):
         _check(self.lr > 0, "optim.lr", "must be > 0")
+        _check(self.weight_decay >= 0, "optim.weight_decay", f"must be >= 0 (0: no decay), got {self.weight_decay}")
+        _check(self.eps > 0, "optim.eps", f"must be > 0 (AdamW divides by sqrt(v) + eps), got {self.eps}")
         _check(0 <= self.min_lr_ratio <= 1, "optim.min_lr_ratio", "must be in [0, 1]")
         _check(self.warmup_steps >= 0, "optim.warmup_steps", "must be >= 0")
         _check(0 <= self.beta1 < 1 and 0 <= self.beta2 < 1, "optim.beta1/beta2", "must be in [0, 1)")

@@ -9,6 +9,7 @@ import sys
 from typing import Optional
 
 from lenext_dist.dtypes import CHOICES, canonical
+from lenext_dist.flags import pos_float
 
 PROG = "python -m lenext_dist.convert"
 DESCRIPTION = (
@@ -39,6 +40,14 @@ def epilog(prog: str) -> str:
             "Manual: docs/export.md, docs/import.md")
 
 
+def step_name(s: str) -> str:
+    """--tag: a step folder's name; an empty one would name the checkpoint folder itself."""
+    if not s.strip():
+        raise argparse.ArgumentTypeError("is empty; name a step_NNNNNNN folder, or leave --tag out "
+                                         "for the latest")
+    return s
+
+
 def build_parser(p: Optional[argparse.ArgumentParser] = None) -> argparse.ArgumentParser:
     p = p or argparse.ArgumentParser(prog=PROG)
     p.description, p.epilog = DESCRIPTION, epilog(p.prog)
@@ -51,14 +60,14 @@ def build_parser(p: Optional[argparse.ArgumentParser] = None) -> argparse.Argume
                           "or extend from (docs/import.md)")
     p.add_argument("--out", required=True, help="output folder (created)")
     exp = p.add_argument_group("export options (--checkpoint only)")
-    exp.add_argument("--tag", help="step_NNNNNNN folder inside --checkpoint (default: latest)")
+    exp.add_argument("--tag", type=step_name, help="step_NNNNNNN folder inside --checkpoint (default: latest)")
     exp.add_argument("--format", default="custom", choices=["custom", "stock"],
                      help="custom: model_type lenext + our modeling code (default, every variant); "
                           "stock: a transformers architecture without remote code, scales folded "
                           "into q_proj (NoPE[+window] -> SmolLM3, RoPE[+PI/NTK/YaRN] -> Llama, "
                           "iRoPE / l2 QK-norm -> Llama 4, rms QK-norm -> Qwen3, partial RoPE -> GLM)")
     g = exp.add_mutually_exclusive_group()
-    g.add_argument("--scale-c", type=float,
+    g.add_argument("--scale-c", type=pos_float,  # inf: infinite head scales
                    help="export a uniform softmax scale c for every head (lambda = c/sqrt(d))")
     g.add_argument("--head-scales-from",
                    help="per-head scales [layers, heads]: a HeadScale run's checkpoint folder, "
@@ -72,7 +81,7 @@ def build_parser(p: Optional[argparse.ArgumentParser] = None) -> argparse.Argume
     exp.add_argument("--verify", action="store_true",
                      help="reload the export with transformers and compare its logits with the "
                           "megatron model of the checkpoint (fp32); fail above --tolerance")
-    exp.add_argument("--tolerance", type=float, default=1e-4)
+    exp.add_argument("--tolerance", type=pos_float, default=1e-4)  # nan: every --verify fails
     # the one declaration of what --from-hf refuses: every option of the group, with its default
     p.set_defaults(_export_only={x.dest: (x.option_strings[0], x.default) for x in exp._group_actions})
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
@@ -107,6 +116,10 @@ def run(a: argparse.Namespace) -> int:
     if a.overrides:
         print(f"error: KEY=VALUE overrides ({a.overrides[0]}) are for --from-hf only", file=sys.stderr)
         return 2
+    if a.verify and canonical(a.dtype) != "fp32":  # before the export: refused, nothing written
+        print("error: --verify needs --dtype fp32 (it compares fp32 logits); drop one of them",
+              file=sys.stderr)
+        return 2
     os.environ.setdefault("DS_ACCELERATOR", "cpu") if a.verify else None
 
     from .export import export, verify
@@ -121,9 +134,6 @@ def run(a: argparse.Namespace) -> int:
           f"head scales {info['head_scale_source']} (c={info['scale_c']}), weights from "
           f"{info['weights']} (ZeRO-{info['zero_stage']}, {info['train_precision']}) as {a.dtype}")
     if a.verify:
-        if canonical(a.dtype) != "fp32":
-            print("error: --verify needs --dtype fp32", file=sys.stderr)
-            return 2
         diff = verify(a.out)
         ok = diff < a.tolerance
         print(f"[lenext.convert] verify: max |logits_hf - logits_megatron| = {diff:.3e} "

@@ -238,8 +238,10 @@ def export(checkpoint: Union[str, Path], out: Union[str, Path], *, tag: Optional
     """
     if scale_c is not None and head_scales is not None:
         raise ExportError("give either scale_c or head_scales, not both")
-    if scale_c is not None and not scale_c > 0:
-        raise ExportError(f"scale_c must be > 0, got {scale_c}")
+    if scale_c is not None and not 0 < scale_c < float("inf"):  # nan too
+        raise ExportError(f"scale_c must be finite and > 0, got {scale_c}")
+    if tag is not None and not str(tag).strip():  # "" would name the checkpoint folder itself
+        raise ExportError("tag is empty: name a step_NNNNNNN folder, or None for the latest")
     try:
         dtype = canonical(dtype)
     except ValueError as e:

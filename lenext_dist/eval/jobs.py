@@ -13,6 +13,7 @@ scale) are options of the job, applied to the loaded model; they also name the r
 from __future__ import annotations
 
 import argparse
+import errno
 import hashlib
 import json
 import os
@@ -25,12 +26,12 @@ from typing import Callable, ClassVar, Optional
 import numpy as np
 
 from lenext_dist.errors import UserError
-from lenext_dist.flags import check_fields, from_args, option
+from lenext_dist.flags import check_fields, from_args, nonneg_int, option, pos_float, pos_int
 
 from . import sections
 from .model_io import default_dtype, load_model, model_info, write_json
-from .options import (DTYPES, PROTOCOLS, ROPE_SCALINGS, TASK_NAMES, depths, ints, nonneg_int, paths,
-                      pos_float, pos_int, task_names, temperature, temperature_section)
+from .options import (DTYPES, PROTOCOLS, ROPE_SCALINGS, TASK_NAMES, depths, entropy_length, ints, paths,
+                      task_names, temperature, temperature_section)
 from .ruler_tasks import LM_EVAL_SAMPLES, OFFLINE, ruler_task_names
 
 
@@ -144,7 +145,18 @@ class EvalJob:
             return json.loads(self.result_path.read_text()).get("args", {})
         except FileNotFoundError:
             return None
-        except (OSError, ValueError, AttributeError) as e:
+        except OSError as e:
+            # the results folder itself is wrong (--out, or results/<model name> without it)
+            where = f"--out {self.out}" if self.out else f"the results folder {self.out_dir}"
+            if e.errno == errno.ENOTDIR:
+                raise EvalError(f"{where}: a file where a folder is needed; pass a folder "
+                                "to --out") from None
+            if e.errno == errno.ENAMETOOLONG:
+                raise EvalError(f"{where}: a name too long for the file system; pass a shorter "
+                                "--out") from None
+            raise EvalError(f"{self.result_path}: cannot read the result ({e.strerror or e}); "
+                            "move it away or pass --out") from None
+        except (ValueError, AttributeError) as e:
             raise EvalError(f"{self.result_path}: not a readable result ({type(e).__name__}); "
                             "move it away or pass --out") from None
 
@@ -423,7 +435,7 @@ class EntropyJob(DataJob):
         "lenext eval entropy --model hf/tiny-nope --data data/sample/heldout/books.jsonl.zst "
         "--length 1024 --samples 8")
     section = staticmethod(sections.entropy)
-    length: int = option(None, pos_int, required=True)
+    length: int = option(None, entropy_length, "window length W (>= 2)", required=True)
     samples: int = option(8, pos_int, "windows averaged over")
     chunk_size: Optional[int] = option(None, pos_int, "query rows per chunk (default: from --mem-mb)")
     mem_mb: int = option(256, pos_int, "memory for one chunk of probs")

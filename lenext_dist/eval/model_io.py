@@ -59,6 +59,7 @@ def load_model(path: str, dtype: Optional[str] = None, device: Optional[str] = N
         model = AutoModelForCausalLM.from_pretrained(path, trust_remote_code=not stock,
                                                      dtype=torch_dtype(dtype or default_dtype(dev)))
     except (OSError, ValueError) as e:  # no weights file, an unknown architecture: transformers' words
+        _check_readable(path)  # safetensors calls an unreadable file "No such file or directory"
         raise UserError(f"{path}: cannot load the model ({_first_line(e)}); export it again with "
                         "`lenext convert`") from None
     except SafetensorError as e:
@@ -68,6 +69,21 @@ def load_model(path: str, dtype: Optional[str] = None, device: Optional[str] = N
         if bars and not progress:  # transformers' switch is global: leave it as it was
             hf_logging.enable_progress_bar()
     return model.to(dev).eval()
+
+
+def _check_readable(path: str) -> None:
+    """A UserError naming the first file of model folder `path` that from_pretrained reads
+    (weights, JSON, modeling code) and the user cannot open; nothing if all open."""
+    from lenext_dist.errors import UserError
+
+    for name in sorted(os.listdir(path)):
+        f = os.path.join(path, name)
+        if os.path.isfile(f) and name.endswith((".safetensors", ".bin", ".json", ".py")):
+            try:
+                open(f, "rb").close()
+            except OSError as e:
+                raise UserError(f"{f}: cannot read ({e.strerror or e}); make it readable "
+                                "(chmod) or copy the model") from None
 
 
 def _first_line(e: BaseException) -> str:

@@ -5,12 +5,10 @@ string, the same message). A choice among names is flags.choice."""
 from __future__ import annotations
 
 import argparse
-from numbers import Integral, Real
 from typing import Sequence
 
-import numpy as np
-
 from lenext_dist.dtypes import CHOICES
+from lenext_dist.flags import float_, int_, pos_int
 from lenext_dist.prep.tasks import TASKS
 
 DTYPES = CHOICES  # fp32/bf16/fp16 and torch's float32/bfloat16/float16 (lenext_dist/dtypes.py)
@@ -19,49 +17,13 @@ ROPE_SCALINGS = ("none", "pi", "ntk", "yarn")
 PROTOCOLS = ("last-stride", "yarn", "full")  # the perplexity protocols of eval/ppl.py
 
 
-def int_(s) -> int:
-    if isinstance(s, Integral) and not isinstance(s, bool):
-        return int(s)
-    try:
-        return int(s) if isinstance(s, str) else _bad()
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {s!r}") from None
-
-
-def _bad():
-    raise ValueError
-
-
-def float_(s) -> float:
-    try:
-        if isinstance(s, bool):
-            raise ValueError
-        v = float(s) if isinstance(s, (str, Real)) else _bad()
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {s!r}") from None
-    if not np.isfinite(v):
-        raise argparse.ArgumentTypeError(f"must be finite, got {s!r}")
-    return v
-
-
-def pos_int(s) -> int:
+def entropy_length(s) -> int:
+    """--length of `lenext eval entropy`: a window of one token has one visible key, entropy 0
+    by definition, and no positions to bin (eval/entropy.py summarize_entropy)."""
     v = int_(s)
-    if v <= 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {v}")
-    return v
-
-
-def nonneg_int(s) -> int:
-    v = int_(s)
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {v}")
-    return v
-
-
-def pos_float(s) -> float:
-    v = float_(s)
-    if v <= 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {v:g}")
+    if v < 2:
+        raise argparse.ArgumentTypeError(f"must be >= 2 (a window of one token has nothing to "
+                                         f"measure), got {v}")
     return v
 
 

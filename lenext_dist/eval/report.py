@@ -18,6 +18,9 @@ from typing import Optional, Sequence
 
 from .jobs import JOBS
 
+MARK = "<!-- written by lenext report; a rerun replaces this file -->"
+"""The report's first line: what lets `write_report` replace a previous report, and nothing else."""
+
 
 def _load(path: str) -> Optional[dict]:
     """A result JSON; None for other JSON files (no `kind`). A result file that does not parse
@@ -73,7 +76,7 @@ def _label(run: dict, j: dict) -> str:
 
 def render(runs: list[dict], out_path: str, title: str = "lenext evaluation report") -> str:
     base = os.path.dirname(os.path.abspath(out_path))
-    md = [f"# {title}", ""]
+    md = [MARK, f"# {title}", ""]
     md += ["Runs: " + ", ".join(f"`{r['name']}` ({r['dir']})" for r in runs), ""]
 
     for job in JOBS.values():  # each registered kind renders its own section (eval/sections.py)
@@ -89,11 +92,35 @@ def render(runs: list[dict], out_path: str, title: str = "lenext evaluation repo
     return "\n".join(md)
 
 
+def _is_report(path: str) -> bool:
+    """A previous report: MARK first, or the layout reports had before it (29 Nov 2026), which
+    `lenext extend` rewrites when it resumes: '# <title>', a blank line, 'Runs: `'."""
+    with open(path, "rb") as f:
+        head = f.read(4096).decode("utf-8", "replace").split("\n")
+    if head[0] == MARK:
+        return True
+    return len(head) > 2 and head[0].startswith("# ") and head[1] == "" and head[2].startswith("Runs: `")
+
+
 def write_report(runs: Sequence[str], out: str, title: Optional[str] = None) -> str:
+    """Write the report of `runs` to `out`; an existing `out` is replaced only if it is a
+    previous report (`_is_report`), never a result JSON or a config named by mistake."""
+    from lenext_dist.atomic import atomic_write
+    from lenext_dist.errors import UserError
+
     text = render(collect(runs), out, title or "lenext evaluation report")
-    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-    with open(out, "w") as f:
-        f.write(text + "\n")
+    try:
+        if os.path.isdir(out):
+            raise UserError(f"--out {out}: a folder; name the markdown file to write")
+        if os.path.lexists(out) and not _is_report(out):
+            raise UserError(f"--out {out}: an existing file that is not a `lenext report` report; "
+                            "choose another --out, or move the file away")
+        os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+        atomic_write(out, text + "\n")
+    except OSError as e:  # a name too long, a file where a folder is needed, no permission
+        why = ("a file where a folder is needed" if isinstance(
+            e, (FileExistsError, NotADirectoryError)) else e.strerror or str(e))
+        raise UserError(f"--out {out}: cannot write the report ({why}); choose another --out") from None
     return out
 
 

@@ -7,6 +7,7 @@ them in worker processes.
 """
 from __future__ import annotations
 
+import argparse
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,8 +15,8 @@ from typing import Optional, Union
 
 from lenext_dist.errors import UserError
 from lenext_dist.eval.jobs import EntropyJob, EvalJob, PasskeyJob, PplJob, ScaleSweepJob
-from lenext_dist.eval.options import depths, float_, ints, nonneg_int, pos_float, pos_int
-from lenext_dist.flags import check_fields, option
+from lenext_dist.eval.options import depths, ints
+from lenext_dist.flags import check_fields, float_, nonneg_int, option, pos_float, pos_int, port_number
 
 
 SEARCH, EVAL = "HeadScale search (paper defaults)", "evaluation"  # the --help groups
@@ -23,6 +24,14 @@ SEARCH, EVAL = "HeadScale search (paper defaults)", "evaluation"  # the --help g
 
 def _min_value(s) -> Optional[float]:
     return None if isinstance(s, str) and s.lower() == "none" else float_(s)
+
+
+def _zero_stage(s) -> int:
+    # checked here, not when the search's config is built: that comes after the export and the sweep
+    v = nonneg_int(s)
+    if v > 3:
+        raise argparse.ArgumentTypeError(f"must be 0, 1, 2 or 3 (a ZeRO stage), got {v}")
+    return v
 
 
 def _init(s) -> Union[str, float]:
@@ -45,9 +54,9 @@ class ExtendOptions:
     min_value: Optional[float] = option(1.0, _min_value, "m_h lower bound, or 'none' (ablation)", group=SEARCH)
     init: Union[str, float] = option("fit", _init, "'fit' (the sweep's c(T)), or a number (ablation: 1)",
                                      group=SEARCH)
-    zero_stage: int = option(2, nonneg_int, group=SEARCH)
+    zero_stage: int = option(2, _zero_stage, "ZeRO stage 0-3 of the search", group=SEARCH)
     nproc: int = option(2, pos_int, "ranks of the search (deepspeed --num_gpus)", group=SEARCH)
-    port: int = option(29531, pos_int, group=SEARCH)
+    port: int = option(29531, port_number, "rendezvous port of the search's ranks, 1-65535", group=SEARCH)
     activation_checkpointing: bool = option(False, group=SEARCH, action="store_true")
     data: list[str] = option(default_factory=lambda: ["data/sample/heldout/books.jsonl.zst"], group=EVAL,
                              nargs="+")

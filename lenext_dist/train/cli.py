@@ -13,6 +13,7 @@ import os
 from typing import Optional, Sequence
 
 from lenext_dist.errors import entry_point
+from lenext_dist.flags import port_number
 
 RANK_PROG = "python -m lenext_dist.train"
 RANK_DESCRIPTION = """Train a GPT model (pretraining or the HeadScale search) as one rank of a run, or alone.
@@ -100,7 +101,8 @@ def build_parser(p: Optional[argparse.ArgumentParser] = None) -> argparse.Argume
     add_run_options(p)
     p.add_argument("--nproc", type=int, default=1,
                    help="ranks on this machine (default 1: this process; more: the deepspeed launcher)")
-    p.add_argument("--port", type=int, default=None, help="rendezvous port of the ranks (default: a free one)")
+    p.add_argument("--port", type=port_number, default=None,
+                   help="rendezvous port of the ranks, 1-65535 (default: a free one)")
     p.set_defaults(overrides=[], takes_overrides=True)
     return p
 

@@ -1,8 +1,11 @@
 """The typed config tree: strict YAML, includes, overrides, validation, the DeepSpeed JSON."""
+import re
+
 import pytest
 import yaml
 
 from lenext_dist.config import ConfigError, deepspeed_config, load_config, save_config, split_cli_overrides
+from lenext_dist.config.load import safe_yaml
 
 
 def write(tmp_path, name, data):
@@ -15,6 +18,7 @@ def test_every_shipped_config_loads(repo):
     paths = sorted((repo / "configs").rglob("*.yaml"))
     assert len(paths) >= 5
     for p in paths:
+        assert isinstance(safe_yaml(p.read_text(), str(p)), dict)  # no repeated key, not empty
         if p.parent.name == "exp":
             cfg = load_config(p)
             assert cfg.name == p.stem
@@ -61,10 +65,25 @@ def test_missing_required_key_names_key_and_file(tmp_path):
     ("train.global_batch_size=10", "train.global_batch_size"),  # micro 4 does not divide 10
     ("train.exit_at=201", "train.exit_at"),  # past train.steps (200)
     ("train.exit_at=-1", "train.exit_at"),
+    # NaN / inf pass `> 0` checks (a run then "diverges"): every float key refuses them
+    ("optim.lr=inf", "optim.lr: must be a finite number"),
+    ("optim.lr=1e999", "optim.lr: must be a finite number"),
+    ("optim.weight_decay=nan", "optim.weight_decay: must be >= 0 (0: no decay), got nan"),
+    ("model.norm_epsilon=.nan", "model.norm_epsilon: must be a finite number, got nan"),
+    ("logging.peak_tflops=-.inf", "logging.peak_tflops: must be a finite number, got -inf"),
+    ("attention.scale_c=inf", "attention.scale_c: must be a finite number"),
+    ("attention.head_scale.init=.inf", "attention.head_scale.init: must be a finite number"),
+    ("optim.eps=-1", "optim.eps: must be > 0 (AdamW divides by sqrt(v) + eps), got -1.0"),
+    ("optim.eps=0", "optim.eps: must be > 0"),
+    ("optim.weight_decay=-0.1", "optim.weight_decay: must be >= 0"),
+    ("data.blend=[{prefix: a, weight: .inf}, {prefix: b, weight: 1}]", r"data.blend[0].weight: must be a finite"),
+    ("data.blend=[{prefix: a, weight: 1.0e+308}, {prefix: b, weight: 1.0e+308}]", "data.blend: the weights sum"),
+    ("data.valid_blend=[{prefix: a, weight: 1.0e+308}, {prefix: b, weight: 1.0e+308}]", "data.valid_blend:"),
 ])
 def test_bad_values_name_the_key(override, key):
-    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+    with pytest.raises(ConfigError, match=re.escape(key)) as e:
         load_config(None, ["train.micro_batch_size=4", override])
+    assert "\n" not in str(e.value)
 
 
 def test_batch_arithmetic_checked_against_world_size():
@@ -175,3 +194,40 @@ def test_an_override_behind_a_check_of_another_key_is_named_beside_the_file(tmp_
     cfg.write_text("train: {global_batch_size: 7, micro_batch_size: 2}\n")
     with pytest.raises(ConfigError, match=rf"^{cfg}: train.global_batch_size"):  # no override: the file
         load_config(cfg, [])
+
+
+def test_a_repeated_key_is_refused_with_file_line_and_key(tmp_path):
+    """PyYAML keeps the last of two equal keys: a second `train:` section dropped the first unseen."""
+    p = write(tmp_path, "c.yaml", "train:\n  steps: 3\noptim:\n  lr: 0.1\ntrain:\n  micro_batch_size: 2\n")
+    with pytest.raises(ConfigError, match=rf"^{p}: line 5: key 'train' given twice in one mapping") as e:
+        load_config(p)
+    assert "\n" not in str(e.value)
+    p = write(tmp_path, "d.yaml", "optim: {lr: 0.1, beta1: 0.8, lr: 0.2}\n")  # inside a section
+    with pytest.raises(ConfigError, match=rf"^{p}: line 1: key 'lr' given twice"):
+        load_config(p)
+    with pytest.raises(ConfigError, match=r"override data.blend: line 1: key 'prefix' given twice"):
+        load_config(None, ["data.blend=[{prefix: a, prefix: b}]"])
+    # one node under two aliases, and a `<<` merge overridden: no repeated key
+    assert safe_yaml("a: &x {lr: 1}\nb: *x\nc: {<<: *x, lr: 2}\n", "t") == {
+        "a": {"lr": 1}, "b": {"lr": 1}, "c": {"lr": 2}}
+
+
+@pytest.mark.parametrize("text, says", [
+    ("", "empty; a config is a YAML mapping"),
+    ("# only a comment\n", "empty; a config is a YAML mapping"),
+    ("0\n", "top level must be a mapping of sections, got int 0"),
+    ("false\n", "top level must be a mapping of sections, got bool False"),
+    ("- train\n", "top level must be a mapping of sections, got list"),
+])
+def test_an_empty_or_non_mapping_config_file_is_refused(tmp_path, text, says):
+    """They were taken for the built-in defaults (a run of something else than the user meant)."""
+    p = write(tmp_path, "c.yaml", text)
+    with pytest.raises(ConfigError, match=rf"^{p}: {re.escape(says)}"):
+        load_config(p)
+
+
+def test_an_empty_config_path_names_the_flag_and_none_means_the_defaults():
+    for path in ("", " "):
+        with pytest.raises(ConfigError, match=r"^--config '': no file named"):
+            load_config(path)
+    assert load_config(None).optim.lr == load_config(None, []).optim.lr > 0  # None: the defaults

@@ -2,6 +2,7 @@
 the CLI's one-line messages, jobs pickle (a caller may run them in workers), and each job names
 its result file from its own options (what `lenext eval` writes, see test_eval_cli.py)."""
 import pickle
+import re
 
 import pytest
 
@@ -27,6 +28,32 @@ def test_a_bad_option_reads_the_same_in_process_and_on_the_command_line(flag, va
     with pytest.raises(SystemExit) as e:
         main(["eval", "ppl", "--model", "m", "--data", "d", "--lengths", "32", flag, value])
     assert e.value.code == 2 and f"lenext eval ppl: error: {message}" in capsys.readouterr().err
+
+
+def test_an_entropy_window_of_one_token_is_refused_by_its_flag(capsys):
+    """--length 1 ran the model, then failed with numpy's "need at least one array to stack"."""
+    message = "argument --length: must be >= 2 (a window of one token has nothing to measure), got 1"
+    with pytest.raises(EvalError, match=re.escape(message)):
+        EntropyJob(model="m", data=["d"], length=1)
+    with pytest.raises(SystemExit) as e:
+        main(["eval", "entropy", "--model", "m", "--data", "d", "--length", "1"])
+    assert e.value.code == 2 and f"lenext eval entropy: error: {message}" in capsys.readouterr().err
+    assert EntropyJob(model="m", data=["d"], length=2).length == 2
+
+
+@pytest.mark.parametrize("out,says", [
+    ("file", "a file where a folder is needed; pass a folder to --out"),
+    ("x" * 300, "a name too long for the file system; pass a shorter --out"),
+])
+def test_an_out_that_cannot_be_a_results_folder_names_out(tmp_path, capsys, out, says):
+    """--out a file said "<file>/ppl_last-stride.json: not a readable result (NotADirectoryError)",
+    a 300-character --out "(OSError)": neither names --out nor what is wrong with it."""
+    (tmp_path / "file").write_text("a file\n")
+    out = str(tmp_path / out)
+    assert main(["eval", "ppl", "--model", "m", "--data", "d", "--lengths", "32", "--out", out]) == 2
+    err = capsys.readouterr().err
+    assert err == f"error: --out {out}: {says}\n"
+    assert (tmp_path / "file").read_text() == "a file\n"
 
 
 def test_cross_option_checks_before_any_model_loads():

@@ -61,6 +61,81 @@ def test_report_on_a_malformed_result_names_the_file(tmp_path, capsys, text):
     assert not (tmp_path / "rep.md").exists()
 
 
+PASSKEY = {"kind": "passkey", "lengths": [256], "accuracy_by_length": [1.0], "depths": [0.5],
+           "keys": [12345], "mean_accuracy": 1.0}  # a result the report reads
+
+
+def test_report_out_a_name_too_long_is_one_line(tmp_path, capsys):
+    """A 300-character --out was an OSError traceback (File name too long)."""
+    (tmp_path / "r").mkdir()
+    (tmp_path / "r" / "passkey.json").write_text(json.dumps(PASSKEY))
+    out = str(tmp_path / ("x" * 300 + ".md"))
+    assert main(["report", "--runs", str(tmp_path / "r"), "--out", out]) == 2
+    assert capsys.readouterr().err == (f"error: --out {out}: cannot write the report (File name "
+                                       "too long); choose another --out\n")
+
+
+def test_report_replaces_a_previous_report_and_nothing_else(tmp_path, capsys):
+    """--out naming a result JSON of --runs, or a config, replaced it with markdown (exit 0)."""
+    run = tmp_path / "r"
+    run.mkdir()
+    (run / "passkey.json").write_text(json.dumps(PASSKEY))
+    (tmp_path / "config.yaml").write_text("model:\n  num_layers: 2\n")
+    for victim in (run / "passkey.json", tmp_path / "config.yaml"):
+        before = victim.read_text()
+        assert main(["report", "--runs", str(run), "--out", str(victim)]) == 2
+        assert capsys.readouterr().err == (f"error: --out {victim}: an existing file that is not a "
+                                           "`lenext report` report; choose another --out, or move "
+                                           "the file away\n")
+        assert victim.read_text() == before
+    rep = tmp_path / "report.md"
+    assert main(["report", "--runs", str(run), "--out", str(rep)]) == 0
+    assert main(["report", "--runs", str(run), "--out", str(rep), "--title", "again"]) == 0  # a rerun
+    assert "# again" in rep.read_text()
+    # a report written before the marker (an extend run resumed across the change rewrites it)
+    old = "\n".join(rep.read_text().split("\n")[1:])
+    rep.write_text(old)
+    assert main(["report", "--runs", str(run), "--out", str(rep)]) == 0
+    notes = tmp_path / "notes.md"  # a markdown file of the user's own is not one
+    notes.write_text("# my notes\n\nRuns went well.\n")
+    assert main(["report", "--runs", str(run), "--out", str(notes)]) == 2
+
+
+def _unreadable(f):
+    """Make file `f` one this process cannot open: chmod 000, or, as root (who reads through any
+    mode), a link to a sysctl that root cannot read either (its mode is write-only)."""
+    import os
+
+    os.chmod(f, 0)
+    try:
+        open(f, "rb").close()
+    except PermissionError:
+        return
+    sysctl = "/proc/sys/vm/compact_memory"
+    try:
+        open(sysctl, "rb").close()
+        pytest.skip("no file here that this process cannot read")
+    except PermissionError:
+        os.remove(f)
+        os.symlink(sysctl, f)
+    except OSError:
+        pytest.skip("no file here that this process cannot read")
+
+
+def test_an_unreadable_weights_file_is_named_with_the_real_cause(tmp_path):
+    """safetensors calls a weights file it may not read "No such file or directory"; the
+    message named that, not the permission."""
+    from lenext_dist.errors import UserError
+
+    out = save_tiny_model(str(tmp_path / "m"), layers=1)
+    weights = tmp_path / "m" / "model.safetensors"
+    _unreadable(weights)
+    with pytest.raises(UserError) as e:
+        load_model(out, device="cpu", progress=False)
+    assert str(e.value) == (f"{weights}: cannot read (Permission denied); make it readable "
+                            "(chmod) or copy the model")
+
+
 def test_default_dtype_is_bf16_on_cuda_fp32_on_cpu(tmp_path):
     """`lenext eval` without --dtype: bfloat16 on CUDA, float32 on CPU (the model loads so)."""
     import torch

@@ -103,3 +103,40 @@ def test_shape_table_matches_a_real_megatron_model(overrides):
     if not any(k.endswith("head_scale") for k in real):  # a uniform scale is no tensor
         want = {k: v for k, v in want.items() if not k.endswith("head_scale")}
     assert real == want
+
+
+@pytest.mark.parametrize("flags,says", [
+    (["--scale-c", "inf"], "argument --scale-c: must be finite, got 'inf'"),
+    (["--scale-c", "0"], "argument --scale-c: must be > 0, got 0"),
+    (["--tolerance", "nan", "--verify"], "argument --tolerance: must be finite, got 'nan'"),
+    (["--tag", ""], "argument --tag: is empty; name a step_NNNNNNN folder"),
+])
+def test_a_bad_export_flag_is_refused_before_anything_is_written(step_dir, tmp_path, capsys, flags, says):
+    """--scale-c inf exported infinite head scales (exit 0), --tolerance nan failed every
+    --verify, --tag "" named the checkpoint folder itself ("no COMPLETE marker")."""
+    with pytest.raises(SystemExit) as e:
+        convert_main(["--checkpoint", str(step_dir.parent), "--out", str(tmp_path / "hf"),
+                      "--no-tokenizer", *flags])
+    assert e.value.code == 2 and says in capsys.readouterr().err
+    assert not (tmp_path / "hf").exists()
+
+
+@pytest.mark.parametrize("kwargs,says", [
+    ({"scale_c": float("inf")}, "scale_c must be finite and > 0, got inf"),
+    ({"scale_c": float("nan")}, "scale_c must be finite and > 0, got nan"),
+    ({"tag": ""}, "tag is empty"),
+])
+def test_export_in_code_refuses_what_the_flags_refuse(step_dir, tmp_path, kwargs, says):
+    from lenext_dist.convert.export import ExportError, export
+
+    with pytest.raises(ExportError, match=says):
+        export(step_dir.parent, tmp_path / "hf", tokenizer="", **kwargs)
+    assert not (tmp_path / "hf").exists()
+
+
+def test_verify_of_a_non_fp32_export_is_refused_before_the_export(step_dir, tmp_path, capsys):
+    """--dtype bf16 --verify wrote the export, then said --verify needs fp32."""
+    assert convert_main(["--checkpoint", str(step_dir), "--out", str(tmp_path / "hf"),
+                         "--no-tokenizer", "--dtype", "bf16", "--verify"]) == 2
+    assert capsys.readouterr().err.startswith("error: --verify needs --dtype fp32")
+    assert not (tmp_path / "hf").exists()

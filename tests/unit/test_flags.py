@@ -1,13 +1,14 @@
 """One declaration per option (lenext_dist/flags.py, issue 35): the parser is written from the
 dataclass fields, so a flag and its field share name, default, check and message."""
 import argparse
+import re
 from dataclasses import dataclass, fields
 from typing import Optional
 
 import pytest
 
 from lenext_dist.errors import UserError
-from lenext_dist.eval.options import pos_int
+from lenext_dist.flags import pos_int
 from lenext_dist.flags import add_flags, check_fields, from_args, option
 
 
@@ -67,3 +68,34 @@ def test_every_eval_option_is_a_flag_of_its_kind():
         PplJob(data=["d"], lengths=[128])
     with pytest.raises(EvalError, match=r"required: --model, --data, --lengths$"):  # argparse's words
         PplJob()
+
+
+@pytest.mark.parametrize("value", ["-5", "0", "99999", "abc", "80.5"])
+def test_a_port_out_of_range_is_refused_by_train_and_extend_before_anything_starts(value):
+    """`lenext train --port -5` failed in torch's store once per rank; `lenext extend --port 99999`
+    (or --zero-stage 7) after the export and the sweep, minutes later: both at the parser now."""
+    from lenext_dist.extend.cli import build_parser as extend_parser
+    from lenext_dist.extend.workflow import ExtendOptions
+    from lenext_dist.train.cli import build_parser as train_parser
+
+    said = rf"argument --port: expected a port number 1-65535, got '{re.escape(value)}'"
+    with pytest.raises(argparse.ArgumentError, match=said):
+        train_parser(argparse.ArgumentParser(exit_on_error=False)).parse_args(["--nproc", "2", "--port", value])
+    extend = extend_parser(argparse.ArgumentParser(exit_on_error=False))
+    with pytest.raises(argparse.ArgumentError, match=said):
+        extend.parse_args(["--base", "runs/x", "--targets", "256", "--port", value])
+    with pytest.raises(UserError, match=rf"^lenext extend: {said}$"):
+        ExtendOptions(base="runs/x", targets=[256], port=value)
+    assert train_parser().parse_args(["--port", "65535"]).port == 65535
+    assert ExtendOptions(base="runs/x", targets=[256], port="1").port == 1
+
+
+def test_extend_refuses_a_zero_stage_past_3():
+    from lenext_dist.extend.cli import build_parser
+    from lenext_dist.extend.workflow import ExtendOptions
+
+    said = r"argument --zero-stage: must be 0, 1, 2 or 3 \(a ZeRO stage\), got 7"
+    with pytest.raises(argparse.ArgumentError, match=said):
+        build_parser(argparse.ArgumentParser(exit_on_error=False)).parse_args(
+            ["--base", "runs/x", "--targets", "256", "--zero-stage", "7"])
+    assert [ExtendOptions(base="x", targets=[256], zero_stage=z).zero_stage for z in (0, "3")] == [0, 3]

@@ -60,6 +60,41 @@ def test_hostfile_cli(tmp_path):
         hostlist.hostfile([], 8)
 
 
+@pytest.mark.parametrize("argv, env, says", [
+    (["hostfile", "--slots", "0", "gpu[001-002]"], {}, "--slots 0: must be >= 1"),
+    (["hostnames", "gpu[001-"], {}, "NODELIST 'gpu[001-': not a Slurm hostlist (unbalanced '[')"),
+    (["hostnames"], {}, "no NODELIST given and SLURM_JOB_NODELIST is not set"),
+    (["rendezvous"], {"SLURM_JOB_NODELIST": "n[1-"}, "SLURM_JOB_NODELIST='n[1-': not a Slurm hostlist"),
+    (["rendezvous"], {"MASTER_PORT": "abc"}, "MASTER_PORT='abc': not a port number 1-65535"),
+    (["rendezvous"], {"MASTER_PORT": "70000"}, "MASTER_PORT='70000': not a port number 1-65535"),
+    (["rendezvous"], {"SLURM_JOB_ID": "x1"}, "SLURM_JOB_ID='x1': expected a whole number"),
+    (["node", "--nproc-per-node", "0", "--", "t.py"], {"SLURM_JOB_NODELIST": "n1"}, "--nproc-per-node 0: must be >= 1"),
+])
+def test_cluster_command_mistakes_are_one_line(argv, env, says, monkeypatch, capsys):
+    """They were ValueError tracebacks; now one `error:` line naming the argument or variable, exit 2."""
+    from lenext_dist.cluster.__main__ import main
+
+    for k in [k for k in os.environ if k.startswith("SLURM_") or k.startswith("MASTER_")]:
+        monkeypatch.delenv(k)
+    monkeypatch.setenv("PATH", "")  # no scontrol: our own expansion only
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {says}") and err.count("\n") == 1, err
+
+
+def test_cluster_command_passes_the_command_after_the_dashes_untouched(monkeypatch, capsys):
+    """entry_point takes `--debug` out of the line: not out of the command a node execs."""
+    from lenext_dist.cluster import __main__ as cluster_main
+
+    ran = []
+    monkeypatch.setattr(cluster_main, "_exec", lambda cmd, env: ran.append(cmd))
+    monkeypatch.setenv("SLURM_JOB_NODELIST", "n1")
+    assert cluster_main.main(["task", "--", "prog", "--debug"]) == 0
+    assert ran == [["prog", "--debug"]]
+
+
 # -- rendezvous ---------------------------------------------------------------------------------
 def test_master_addr_and_port():
     env = {"SLURM_JOB_ID": "123456", "SLURM_JOB_NODELIST": "n[5-6]"}
