@@ -206,7 +206,8 @@ def test_a_diverging_run_stops_at_the_bad_step_and_saves_nothing_after_it(shards
     assert (ckpt / LATEST).read_text().strip() == tag_for(1)
     assert sorted(p.name for p in ckpt.glob("step_*")) == [tag_for(1)]
     assert max(losses(tmp_path / "nan")) == 2  # nothing trained past the bad step
-    cfg = config(tmp_path, shards, "inf", optim={"lr": float("inf"), "warmup_steps": 2}, **over)
+    cfg = config(tmp_path, shards, "inf", optim={"lr": 1e30, "warmup_steps": 2}, **over)
+    cfg.optim.lr = float("inf")  # past the config's finite check: a first update that spoils all
     with pytest.raises(Diverged, match="at step 1 .*the last good checkpoint is none"):
         run_train(cfg)
     assert not (tmp_path / "inf" / "checkpoints" / LATEST).exists()
