@@ -1,7 +1,8 @@
 """The checks of evaluation options, one home each. Each is the `check` of a job field (eval/jobs.py,
 through lenext_dist/flags.py): `lenext eval`'s argparse `type=` (a bad value exits 2 with "argument
 --flag: ..." before any model loads) and the check of a job built in code (the parsed value or a
-string, the same message). A choice among names is flags.choice."""
+string, the same message). A choice among names is flags.choice; the number checks every command
+shares (int_, float_, pos_int, nonneg_int, pos_float: finite, in range) are flags.py's too."""
 from __future__ import annotations
 
 import argparse
