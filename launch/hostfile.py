@@ -18,10 +18,11 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from lenext_dist.cluster.hostlist import hostfile, hostnames  # noqa: E402
+from lenext_dist.flags import Parser
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("nodelist", nargs="?", help="Slurm hostlist (default: $SLURM_JOB_NODELIST)")
     ap.add_argument("--slots", type=int, default=None,
                     help="ranks (GPUs) per host (default: $SLURM_GPUS_ON_NODE, else $SLURM_NTASKS_PER_NODE)")

@@ -17,6 +17,7 @@ import sys
 from typing import Optional, Sequence
 
 from .errors import entry_point
+from .flags import Parser
 
 
 def _prep():
@@ -84,8 +85,8 @@ Manual: docs/pretraining.md, docs/evaluation.md, docs/length-extension.md"""
 def build_parser(command: Optional[str] = None) -> argparse.ArgumentParser:
     """The `lenext` parser; only `command`'s module is imported and its options built (the others
     are listed by name and help), so `lenext --help` answers without importing torch."""
-    ap = argparse.ArgumentParser(prog="lenext", description=__doc__, epilog=EPILOG,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = Parser(prog="lenext", description=__doc__, epilog=EPILOG,
+                formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND",
                             title="commands")
     for name, (help_, loader) in SUBCOMMANDS.items():

@@ -79,6 +79,61 @@ def pos_float(s) -> float:
     return v
 
 
+class Parser(argparse.ArgumentParser):
+    """The parser of every lenext command: a user's mistake is one line, and a flag is given once.
+
+    argparse prints its usage block (8-20 lines here) before the error line, which hides the one
+    line that says what to mend; and a flag given twice silently takes its last value (`--lengths
+    256 ... --lengths 512` measured one length). Here the error is `prog: error: message (see prog
+    --help)` and a repeated flag is refused. Flags that collect (append, count, extend) may repeat.
+    Subparsers inherit the class (argparse's add_subparsers defaults parser_class to type(self))."""
+
+    _COLLECTS = (argparse._AppendAction, argparse._AppendConstAction, argparse._CountAction,
+                 argparse._HelpAction, argparse._VersionAction)
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+    def parse_known_args(self, args=None, namespace=None):
+        import sys
+
+        args = list(sys.argv[1:] if args is None else args)
+        self._refuse_repeats(args)
+        return super().parse_known_args(args, namespace)
+
+    def _action_of(self, token: str):
+        """The action a command-line token names (exact, or a unique prefix as argparse allows),
+        or None."""
+        opt = token.split("=", 1)[0]
+        acts = self._option_string_actions
+        if opt in acts:
+            return acts[opt]
+        found = {id(a): a for o, a in acts.items() if o.startswith("--") and o.startswith(opt)}
+        return next(iter(found.values())) if opt.startswith("--") and len(found) == 1 else None
+
+    def _refuse_repeats(self, args: Sequence[str]) -> None:
+        commands = set()
+        for a in self._actions:
+            if isinstance(a, argparse._SubParsersAction):
+                commands |= set(a.choices)
+        seen: dict[int, str] = {}
+        for token in args:
+            if token == "--" or token in commands:  # the rest is the subcommand's (or positional)
+                return
+            if not token.startswith(tuple(self.prefix_chars)) or len(token) < 2:
+                continue
+            action = self._action_of(token)
+            if action is None or isinstance(action, self._COLLECTS):
+                continue
+            opt = token.split("=", 1)[0]
+            if id(action) in seen:
+                first = seen[id(action)]
+                what = opt if first == opt else f"{first} and {opt}"
+                self.error(f"argument {what}: given twice (the last would silently win); "
+                           "give it once")
+            seen[id(action)] = opt
+
+
 PORTS = (1, 65535)
 """The TCP ports a rendezvous can listen on (0 would be 'any port': the ranks could not agree on it)."""
 

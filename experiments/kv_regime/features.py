@@ -30,6 +30,7 @@ import sys
 from pathlib import Path
 
 import torch
+from lenext_dist.flags import Parser
 
 SPLIT = ("key@v1", "key@is", "v1@v2")
 PROBES = (*SPLIT, "tok@v1", *(f"{p} {w}" for p in SPLIT for w in ("first", "later")))
@@ -123,8 +124,8 @@ def run(model_dir: str, docs: int = 800, seed: int | None = None) -> dict:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m experiments.kv_regime.features", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = Parser(prog="python -m experiments.kv_regime.features", description=__doc__,
+                formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", required=True, help="an exported kv model (HF folder)")
     ap.add_argument("--docs", type=int, default=800)
     ap.add_argument("--out", help="write the record here (JSON)")

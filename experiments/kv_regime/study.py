@@ -26,6 +26,7 @@ from experiments.nope_length.analysis import render, summarize
 from experiments.nope_length.study import Model, Plan, Study
 
 from .sweep import GRIDS, L, Run, exported, first_blend, kv_data, trained_on
+from lenext_dist.flags import Parser
 
 MULTIPLES = (1, 2, 4, 8, 16)
 GRIDS_STUDIED = ("distract_lm_all", "others_lm_all")
@@ -155,8 +156,8 @@ def run(models: Path, out: Path, grids: tuple[str, ...] = GRIDS_STUDIED, docs: i
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m experiments.kv_regime.study", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = Parser(prog="python -m experiments.kv_regime.study", description=__doc__,
+                formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", required=True, help="folder of a grid's exported models (one folder each)")
     ap.add_argument("--out", required=True, help="work folder: evaluations, summary.json, STUDY.md")
     ap.add_argument("--grids", default=",".join(GRIDS_STUDIED),

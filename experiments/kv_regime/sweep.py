@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import NamedTuple, Optional
 
 from .analysis import FORMATS, TRAIN_MIX, gate, passes
+from lenext_dist.flags import Parser
 
 REPO = Path(__file__).resolve().parents[2]
 DATA = REPO / "data" / "kv"
@@ -530,8 +531,8 @@ def render(r: dict) -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m experiments.kv_regime.sweep", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = Parser(prog="python -m experiments.kv_regime.sweep", description=__doc__,
+                formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
     t = sub.add_parser("train")
     t.add_argument("--shards", required=True)

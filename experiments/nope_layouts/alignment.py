@@ -21,7 +21,6 @@ DOCS of them; scores as `lenext eval tasks` (lenext_dist/eval/tasks.py's make_do
 """
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
@@ -29,6 +28,7 @@ from pathlib import Path
 from experiments.nope_length.study import TEST_SEED
 
 from .study import HERE
+from lenext_dist.flags import Parser
 
 CHUNK = 16
 """The chunk of the study's iRoPE (`--attention.chunked=16`, L/4) and window of local_global."""
@@ -98,8 +98,8 @@ def render(record: dict) -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m experiments.nope_layouts.alignment",
-                                 description=__doc__.split("\n\n")[0])
+    ap = Parser(prog="python -m experiments.nope_layouts.alignment",
+                description=__doc__.split("\n\n")[0])
     ap.add_argument("--work", required=True, type=Path, help="the layout study's work folder")
     ap.add_argument("--models", required=True, nargs="+", metavar="NAME:TAG",
                     help="exported checkpoints under WORK/hf (e.g. irope-s0:step_0007500)")

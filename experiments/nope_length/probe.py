@@ -32,6 +32,7 @@ from typing import Callable, Optional, Sequence
 import torch
 
 from lenext_dist.atomic import atomic_write
+from lenext_dist.flags import Parser
 
 
 @dataclass(frozen=True)
@@ -209,7 +210,7 @@ def main_probe(quick: bool, out: Optional[str], loss: str = "answers") -> int:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    ap = argparse.ArgumentParser(
+    ap = Parser(
         prog="python -m experiments.nope_length.probe",
         description="Train NoPE and RoPE on a synthetic ordered-copying task and measure it at 1-8x L.",
         epilog="examples:\n"

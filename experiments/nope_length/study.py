@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Optional
 
 from .analysis import render, summarize
+from lenext_dist.flags import Parser
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
@@ -405,9 +406,9 @@ def study_parser(name: str, description: str,
     """The studies' command line (experiments.<name>): --quick, --out, --publish, --nproc; a study
     adds its own flags to it."""
     cmd = f"python -m experiments.{name}"
-    ap = argparse.ArgumentParser(prog=cmd, formatter_class=argparse.RawDescriptionHelpFormatter,
-                                 description=description,
-                                 epilog=f"examples:\n  {cmd} --quick\n  {cmd} && {cmd} --publish")
+    ap = Parser(prog=cmd, formatter_class=argparse.RawDescriptionHelpFormatter,
+                description=description,
+                epilog=f"examples:\n  {cmd} --quick\n  {cmd} && {cmd} --publish")
     ap.add_argument("--quick", action="store_true", help=quick)
     ap.add_argument("--out", help=f"work folder (default results/{name}[-quick])")
     ap.add_argument("--publish", action="store_true",

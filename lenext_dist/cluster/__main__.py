@@ -19,6 +19,7 @@ import sys
 
 from lenext_dist.cluster import hostlist, rendezvous
 from lenext_dist.errors import entry_point
+from lenext_dist.flags import Parser
 
 
 def _load(config: str, overrides: list[str]):
@@ -43,8 +44,8 @@ def main(argv=None) -> int:
 
 
 def _main(argv: list[str]) -> int:
-    ap = argparse.ArgumentParser(prog="python -m lenext_dist.cluster", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = Parser(prog="python -m lenext_dist.cluster", description=__doc__,
+                formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("hostnames")
     p.add_argument("nodelist", nargs="?")

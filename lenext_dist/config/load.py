@@ -300,8 +300,13 @@ def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Ru
         raise ConfigError("--config '': no file named; give a YAML config, or leave --config out "
                           "for the built-in defaults")
     data, origin = _read_yaml(Path(path)) if path is not None else ({}, {})
+    given: dict[str, str] = {}
     for text in overrides:
         key, value = parse_override(text)
+        if key in given:  # the last would silently win: a typo'd rerun, or a script's and a user's
+            raise ConfigError(f"command line: {key} given twice ({given[key]!r}, then {text!r}); "
+                              "give it once")
+        given[key] = text
         apply_override(data, key, value)
         origin[key] = "command line"
     try:

@@ -9,7 +9,7 @@ import sys
 from typing import Optional
 
 from lenext_dist.dtypes import CHOICES, canonical
-from lenext_dist.flags import pos_float
+from lenext_dist.flags import Parser, pos_float
 
 PROG = "python -m lenext_dist.convert"
 DESCRIPTION = (
@@ -49,7 +49,7 @@ def step_name(s: str) -> str:
 
 
 def build_parser(p: Optional[argparse.ArgumentParser] = None) -> argparse.ArgumentParser:
-    p = p or argparse.ArgumentParser(prog=PROG)
+    p = p or Parser(prog=PROG)
     p.description, p.epilog = DESCRIPTION, epilog(p.prog)
     p.formatter_class = argparse.RawDescriptionHelpFormatter
     src = p.add_mutually_exclusive_group(required=True)

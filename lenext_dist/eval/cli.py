@@ -15,7 +15,7 @@ import sys
 from typing import Optional, Sequence
 
 from lenext_dist.errors import entry_point
-from lenext_dist.flags import add_flags
+from lenext_dist.flags import Parser, add_flags
 
 from .jobs import JOBS, job_from_args
 
@@ -41,7 +41,7 @@ _t-log_fit-a0.3). Manual: docs/evaluation.md"""
 def build_parser(parser: Optional[argparse.ArgumentParser] = None) -> argparse.ArgumentParser:
     """`lenext eval KIND` for every registered kind (eval/jobs.py JOBS): its texts from the job
     class, its flags from the job's fields."""
-    ap = parser or argparse.ArgumentParser(prog="lenext eval")
+    ap = parser or Parser(prog="lenext eval")
     ap.description = DESCRIPTION.format(kinds="\n".join(f"  {k:<12} {j.help}" for k, j in JOBS.items()))
     ap.epilog, ap.formatter_class = EPILOG, argparse.RawDescriptionHelpFormatter
     sub = ap.add_subparsers(dest="eval_cmd", required=True)

@@ -15,6 +15,7 @@ import os
 import platform
 import sys
 from typing import Optional, Sequence
+from lenext_dist.flags import Parser
 
 START, END = "<!-- demo-results:start -->", "<!-- demo-results:end -->"
 
@@ -63,7 +64,7 @@ def table(runs: Sequence[str]) -> str:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    p = argparse.ArgumentParser(
+    p = Parser(
         prog="python -m lenext_dist.eval.demo_table",
         description="Print the demo's retrieval table from `lenext eval tasks` results.",
         formatter_class=argparse.RawDescriptionHelpFormatter,

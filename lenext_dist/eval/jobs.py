@@ -513,6 +513,9 @@ class ScaleSweepJob(DataJob):
         model, L, meta = self._setup()
         if not L:
             raise EvalError("the training length is unknown: pass --train-length")
+        if self.length <= L:  # the result would be a fit of no points (a = None), exit 0
+            raise EvalError(f"--length {self.length}: the fit c(s) = 1 + a ln s is over the positions "
+                            f"past the training length L = {L}; give --length > {L} (e.g. {4 * L})")
         docs = self._docs(min_tokens=self.length + 1)
         grid = make_grid(self.c_min, self.c_max, self.c_step)
         res, loss = run_scale_sweep(model, docs, self.length, grid, L,

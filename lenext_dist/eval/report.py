@@ -17,6 +17,7 @@ import os
 from typing import Optional, Sequence
 
 from .jobs import JOBS
+from lenext_dist.flags import Parser
 
 MARK = "<!-- written by lenext report; a rerun replaces this file -->"
 """The report's first line: what lets `write_report` replace a previous report, and nothing else."""
@@ -125,7 +126,7 @@ def write_report(runs: Sequence[str], out: str, title: Optional[str] = None) -> 
 
 
 def build_parser(parser: Optional[argparse.ArgumentParser] = None) -> argparse.ArgumentParser:
-    ap = parser or argparse.ArgumentParser(prog="lenext report")
+    ap = parser or Parser(prog="lenext report")
     ap.description = ("Collect the results of `lenext eval` into one markdown report.\n\n"
                       "A section per kind of evaluation found (its tables by run and length), "
                       "with every plot linked.")

@@ -7,7 +7,7 @@ import sys
 from typing import Optional
 
 from lenext_dist.errors import entry_point
-from lenext_dist.flags import add_flags, from_args
+from lenext_dist.flags import Parser, add_flags, from_args
 
 from .workflow import ExtendOptions
 
@@ -32,7 +32,7 @@ Manual: docs/length-extension.md"""
 
 
 def build_parser(p: Optional[argparse.ArgumentParser] = None) -> argparse.ArgumentParser:
-    p = p or argparse.ArgumentParser(prog="lenext extend")
+    p = p or Parser(prog="lenext extend")
     p.description, p.epilog = DESCRIPTION, EPILOG
     p.formatter_class = argparse.RawDescriptionHelpFormatter
     add_flags(p, ExtendOptions)  # every flag is a field of ExtendOptions

@@ -9,6 +9,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from lenext_dist.errors import entry_point
+from lenext_dist.flags import Parser
 
 from . import plan, probe, report
 
@@ -40,8 +41,8 @@ example:
 
 
 def parse(argv):
-    ap = argparse.ArgumentParser(prog="python -m lenext_dist.gpu", description=HELP,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = Parser(prog="python -m lenext_dist.gpu", description=HELP,
+                formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dry", action="store_true", help="build and write the plan (every case, its "
                     "shapes, kernel and memory estimate) without running anything on a GPU")
     ap.add_argument("--out-dir", default="benchmarks/results/gpu", help="where the JSON and table go")

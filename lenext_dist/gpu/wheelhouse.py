@@ -23,6 +23,7 @@ from pathlib import Path
 
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
+from lenext_dist.flags import Parser
 
 LIMIT_BYTES = 64 * 2**20
 """What may travel to the node with the working tree."""
@@ -141,8 +142,8 @@ example:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m lenext_dist.gpu.wheelhouse", description=HELP,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = Parser(prog="python -m lenext_dist.gpu.wheelhouse", description=HELP,
+                formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--python-version", default="3.12", help="the node's Python (default 3.12)")
     ap.add_argument("--out", required=True, help="the wheelhouse folder (gitignored: wheelhouse/)")
     ap.add_argument("--repo", default=".", help="this package's source tree (pyproject.toml)")

@@ -20,7 +20,7 @@ import shlex
 import sys
 from typing import Optional, Sequence
 
-from lenext_dist.flags import float_, pos_float
+from lenext_dist.flags import Parser, float_, pos_float
 
 from .errors import BAD_REASONS, PrepError
 from .readers import FORMATS
@@ -78,7 +78,7 @@ def _typed(prog: str) -> str:
 
 def shard_parser(prog: str = "lenext prep") -> argparse.ArgumentParser:
     reasons = "\n".join(f"  {k:18s} {v}" for k, v in BAD_REASONS.items())
-    p = argparse.ArgumentParser(
+    p = Parser(
         prog=prog,
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description=(
@@ -147,7 +147,7 @@ def shard_parser(prog: str = "lenext prep") -> argparse.ArgumentParser:
 
 
 def merge_parser(prog: str = "lenext prep merge") -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = Parser(
         prog=prog,
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Merge the parts that the tasks of a Slurm array wrote into the final shards.\n\n"
@@ -247,7 +247,7 @@ def merge_main(argv: Sequence[str], prog: str = "lenext prep") -> int:
 
 def train_tokenizer_main(argv: Optional[Sequence[str]] = None,
                          prog: str = "lenext prep tokenizer") -> int:
-    p = argparse.ArgumentParser(
+    p = Parser(
         prog=prog,
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Train a SentencePiece tokenizer on a sample of a corpus.\n\n"
@@ -294,7 +294,7 @@ def build_sample_main(argv: Optional[Sequence[str]] = None,
                       prog: str = "lenext prep sample") -> int:
     from .sample_corpus import DEFAULT_OUT, build_sample
 
-    p = argparse.ArgumentParser(
+    p = Parser(
         prog=prog,
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Rebuild the embedded sample corpus (data/sample) and its tokenizer.\n\n"

@@ -27,6 +27,7 @@ from typing import Optional
 import numpy as np
 
 from lenext_dist.atomic import atomic_write
+from lenext_dist.flags import Parser
 
 from .errors import PrepError
 
@@ -155,7 +156,7 @@ def main(argv=None, prog: str = "lenext prep kv") -> int:
     import argparse
     import sys
 
-    p = argparse.ArgumentParser(
+    p = Parser(
         prog=prog, formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Write the synthetic key-value regime's filler text and its word-level tokenizer.\n\n"
                     "Every word is one piece; `lenext prep --format tasks --tasks kv` then writes the "

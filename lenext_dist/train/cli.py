@@ -13,7 +13,7 @@ import os
 from typing import Optional, Sequence
 
 from lenext_dist.errors import entry_point
-from lenext_dist.flags import port_number
+from lenext_dist.flags import Parser, port_number
 
 RANK_PROG = "python -m lenext_dist.train"
 RANK_DESCRIPTION = """Train a GPT model (pretraining or the HeadScale search) as one rank of a run, or alone.
@@ -81,8 +81,8 @@ def rank_main(argv: Optional[Sequence[str]] = None, prog: Optional[str] = RANK_P
     """One rank: `[--config C] [--dry-run] [--a.b=value ...]` (user errors: one line, exit 2)."""
 
     def main(args_: Sequence[str]) -> int:
-        ap = argparse.ArgumentParser(prog=prog, description=description,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+        ap = Parser(prog=prog, description=description,
+                    formatter_class=argparse.RawDescriptionHelpFormatter)
         add_run_options(ap)
         ap.add_argument("--local_rank", "--local-rank", type=int, default=None,
                         help=argparse.SUPPRESS)  # passed by the deepspeed launcher; LOCAL_RANK is used
@@ -95,7 +95,7 @@ def rank_main(argv: Optional[Sequence[str]] = None, prog: Optional[str] = RANK_P
 
 def build_parser(p: Optional[argparse.ArgumentParser] = None) -> argparse.ArgumentParser:
     """`lenext train`'s options; config overrides are the arguments it does not know."""
-    p = p or argparse.ArgumentParser(prog="lenext train")
+    p = p or Parser(prog="lenext train")
     p.description, p.epilog = DESCRIPTION, EPILOG
     p.formatter_class = argparse.RawDescriptionHelpFormatter
     add_run_options(p)

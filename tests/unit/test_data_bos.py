@@ -136,7 +136,7 @@ def test_every_evaluation_defaults_to_the_training_bos(tmp_path):
     assert main(["eval", "entropy", *common, "--length", "32", "--samples", "1",
                  "--out", str(out)]) == 0
     assert json.loads((out / "entropy_32.json").read_text())["data"]["bos"] is True
-    assert main(["eval", "scale-sweep", *common, "--length", "32", "--c-min", "1", "--c-max", "1",
+    assert main(["eval", "scale-sweep", *common, "--length", "48", "--c-min", "1", "--c-max", "1",
                  "--c-step", "0.1", "--samples", "1", "--out", str(out)]) == 0
     assert json.loads((out / "scale_sweep.json").read_text())["args"]["bos"] is True
     assert main(["eval", "passkey", "--model", model, "--lengths", "100", "--depths", "1",

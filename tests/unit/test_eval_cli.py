@@ -101,3 +101,15 @@ def test_a_long_task_set_list_names_a_file_the_system_can_write(model_dir, tmp_p
     other = TasksJob(model=model_dir, data=[DATA], lengths=[128], tasks=["kv"], out=str(tmp_path),
                      task_set=sets[:-1] + ["kv.distractors=2"])
     assert other.result_path.name != name  # the hash keeps the full list apart
+
+
+@pytest.mark.parametrize("length", ["1", "32"])
+def test_a_scale_sweep_within_the_training_length_is_refused(model_dir, tmp_path, capsys, length):
+    """The sweep's result is its fit past L: at --length <= L it had no point and exited 0."""
+    out = tmp_path / "r"
+    assert main(["eval", "scale-sweep", "--model", model_dir, "--data", DATA, "--length", length,
+                 "--samples", "1", "--out", str(out), "--no-progress"]) == 2
+    assert capsys.readouterr().err.strip().endswith(
+        f"--length {length}: the fit c(s) = 1 + a ln s is over the positions past the training "
+        "length L = 32; give --length > 32 (e.g. 128)")
+    assert not (out / "scale_sweep.json").exists()

@@ -33,10 +33,11 @@ def test_a_download_needing_task_is_refused_by_name_in_one_line(capsys):
     assert msg.endswith("offline RULER tasks: " + ", ".join(OFFLINE))
     with pytest.raises(SystemExit) as e:
         main(["eval", "ruler", "--model", "m", "--lengths", "1024", "--tasks", "ruler_qa_squad"])
-    err = capsys.readouterr().err.strip().splitlines()[-1]
+    err = capsys.readouterr().err
     assert e.value.code == 2 and err == ("lenext eval ruler: error: argument --tasks: qa_squad needs a "
                                          "download (it downloads SQuAD v2 (rajpurkar.github.io)); offline "
-                                         "RULER tasks: " + ", ".join(OFFLINE))
+                                         "RULER tasks: " + ", ".join(OFFLINE) +
+                                         " (see lenext eval ruler --help)\n")
 
 
 def test_task_names_default_aliases_and_sample_bound():
