@@ -58,3 +58,15 @@ def test_a_config_override_given_twice_is_refused():
                                           r"'optim.lr=2e-3'\); give it once"):
         load_config(None, ["optim.lr=1e-3", "optim.lr=2e-3"])
     assert load_config(None, ["optim.lr=1e-3", "optim.min_lr_ratio=0.1"]).optim.lr == 1e-3
+
+
+def test_no_command_builds_a_plain_argparse_parser():
+    """A new command made with argparse.ArgumentParser would print the usage block again and take
+    a repeated flag's last value: every parser is a flags.Parser (or a subparser of one)."""
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    plain = [str(f.relative_to(repo)) for d in ("lenext_dist", "launch", "data_prep", "experiments")
+             for f in (repo / d).rglob("*.py")
+             if "argparse.ArgumentParser(" in f.read_text() and "/tests/" not in str(f)]
+    assert plain == []
