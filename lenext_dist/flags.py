@@ -10,11 +10,16 @@ drift apart: there is nothing to keep equal by hand.
 A check is an argparse `type=` (a value or its string -> the value, or ArgumentTypeError), so a
 bad flag exits 2 with argparse's "argument --flag: ..." and a bad value in code gets that text;
 a required option left unset in code gets argparse's "the following arguments are required: ...".
+
+Also the one home of what every command's flags share: the number checks (int_, float_, pos_int,
+..., port_number) and `Parser`, the parser class of every command (one-line errors, no flag
+given twice).
 """
 from __future__ import annotations
 
 import argparse
 import math
+import sys
 from dataclasses import MISSING, Field, field, fields
 from numbers import Integral, Real
 from typing import Any, Callable, Optional, Sequence
@@ -95,8 +100,6 @@ class Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
     def parse_known_args(self, args=None, namespace=None):
-        import sys
-
         args = list(sys.argv[1:] if args is None else args)
         self._refuse_repeats(args)
         return super().parse_known_args(args, namespace)
