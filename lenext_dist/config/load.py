@@ -300,13 +300,8 @@ def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Ru
         raise ConfigError("--config '': no file named; give a YAML config, or leave --config out "
                           "for the built-in defaults")
     data, origin = _read_yaml(Path(path)) if path is not None else ({}, {})
-    given: dict[str, str] = {}
     for text in overrides:
         key, value = parse_override(text)
-        if key in given:  # the last would silently win: a typo'd rerun, or a script's and a user's
-            raise ConfigError(f"command line: {key} given twice ({given[key]!r}, then {text!r}); "
-                              "give it once")
-        given[key] = text
         apply_override(data, key, value)
         origin[key] = "command line"
     try:
@@ -330,7 +325,9 @@ def _nearest_origin(key: str, origin: dict) -> str | None:
 
 
 def split_cli_overrides(argv: list[str]) -> list[str]:
-    """Turn `--a.b=1`, `--a.b 1` and `a.b=1` tokens into `a.b=1` strings."""
+    """Turn `--a.b=1`, `--a.b 1` and `a.b=1` tokens of a command line into `a.b=1` strings; a key
+    given twice is refused (on a command line the last would silently win: a typo'd rerun, or a
+    script's value and a user's; code composing overrides may override its own, load_config)."""
     out, i = [], 0
     while i < len(argv):
         tok = argv[i]
@@ -340,6 +337,13 @@ def split_cli_overrides(argv: list[str]) -> list[str]:
             continue
         out.append(tok[2:] if tok.startswith("--") else tok)
         i += 1
+    given: dict[str, str] = {}
+    for text in out:
+        key = text.split("=", 1)[0].strip()
+        if key in given:
+            raise ConfigError(f"command line: {key} given twice ({given[key]!r}, then {text!r}); "
+                              "give it once")
+        given[key] = text
     return out
 
 

@@ -91,6 +91,8 @@ def build_parser(p: Optional[argparse.ArgumentParser] = None) -> argparse.Argume
 
 
 def run_import(a: argparse.Namespace) -> int:
+    from lenext_dist.config import split_cli_overrides
+
     from .hf_import import import_hf
 
     given = [flag if isinstance(getattr(a, dest), bool) else f"{flag} {getattr(a, dest)}"
@@ -99,7 +101,7 @@ def run_import(a: argparse.Namespace) -> int:
         print(f"error: export options ({', '.join(given)}) do not go with --from-hf, which takes "
               "--out and KEY=VALUE overrides", file=sys.stderr)
         return 2
-    s = import_hf(a.from_hf, a.out, overrides=a.overrides)
+    s = import_hf(a.from_hf, a.out, overrides=split_cli_overrides(a.overrides))
     print(f"[lenext.convert] {s['source']} ({s['architecture']}) -> {s['out']}: layers "
           f"{s['layers']}, windows {s['windows']}, chunks {s['chunks']}, rope {s['rope']}, "
           f"temperature {s['temperature']}, L={s['train_length']}; tokenizer files "

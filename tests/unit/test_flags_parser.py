@@ -4,7 +4,7 @@ import argparse
 import pytest
 
 from lenext_dist.cli import main
-from lenext_dist.config import ConfigError, load_config
+from lenext_dist.config import ConfigError, load_config, split_cli_overrides
 from lenext_dist.flags import Parser
 
 
@@ -53,11 +53,14 @@ def test_every_command_refuses_a_repeated_flag(capsys):
                                        "--help)\n")
 
 
-def test_a_config_override_given_twice_is_refused():
+def test_a_config_override_given_twice_on_a_command_line_is_refused():
     with pytest.raises(ConfigError, match=r"optim.lr given twice \('optim.lr=1e-3', then "
                                           r"'optim.lr=2e-3'\); give it once"):
-        load_config(None, ["optim.lr=1e-3", "optim.lr=2e-3"])
-    assert load_config(None, ["optim.lr=1e-3", "optim.min_lr_ratio=0.1"]).optim.lr == 1e-3
+        split_cli_overrides(["--optim.lr=1e-3", "--optim.lr", "2e-3"])
+    assert split_cli_overrides(["--optim.lr=1e-3", "optim.min_lr_ratio=0.1"]) == [
+        "optim.lr=1e-3", "optim.min_lr_ratio=0.1"]
+    # code composing its overrides may override its own (a base list, then a variant's)
+    assert load_config(None, ["optim.lr=1e-3", "optim.lr=2e-3"]).optim.lr == 2e-3
 
 
 def test_no_command_builds_a_plain_argparse_parser():
