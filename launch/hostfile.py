@@ -11,38 +11,17 @@ examples:
 
 Manual: docs/cluster.md
 """
-import argparse
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from lenext_dist.cluster.hostlist import hostfile, hostnames  # noqa: E402
-from lenext_dist.flags import Parser
+from lenext_dist.cluster.__main__ import hostfile_main  # noqa: E402
 
 
 def main(argv=None) -> int:
-    ap = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("nodelist", nargs="?", help="Slurm hostlist (default: $SLURM_JOB_NODELIST)")
-    ap.add_argument("--slots", type=int, default=None,
-                    help="ranks (GPUs) per host (default: $SLURM_GPUS_ON_NODE, else $SLURM_NTASKS_PER_NODE)")
-    ap.add_argument("-o", "--output", help="write here instead of stdout")
-    args = ap.parse_args(argv)
-    slots = args.slots or int(os.environ.get("SLURM_GPUS_ON_NODE") or os.environ.get("SLURM_NTASKS_PER_NODE") or 0)
-    if slots < 1:
-        print("error: give --slots N (ranks per host), or run inside a Slurm job with GPUs", file=sys.stderr)
-        return 2
-    try:
-        text = hostfile(hostnames(args.nodelist), slots)
-    except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    if args.output:
-        with open(args.output, "w") as f:
-            f.write(text)
-    else:
-        sys.stdout.write(text)
-    return 0
+    """`python -m lenext_dist.cluster hostfile`, with this help."""
+    return hostfile_main(argv, prog=None, description=__doc__)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """python -m lenext_dist.cluster COMMAND: the small decisions of the job scripts in launch/slurm/.
 
     hostnames [NODELIST]                  one host per line (default: the job's nodelist)
-    hostfile --slots N [NODELIST]         DeepSpeed hostfile (`host slots=N`)
+    hostfile [--slots N] [-o F] [NODELIST]  DeepSpeed hostfile (`host slots=N`)
     rendezvous                            shell `export` lines: MASTER_ADDR, MASTER_PORT, NNODES
     task -- CMD ...                       exec CMD with RANK/WORLD_SIZE/LOCAL_RANK/... from srun or mpirun
     node --launcher torchrun|deepspeed --nproc-per-node N -- SCRIPT ARGS ...
@@ -16,8 +16,10 @@ import os
 import shlex
 import signal
 import sys
+from typing import Optional
 
-from lenext_dist.cluster import hostlist, rendezvous
+from lenext_dist.atomic import atomic_write
+from lenext_dist.cluster import ClusterError, hostlist, rendezvous
 from lenext_dist.errors import entry_point
 from lenext_dist.flags import Parser
 
@@ -26,6 +28,39 @@ def _load(config: str, overrides: list[str]):
     from lenext_dist.config import load_config, split_cli_overrides
 
     return load_config(config, split_cli_overrides(overrides))  # a ConfigError: one line (main)
+
+
+def add_hostfile_args(p: argparse.ArgumentParser) -> None:
+    """The options of `hostfile` (also launch/hostfile.py, through hostfile_main)."""
+    p.add_argument("nodelist", nargs="?", help="Slurm hostlist (default: $SLURM_JOB_NODELIST)")
+    p.add_argument("--slots", type=int, default=None, help="ranks (GPUs) per host (default: "
+                   "$SLURM_GPUS_ON_NODE, else $SLURM_NTASKS_PER_NODE)")
+    p.add_argument("-o", "--output", help="write here instead of stdout")
+
+
+def write_hostfile(args: argparse.Namespace) -> None:
+    env = os.environ
+    slots = args.slots if args.slots is not None else \
+        rendezvous.env_int(env, "SLURM_GPUS_ON_NODE") or rendezvous.env_int(env, "SLURM_NTASKS_PER_NODE")
+    if args.slots is None and not slots:
+        raise ClusterError("give --slots N (ranks per host), or run inside a Slurm job with GPUs")
+    text = hostlist.hostfile(hostlist.hostnames(args.nodelist), slots)
+    if args.output:
+        atomic_write(args.output, text)
+    else:
+        sys.stdout.write(text)
+
+
+def hostfile_main(argv=None, prog: Optional[str] = "python -m lenext_dist.cluster hostfile",
+                  description: Optional[str] = None) -> int:
+    """The `hostfile` command alone (launch/hostfile.py: its own prog and help)."""
+    def main(args_) -> int:
+        p = Parser(prog=prog, description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+        add_hostfile_args(p)
+        write_hostfile(p.parse_args(args_))
+        return 0
+
+    return entry_point(main)(list(sys.argv[1:] if argv is None else argv))
 
 
 def _exec(cmd: list[str], env: dict) -> None:
@@ -49,9 +84,7 @@ def _main(argv: list[str]) -> int:
     sub = ap.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("hostnames")
     p.add_argument("nodelist", nargs="?")
-    p = sub.add_parser("hostfile")
-    p.add_argument("--slots", type=int, required=True, help="ranks (GPUs) per host")
-    p.add_argument("nodelist", nargs="?")
+    add_hostfile_args(sub.add_parser("hostfile"))
     sub.add_parser("rendezvous")
     p = sub.add_parser("task")
     p.add_argument("command", nargs=argparse.REMAINDER)
@@ -72,7 +105,7 @@ def _main(argv: list[str]) -> int:
     if args.cmd == "hostnames":
         print("\n".join(hostlist.hostnames(args.nodelist)))
     elif args.cmd == "hostfile":
-        sys.stdout.write(hostlist.hostfile(hostlist.hostnames(args.nodelist), args.slots))
+        write_hostfile(args)
     elif args.cmd == "rendezvous":
         hosts = hostlist.hostnames() if os.environ.get("SLURM_JOB_NODELIST") else ["127.0.0.1"]
         for k, v in (("MASTER_ADDR", rendezvous.master_addr(os.environ, hosts)),

@@ -34,11 +34,11 @@ def master_port(environ: Mapping[str, str]) -> int:
             raise ClusterError(f"MASTER_PORT={environ['MASTER_PORT']!r}: not a port number "
                                f"{PORTS[0]}-{PORTS[1]}; set it to a free port, or unset it") from None
     if environ.get("SLURM_JOB_ID"):
-        return PORT_BASE + _env_int(environ, "SLURM_JOB_ID") % PORT_SPAN
+        return PORT_BASE + env_int(environ, "SLURM_JOB_ID") % PORT_SPAN
     return DEFAULT_PORT
 
 
-def _env_int(environ: Mapping[str, str], name: str, default: int = 0) -> int:
+def env_int(environ: Mapping[str, str], name: str, default: int = 0) -> int:
     """An integer environment variable (unset or empty: `default`); a ClusterError names it."""
     v = environ.get(name) or str(default)
     try:
@@ -74,7 +74,7 @@ def rank_env(environ: Mapping[str, str]) -> dict[str, str]:
     if "RANK" in environ:
         return {}
     if "SLURM_PROCID" in environ and "SLURM_STEP_NUM_TASKS" in environ:  # an srun task (not the batch shell)
-        node = _env_int(environ, "SLURM_NODEID")
+        node = env_int(environ, "SLURM_NODEID")
         per_node = environ.get("SLURM_STEP_TASKS_PER_NODE") or environ.get("SLURM_TASKS_PER_NODE") or "1"
         counts = tasks_per_node(per_node)
         env = {"RANK": environ["SLURM_PROCID"], "WORLD_SIZE": environ["SLURM_STEP_NUM_TASKS"],
@@ -110,7 +110,7 @@ def node_command(launcher: str, nproc_per_node: int, script_and_args: Sequence[s
         raise ClusterError(f"--nproc-per-node {nproc_per_node}: must be >= 1 (the ranks per node)")
     if hosts is None:
         hosts = hostnames(environ.get("SLURM_JOB_NODELIST") or environ.get("SLURM_NODELIST"))
-    node_rank = _env_int(environ, "NODE_RANK" if environ.get("NODE_RANK") else "SLURM_NODEID")
+    node_rank = env_int(environ, "NODE_RANK" if environ.get("NODE_RANK") else "SLURM_NODEID")
     if not 0 <= node_rank < len(hosts):
         raise ClusterError(f"node rank {node_rank} (NODE_RANK / SLURM_NODEID) outside the {len(hosts)} "
                            f"hosts {list(hosts)}")

@@ -41,7 +41,7 @@ def test_each_alias_is_the_package_command():
         "data_prep/build_sample.py": {"lenext_dist.prep.cli.build_sample_main"},
         "data_prep/build_kv.py": {"lenext_dist.prep.kv_corpus.main"},
         "launch/pretrain.py": {"lenext_dist.train.cli.rank_main"},
-        "launch/hostfile.py": {"lenext_dist.cluster.hostlist.hostfile", "lenext_dist.cluster.hostlist.hostnames"},
+        "launch/hostfile.py": {"lenext_dist.cluster.__main__.hostfile_main"},
     }
     for script, names in expected.items():
         assert {n for n in _imports(REPO / script) if n.startswith("lenext_dist")} == names, script

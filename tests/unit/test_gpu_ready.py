@@ -384,6 +384,14 @@ def test_peak_table_lookup(name, dtype, want):
     assert table_peak(name, dtype) == want
 
 
+def test_the_matmul_peak_is_measured_even_when_the_warm_up_passes_the_deadline():
+    """On a busy machine the warm-up alone outlasted `seconds`: the peak read 0.0 (MFU: division
+    by zero). seconds=0 is that case every time."""
+    from lenext_dist.train.metrics import measure_matmul_tflops
+
+    assert measure_matmul_tflops(n=64, seconds=0) > 0
+
+
 def test_peak_source_order():
     """The config value wins; CPU is never in the table and is measured (small matmul)."""
     from lenext_dist.train.peak import peak_tflops
