@@ -39,11 +39,12 @@ def add_hostfile_args(p: argparse.ArgumentParser) -> None:
 
 
 def write_hostfile(args: argparse.Namespace) -> None:
-    env = os.environ
-    slots = args.slots if args.slots is not None else \
-        rendezvous.env_int(env, "SLURM_GPUS_ON_NODE") or rendezvous.env_int(env, "SLURM_NTASKS_PER_NODE")
-    if args.slots is None and not slots:
-        raise ClusterError("give --slots N (ranks per host), or run inside a Slurm job with GPUs")
+    slots = args.slots
+    if slots is None:
+        slots = (rendezvous.env_int(os.environ, "SLURM_GPUS_ON_NODE")
+                 or rendezvous.env_int(os.environ, "SLURM_NTASKS_PER_NODE"))
+        if not slots:
+            raise ClusterError("give --slots N (ranks per host), or run inside a Slurm job with GPUs")
     text = hostlist.hostfile(hostlist.hostnames(args.nodelist), slots)
     if args.output:
         atomic_write(args.output, text)
