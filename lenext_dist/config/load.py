@@ -327,7 +327,8 @@ def _nearest_origin(key: str, origin: dict) -> str | None:
 def split_cli_overrides(argv: list[str]) -> list[str]:
     """Turn `--a.b=1`, `--a.b 1` and `a.b=1` tokens of a command line into `a.b=1` strings; a key
     given twice is refused (on a command line the last would silently win: a typo'd rerun, or a
-    script's value and a user's; code composing overrides may override its own, load_config)."""
+    script's value and a user's). Code that composes overrides for load_config may override its
+    own: load_config applies them in order."""
     out, i = [], 0
     while i < len(argv):
         tok = argv[i]
