@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import shutil
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import numpy as np
 import torch
@@ -113,3 +113,42 @@ def save_tiny_lenext(out_dir: str, tokenizer: Optional[str] = None, **kw) -> str
     write_attention_copy(Path(out_dir))
     shutil.copy(tokenizer or SAMPLE_TOKENIZER, os.path.join(out_dir, "tokenizer.model"))
     return out_dir
+
+
+class MegatronAndHF(NamedTuple):
+    meg: torch.nn.Module        # megatron-core GPTModel, eval mode
+    hf: torch.nn.Module         # LenextForCausalLM with the same weights, eval mode
+    state: dict                 # megatron's tensors
+    hf_state: dict              # the same through the export's key map
+
+
+def megatron_and_hf(cfg, init_megatron, *, seed: int = 11, jitter: float = 0.1,
+                    gain: Optional[float] = None, tok: Optional[dict] = None) -> MegatronAndHF:
+    """A megatron model of RunConfig `cfg` and the custom HF model holding its weights through the
+    export's key map: the pair every megatron == export test compares. Weights leave their init so
+    that a swapped key or a dropped path shows: every vector + U(0, jitter) (norms and scales away
+    from 1); every matrix x `gain` where given (position-dependent attention needs larger
+    projections), else + U(0, jitter) too. Checks the key map's round trip, and that the HF model
+    lacks no weight but those an export may leave out (uniform head scales, a tied lm_head)."""
+    from lenext_dist.convert.export import build_hf_config
+    from lenext_dist.convert.keymap import Shape, hf_to_megatron, megatron_to_hf
+    from lenext_dist.hf import LenextForCausalLM
+    from lenext_dist.model import build_model
+
+    init_megatron(seed)
+    meg = build_model(cfg, device="cpu").eval()
+    with torch.no_grad():
+        for p in meg.parameters():
+            p.mul_(gain) if gain is not None and p.dim() > 1 else p.add_(torch.rand_like(p) * jitter)
+    state = {k: v for k, v in meg.state_dict().items() if isinstance(v, torch.Tensor)}
+    shape = Shape.from_run_config(cfg)
+    hf_state = megatron_to_hf(state, shape)
+    back = hf_to_megatron(hf_state, shape)
+    assert set(back) == set(state) and all(torch.equal(back[k], state[k]) for k in back)
+    hf = LenextForCausalLM(build_hf_config(cfg, scale_c=cfg.attention.scale_c,
+                                           head_scale_source="uniform", tok=tok, source={},
+                                           dtype="float32")).eval()
+    missing, unexpected = hf.load_state_dict(hf_state, strict=False)
+    assert not unexpected, unexpected
+    assert all(k.endswith("head_scale") or k == "lm_head.weight" for k in missing), missing
+    return MegatronAndHF(meg, hf, state, hf_state)

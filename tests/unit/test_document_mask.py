@@ -11,6 +11,7 @@ import torch
 
 from lenext_dist.attention import POSITIONS, Documents, attend, build_position, document_ids
 from lenext_dist.config import AttentionConfig, TemperatureConfig, ModelConfig, RunConfig, XposConfig
+from tiny_models import megatron_and_hf
 
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
@@ -180,26 +181,12 @@ def packed_tokens():
 
 @pytest.mark.parametrize("position", ALL)
 def test_megatron_and_hf_packed_documents_equal_alone(megatron_1rank, position):
-    from lenext_dist.convert.export import build_hf_config
-    from lenext_dist.convert.keymap import Shape, megatron_to_hf
-    from lenext_dist.hf import LenextForCausalLM
-    from lenext_dist.model import build_model
-
     cfg = RunConfig(model=ModelConfig(num_layers=2, hidden_size=64, num_attention_heads=4,
                                       num_query_groups=2, ffn_hidden_size=96, vocab_size=VOCAB,
                                       seq_length=SEQ),
                     attention=AttentionConfig(position=position, scale_c=1.1, temperature=TemperatureConfig(
                         kind="log_fit", a=0.3, layers="all")))
-    megatron_1rank(11)
-    meg = build_model(cfg, device="cpu").eval()
-    with torch.no_grad():
-        for p in meg.parameters():
-            p.add_(torch.rand_like(p) * 0.1)
-    state = {k: v for k, v in meg.state_dict().items() if isinstance(v, torch.Tensor)}
-    hf_cfg = build_hf_config(cfg, scale_c=1.1, head_scale_source="uniform",
-                             tok={"eos": EOS, "bos": BOS}, source={}, dtype="float32")
-    hf = LenextForCausalLM(hf_cfg).eval()
-    hf.load_state_dict(megatron_to_hf(state, Shape.from_run_config(cfg)), strict=False)
+    meg, hf, *_ = megatron_and_hf(cfg, megatron_1rank, tok={"eos": EOS, "bos": BOS})
     x = packed_tokens()
     ids = document_ids(x, eos_id=EOS)
     assert torch.equal(hf.document_ids(x), ids)

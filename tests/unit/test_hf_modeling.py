@@ -10,10 +10,11 @@ import torch
 
 from lenext_dist.attention import eager_causal_attention, iter_attention_probs
 from lenext_dist.config import AttentionConfig, HeadScaleConfig, ModelConfig, RunConfig
-from lenext_dist.convert.keymap import Shape, hf_to_megatron, megatron_to_hf, merge_qkv, split_qkv
+from lenext_dist.convert.keymap import Shape, megatron_to_hf, merge_qkv, split_qkv
 from lenext_dist.hf import (LenextConfig, LenextForCausalLM, attention_inputs, attention_layers,
                             get_head_scales, set_head_scales, set_position, set_uniform_scale)
 from lenext_dist.hf.configuration_lenext import LENEXT_ROPE_GUARD
+from tiny_models import megatron_and_hf
 
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
@@ -223,33 +224,16 @@ def test_qkv_split_merge_roundtrip():
     ("nope", 2, False, False), ("rope", None, False, False), ("rope", 1, True, False),
     ("nope", None, False, True)])
 def test_megatron_to_hf_logits(megatron_1rank, position, groups, tie, learned):
-    from lenext_dist.convert.export import build_hf_config
-    from lenext_dist.model import build_model
-
     cfg = RunConfig(
         model=ModelConfig(num_layers=2, hidden_size=64, num_attention_heads=4,
                           num_query_groups=groups, ffn_hidden_size=96, vocab_size=97,
                           seq_length=32, tie_embeddings=tie),
         attention=AttentionConfig(position=position, scale_c=1.3,
                                   head_scale=HeadScaleConfig(enabled=learned)))
-    megatron_1rank(7)
-    meg = build_model(cfg, device="cpu").eval()
-    with torch.no_grad():
-        for p in meg.parameters():  # norms/scales away from 1 so a swapped key would show
-            p.add_(torch.rand_like(p) * 0.2)
-    state = {k: v for k, v in meg.state_dict().items() if isinstance(v, torch.Tensor)}
-    shape = Shape.from_run_config(cfg)
-    hf_state = megatron_to_hf(state, shape)
+    # norms/scales away from 1 so a swapped key would show
+    meg, hf, _, hf_state = megatron_and_hf(cfg, megatron_1rank, seed=7, jitter=0.2)
     assert ("model.layers.0.self_attn.head_scale" in hf_state) == learned
     assert ("lm_head.weight" in hf_state) == (not tie)
-    back = hf_to_megatron(hf_state, shape)
-    assert set(back) == set(state) and all(torch.equal(back[k], state[k]) for k in back)
-
-    hf = LenextForCausalLM(build_hf_config(cfg, scale_c=1.3, head_scale_source="uniform", tok=None,
-                                           source={}, dtype="float32")).eval()
-    missing, unexpected = hf.load_state_dict(hf_state, strict=False)
-    allowed = {f"model.layers.{i}.self_attn.head_scale" for i in range(2)} | {"lm_head.weight"}
-    assert not unexpected and set(missing) <= allowed
     x = ids(2, 32)
     with torch.no_grad():
         want = meg(x, torch.arange(32).expand(2, 32), attention_mask=None)

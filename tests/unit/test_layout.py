@@ -17,6 +17,7 @@ from lenext_dist.attention import LAYOUTS, NoPE, RoPE, attend, layer_names, laye
 from lenext_dist.attention.layout import layer_specs
 from lenext_dist.config import (AttentionConfig, ConfigError, LayoutConfig, ModelConfig, RopeConfig,
                                 RunConfig, TemperatureConfig, load_config)
+from tiny_models import megatron_and_hf
 
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
@@ -204,23 +205,8 @@ def layout_cfg(**attn):
                      attention=AttentionConfig(**attn))
 
 
-def megatron_and_hf(cfg, init_megatron):
-    from lenext_dist.convert.export import build_hf_config
-    from lenext_dist.convert.keymap import Shape, megatron_to_hf
-    from lenext_dist.hf import LenextForCausalLM
-    from lenext_dist.model import build_model
-
-    init_megatron(11)
-    meg = build_model(cfg, device="cpu").eval()
-    with torch.no_grad():
-        for p in meg.parameters():  # position-dependent attention: larger projections
-            p.add_(torch.rand_like(p) * 0.2) if p.dim() == 1 else p.mul_(4.0)
-    state = {k: v for k, v in meg.state_dict().items() if isinstance(v, torch.Tensor)}
-    hf_cfg = build_hf_config(cfg, scale_c=cfg.attention.scale_c, head_scale_source="uniform",
-                             tok={"eos": EOS}, source={}, dtype="float32")
-    hf = LenextForCausalLM(hf_cfg).eval()
-    hf.load_state_dict(megatron_to_hf(state, Shape.from_run_config(cfg)), strict=False)
-    return meg, hf
+PAIR = dict(jitter=0.2, gain=4.0, tok={"eos": EOS})
+"""megatron_and_hf's perturbation here (position-dependent attention: larger projections)."""
 
 
 LLAMA4_T = TemperatureConfig(kind="llama4", floor_scale=4, attn_scale=0.5)
@@ -236,7 +222,7 @@ def test_megatron_and_hf_run_the_layout(megatron_1rank, kind, extra, windows, ch
     from lenext_dist.attention import document_ids
 
     cfg = layout_cfg(layout=LayoutConfig(kind=kind, every=2), **extra)
-    meg, hf = megatron_and_hf(cfg, megatron_1rank)
+    meg, hf, *_ = megatron_and_hf(cfg, megatron_1rank, **PAIR)
     megs = [layer.self_attention.core_attention.position for layer in meg.decoder.layers]
     hfs = [layer.self_attn.position for layer in hf.model.layers]
     assert [v.name for v in megs] == [v.name for v in hfs] == ["rope", "nope", "rope", "nope"]
@@ -270,7 +256,7 @@ def test_megatron_and_hf_run_the_layout(megatron_1rank, kind, extra, windows, ch
         # the layout is the function: the same weights with every layer RoPE differ
         # (without the temperature: on no NoPE layer it would be refused as doing nothing)
         same = {k: v for k, v in extra.items() if k != "temperature"}
-        uniform, _ = megatron_and_hf(layout_cfg(layout=LayoutConfig(), **same), megatron_1rank)
+        uniform = megatron_and_hf(layout_cfg(layout=LayoutConfig(), **same), megatron_1rank, **PAIR).meg
         uniform.load_state_dict(meg.state_dict(), strict=False)
         assert not torch.allclose(uniform(x, pos, None), meg(x, pos, None), atol=1e-3)
 
@@ -278,7 +264,7 @@ def test_megatron_and_hf_run_the_layout(megatron_1rank, kind, extra, windows, ch
 def test_eval_time_rope_scaling_reaches_the_rope_layers_only(megatron_1rank):
     from lenext_dist.hf.modeling_lenext import set_position
 
-    _, hf = megatron_and_hf(layout_cfg(), megatron_1rank)
+    hf = megatron_and_hf(layout_cfg(), megatron_1rank, **PAIR).hf
     x = torch.randint(3, VOCAB, (1, 4 * SEQ), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         before = hf(input_ids=x, use_cache=False).logits

@@ -15,6 +15,7 @@ from lenext_dist.attention.qknorm import L2Norm, RMSNorm, layer_kinds
 from lenext_dist.config import (AttentionConfig, ConfigError, HeadScaleConfig, LayoutConfig,
                                 ModelConfig, QKNormConfig, RopeConfig, RunConfig,
                                 TemperatureConfig, load_config)
+from tiny_models import megatron_and_hf
 
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
@@ -188,28 +189,8 @@ def case_cfg(**attn):
                      attention=AttentionConfig(**attn))
 
 
-def megatron_and_hf(cfg, init_megatron):
-    from lenext_dist.convert.export import build_hf_config
-    from lenext_dist.convert.keymap import Shape, hf_to_megatron, megatron_to_hf
-    from lenext_dist.hf import LenextForCausalLM
-    from lenext_dist.model import build_model
-
-    init_megatron(11)
-    meg = build_model(cfg, device="cpu").eval()
-    with torch.no_grad():
-        for p in meg.parameters():  # norms away from 1: a swapped key would show
-            p.add_(torch.rand_like(p) * 0.5) if p.dim() == 1 else p.mul_(4.0)
-    state = {k: v for k, v in meg.state_dict().items() if isinstance(v, torch.Tensor)}
-    shape = Shape.from_run_config(cfg)
-    hf_state = megatron_to_hf(state, shape)
-    back = hf_to_megatron(hf_state, shape)
-    assert set(back) == set(state) and all(torch.equal(back[k], state[k]) for k in back)
-    hf_cfg = build_hf_config(cfg, scale_c=cfg.attention.scale_c, head_scale_source="uniform",
-                             tok={"eos": EOS}, source={}, dtype="float32")
-    hf = LenextForCausalLM(hf_cfg).eval()
-    missing, unexpected = hf.load_state_dict(hf_state, strict=False)
-    assert not unexpected and all(k.endswith("head_scale") for k in missing), missing
-    return meg, hf, state
+PAIR = dict(jitter=0.5, gain=4.0, tok={"eos": EOS})
+"""megatron_and_hf's perturbation here (norms away from 1: a swapped key would show)."""
 
 
 @pytest.mark.parametrize("name", list(CASES))
@@ -219,7 +200,7 @@ def test_megatron_equals_the_hf_export(megatron_1rank, name):
     from lenext_dist.model.counts import parameter_counts
 
     cfg = case_cfg(**CASES[name])
-    meg, hf, state = megatron_and_hf(cfg, megatron_1rank)
+    meg, hf, state, _ = megatron_and_hf(cfg, megatron_1rank, **PAIR)
     kind = cfg.attention.qk_norm.kind
     learned = [f"decoder.layers.{i}.self_attention.core_attention.{qk}_norm.weight"
                for i, on in enumerate(NORMED[name]) if on for qk in "qk"]
@@ -252,7 +233,7 @@ def test_megatron_equals_the_hf_export(megatron_1rank, name):
         torch.testing.assert_close(step.logits, full[:, -3:], atol=1e-4, rtol=1e-4)
         # the norm is the function: the same weights without it give other logits
         plain = dict(CASES[name], qk_norm=QKNormConfig())
-        other, _, _ = megatron_and_hf(case_cfg(**plain), megatron_1rank)
+        other = megatron_and_hf(case_cfg(**plain), megatron_1rank, **PAIR).meg
         other.load_state_dict(meg.state_dict(), strict=False)
         x = x[:, :SEQ]
         pos = torch.arange(SEQ).expand_as(x)
