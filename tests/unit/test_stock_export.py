@@ -161,15 +161,20 @@ print(json.dumps(out))
 """
 
 
-@pytest.fixture(scope="module")
-def exports(tmp_path_factory, megatron_1rank):
+def export_cases(cases, tmp_path_factory, init_megatron) -> dict:
+    """name -> (step folder, its stock export, its custom export) for each of `cases`."""
     out = {}
-    for name, kw in CASES.items():
+    for name, kw in cases.items():
         root = tmp_path_factory.mktemp(name)
-        ckpt = step_folder(root, run_config(**kw), megatron_1rank)
+        ckpt = step_folder(root, run_config(**kw), init_megatron)
         out[name] = (ckpt, export(ckpt, root / "stock", fmt="stock")["out"],
                      export(ckpt, root / "custom")["out"])
     return out
+
+
+@pytest.fixture(scope="module")
+def exports(tmp_path_factory, megatron_1rank):
+    return export_cases(CASES, tmp_path_factory, megatron_1rank)
 
 
 @pytest.fixture(scope="module")

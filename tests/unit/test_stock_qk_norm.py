@@ -14,7 +14,7 @@ import pytest
 from lenext_dist.config import (HeadScaleConfig, LayoutConfig, QKNormConfig, RopeConfig,
                                 TemperatureConfig)
 from lenext_dist.convert.export import ExportError, export, verify
-from test_stock_export import FRESH, L, _config_only, run_config, step_folder
+from test_stock_export import FRESH, L, _config_only, export_cases, run_config, step_folder
 
 LLAMA4_T = TemperatureConfig(kind="llama4", floor_scale=4, attn_scale=0.5)
 CASES = {
@@ -39,13 +39,7 @@ EXPECTED = {"llama4_qk_norm": "Llama4ForCausalLM", "llama4_l2_every_layer": "Lla
 
 @pytest.fixture(scope="module")
 def exports(tmp_path_factory, megatron_1rank):
-    out = {}
-    for name, kw in CASES.items():
-        root = tmp_path_factory.mktemp(name)
-        ckpt = step_folder(root, run_config(**kw), megatron_1rank)
-        out[name] = (ckpt, export(ckpt, root / "stock", fmt="stock")["out"],
-                     export(ckpt, root / "custom")["out"])
-    return out
+    return export_cases(CASES, tmp_path_factory, megatron_1rank)
 
 
 @pytest.fixture(scope="module")
