@@ -4,6 +4,7 @@ the skewed filler is skewed, and the table marks passing cells and reports the g
 import json
 from collections import Counter
 
+import numpy as np
 import pytest
 
 from experiments.kv_regime import sweep
@@ -26,20 +27,21 @@ def test_every_run_of_every_grid_is_a_valid_config(grid, tmp_path):
         # the run's own mix at L: the whole run, or the stage after the warm one
         seq, blend = ((cfg.train.stages[-1].seq_length, cfg.train.stages[-1].blend) if spec.warm
                       else (cfg.model.seq_length, cfg.data.blend))
-        assert seq == sweep.L and blend[0].prefix.endswith(f"/{sweep.shard_name(spec.mix, spec.bos)}_train")
+        own = sweep.shard_name(spec.mix, spec.bos, fill=spec.fill)
+        assert seq == sweep.L and blend[0].prefix.endswith(f"/{own}_train")
         # the skip-bigram text beside the kv documents at weight lm; validation on kv alone
         assert [b.weight for b in blend] == ([1 - spec.lm, spec.lm] if spec.lm else [1.0])
         assert not spec.lm or blend[1].prefix.endswith(f"/{sweep.skip_name(spec.lm_text)}_train")
-        assert [b.prefix.rsplit("/", 1)[1] for b in cfg.data.valid_blend] == [
-            f"{sweep.shard_name(spec.mix, spec.bos)}_valid"]
+        assert [b.prefix.rsplit("/", 1)[1] for b in cfg.data.valid_blend] == [f"{own}_valid"]
         if spec.warm:  # the first stage: the short documents, the same sequences a step
             assert cfg.model.seq_length == spec.warm.length and cfg.train.stages[0].start_step == spec.warm.steps
             assert cfg.data.blend[0].prefix.endswith(
-                f"/{sweep.shard_name(spec.warm.mix, spec.bos, spec.warm.length)}_train")
+                f"/{sweep.shard_name(spec.warm.mix, spec.bos, spec.warm.length, spec.fill)}_train")
             assert cfg.train.stages[0].global_batch_size == cfg.train.global_batch_size
     assert len(sweep.GRIDS[grid]) == {"pilot": 8, "seeds": 6, "distract": 6, "others": 3, "distract_bos": 6,  # <= 8:
                                       "distract_warm": 6, "distract_long": 6, "distract_lm": 6,
-                                      "distract_lm_all": 6, "others_lm_all": 3}[grid]  # 2 cores a run
+                                      "distract_lm_all": 6, "others_lm_all": 3, "distract_vary": 6,
+                                      "others_vary": 3}[grid]  # 2 cores a run
 
 
 @pytest.mark.parametrize("mix", [TRAIN_MIX, sweep.DISTRACT_MIX])
@@ -115,6 +117,42 @@ def test_zipf_filler_is_skewed(tmp_path):
     words = " ".join(json.loads(line)["text"] for line in path.read_text().splitlines()).split()
     top = Counter(words).most_common(1)[0][1] / len(words)
     assert len(words) == 20_000 and top > 0.2  # uniform over 32 syllables: ~0.03
+
+
+def test_the_vary_grids_are_the_lm_all_grids_over_the_varying_filler(tmp_path):
+    for vary, base in (("distract_vary", "distract_lm_all"), ("others_vary", "others_lm_all")):
+        assert {n: r._replace(fill="uniform") for n, r in sweep.GRIDS[vary].items()} == sweep.GRIDS[base]
+        assert all(r.fill == "vary" for r in sweep.GRIDS[vary].values())
+    r = sweep.DISTRACT_VARY["nope-s2"]
+    assert sweep.first_shards(r) == sweep.shard_name(r.mix) + "_vary" != sweep.shard_name(r.mix)
+    cmd = sweep.shard_command(tmp_path, 2, r.mix, fill="vary")
+    assert cmd[cmd.index("--input") + 1] == str(tmp_path / sweep.VARY / "*.jsonl")
+    assert cmd[cmd.index("--name") + 1] == sweep.first_shards(r)
+    uniform = sweep.shard_command(tmp_path, 2, r.mix)
+    assert uniform[uniform.index("--input") + 1].endswith("/train/*.jsonl")
+
+
+def _entropy(counts) -> float:
+    p = np.array(list(counts.values()), dtype=float) / sum(counts.values())
+    return float(-(p * np.log(p)).sum())
+
+
+def test_vary_filler_varies_its_records_and_none_is_as_skewed_as_the_held_out_one(tmp_path):
+    folder = sweep.vary_filler(tmp_path / "v", files=2, words=60_000)
+    records = [json.loads(line)["text"].split() for f in sorted(folder.glob("*.jsonl"))
+               for line in f.read_text().splitlines()]
+    assert len(records) == 120 and {w for r in records for w in r} == set(alphabet()["filler"])
+    h = [_entropy(Counter(r)) for r in records]  # of 1000 draws: ~0.015 nats under the profile's
+    uniform = sum(x > np.log(32) - 0.05 for x in h)
+    assert 0.35 < uniform / len(h) < 0.65  # VARY_UNIFORM of them uniform, the rest skewed
+    assert min(h) > sweep.VARY_MIN_ENTROPY - 0.1 and max(h) - min(h) > 0.2
+    zipf = sweep.zipf_filler(tmp_path / "z.jsonl", words=20_000)
+    held_out = Counter(" ".join(json.loads(line)["text"] for line in zipf.read_text().splitlines()).split())
+    assert _entropy(held_out) < sweep.VARY_MIN_ENTROPY - 0.1 < min(h)  # more skewed than any record
+    (folder / "filler-000.jsonl").unlink()  # rewritten after a kill: the same file
+    again = sweep.vary_filler(tmp_path / "v", files=2, words=60_000)
+    assert [json.loads(line)["text"].split() for f in sorted(again.glob("*.jsonl"))
+            for line in f.read_text().splitlines()] == records
 
 
 def test_render_marks_passing_cells_and_the_gate(tmp_path):
