@@ -582,7 +582,7 @@ def render(r: dict) -> str:
     lines += ["", "## Gate (every seed, every format; analysis.py)", ""]
     for pos, g in r["gate"].items():
         lines.append(f"- {pos}: **{g['verdict']}** (seeds {', '.join(g['seeds'])}; "
-                     f"{len(g['failures'])} failing cells)")
+                     f"{len(g['failures'])} failing cell{'' if len(g['failures']) == 1 else 's'})")
     if r.get("valid_loss"):
         lines += ["", "## Validation loss on the training mixture (answer tokens), by step", "",
                   "| model | " + " | ".join(str(s) for s, _ in max(r["valid_loss"].values(), key=len)) + " |"]
