@@ -24,8 +24,8 @@ the masks' sha256 in <run_dir>/data_inputs.json and warns when its first steps h
 
 Sample-index cache (`data.cache_dir`, default <run_dir>/data_cache): megatron reads it with
 numpy.load(allow_pickle=True); each file it loads must be plain data and is loaded without pickle,
-and each file it saves appears whole (`_no_pickle`), so a copied or shared run folder cannot run
-code and ranks or runs sharing a cache never read a file in the making.
+and each file it saves appears whole (data/sample_cache.py), so a copied or shared run folder
+cannot run code and ranks or runs sharing a cache never read a file in the making.
 
 Document masking (`data.document_mask`): each micro-batch also carries `document_ids` [b, s]
 (split after EOS and at BOS, lenext_dist.attention.document_ids), handed to the model as its
@@ -33,24 +33,22 @@ attention mask.
 """
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
-import stat
 import struct
-import types
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Optional
 
 import numpy as np
-import numpy.lib.format as npformat
 import torch
 
-from lenext_dist.atomic import atomic_file, atomic_write
+from lenext_dist.atomic import atomic_write
 from lenext_dist.config import BlendItem, ConfigError, RunConfig
 from lenext_dist.prep.manifest import ANSWERS_SUFFIX, answers_prefix, shard_manifest
+
+from .sample_cache import no_pickle, regular_cache_files
 
 
 @dataclass
@@ -259,99 +257,6 @@ def _check_answers(items: list[BlendItem], key: str) -> dict[str, dict]:
     return masks
 
 
-# megatron keeps its sample indices in <data.cache_dir>/*.npy: rank 0 builds and numpy.save's them,
-# the other ranks numpy.load them (allow_pickle=True) after the builder's barrier. Two hazards:
-# - a "cache" file that is a pickle would run its code when a copied or shared run folder is
-#   resumed: every file megatron loads is checked to be plain data right before it is loaded,
-#   and loaded with allow_pickle=False;
-# - plain numpy.save is not atomic: a reader (another run sharing the cache, or a rank of this one
-#   on a file system that shows a file before its bytes) could see half a file. Each save goes to
-#   a temporary name and is renamed into place whole (lenext_dist.atomic), so a cache file that
-#   exists is complete. No rank scans the folder ahead of megatron: while rank 0 writes, a scan by
-#   another rank would read files in the making (the start-up race of issue 40).
-_NPY_HEADERS = {(1, 0): npformat.read_array_header_1_0, (2, 0): npformat.read_array_header_2_0}
-
-
-def _cache_error(path: str, what: str) -> ConfigError:
-    return ConfigError(f"data.cache_dir: {path}: {what}; delete it (megatron rebuilds its sample "
-                       "indices) and resume only run folders you trust")
-
-
-def _plain_npy(path: str) -> None:
-    """Refuse `path` unless it is a regular .npy file of plain values (its header is read, nothing
-    run; a FIFO or device is refused before it is opened, so it cannot hang the start)."""
-    try:
-        regular = stat.S_ISREG(os.stat(path).st_mode)
-    except OSError as e:
-        raise _cache_error(path, f"unreadable ({e.strerror})") from None
-    if not regular:
-        raise _cache_error(path, "not a regular file, refused")
-    with open(path, "rb") as f:
-        try:
-            read = _NPY_HEADERS.get(npformat.read_magic(f))
-            plain = read is not None and not read(f)[2].hasobject
-        except (ValueError, SyntaxError, TypeError):
-            plain = False
-    if not plain:
-        raise _cache_error(path, "not a plain numpy array (a pickle, Python objects or damaged), "
-                                 "refused: loading it could run code")
-
-
-class _CheckedNumpy(types.ModuleType):
-    """numpy as megatron's dataset modules see it inside `_no_pickle`: `load` checks the file and
-    never unpickles; `save` writes whole files only; everything else is numpy's."""
-
-    def __getattr__(self, name):
-        return getattr(np, name)
-
-    @staticmethod
-    def load(file, *args, **kwargs):
-        _plain_npy(file)
-        try:
-            return np.load(file, *args, **{**kwargs, "allow_pickle": False})
-        except (ValueError, OSError) as e:  # a damaged file: truncated data after a good header
-            raise _cache_error(os.fspath(file), f"damaged ({e})") from None
-
-    @staticmethod
-    def save(file, arr, *args, **kwargs):
-        with atomic_file(file, fsync=True) as f:
-            np.save(f, arr, *args, **{**kwargs, "allow_pickle": False})
-
-
-@contextlib.contextmanager
-def _no_pickle(cache: str):
-    """For megatron's build: its GPT and blended datasets' numpy.load checks each file it loads and
-    loads it with allow_pickle=False; their numpy.save writes each file whole (see above).
-    `cache` is where those files live (named for the reader; the checks are per file)."""
-    from megatron.core.datasets import blended_dataset, gpt_dataset
-
-    modules = (blended_dataset, gpt_dataset)
-    saved = [m.numpy for m in modules]
-    for m in modules:
-        m.numpy = _CheckedNumpy("numpy")
-    try:
-        yield
-    finally:
-        for m, numpy in zip(modules, saved):
-            m.numpy = numpy
-
-
-def _regular_cache_files(cache: str) -> None:
-    """Every entry of the sample-index cache a regular file or folder, by lstat (nothing opened):
-    a FIFO named *.npy would block megatron's read forever (the run hung with its lock held, its
-    signals never handled), a link would be read, or written, through."""
-    for name in sorted(os.listdir(cache)) if os.path.isdir(cache) else ():
-        path = os.path.join(cache, name)
-        try:
-            mode = os.lstat(path).st_mode
-        except FileNotFoundError:  # another rank's or run's temporary, renamed into place since
-            continue
-        if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
-            what = "a symbolic link" if stat.S_ISLNK(mode) else "not a regular file (a FIFO, socket or device)"
-            raise ConfigError(f"data.cache_dir: {path}: {what}, refused: reading it could hang or "
-                              "read elsewhere; delete it (megatron rebuilds its sample indices)")
-
-
 def _first_answers(dataset, cfg: RunConfig) -> tuple[int, int]:
     """(loss tokens, samples) of the first steps (at most 4) of `dataset`."""
     t = cfg.train
@@ -412,8 +317,8 @@ def build_datasets(cfg: RunConfig, world_size: int, record: bool = False):
     except OSError as e:
         raise ConfigError(f"data.cache_dir: {cache}: cannot be made a folder ({e.filename}: "
                           f"{e.strerror}); set data.cache_dir to a writable folder") from None
-    _regular_cache_files(cache)
-    with _no_pickle(cache):
+    regular_cache_files(cache)
+    with no_pickle(cache):
         train, valid, _ = BlendedMegatronDatasetBuilder(cls, sizes, lambda: True, gcfg).build()
     if answer_loss and (not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0):
         tokens, n = _first_answers(train, cfg)

@@ -212,7 +212,8 @@ def test_a_pickle_planted_in_the_data_cache_is_refused_and_never_run(tmp_path, g
     from megatron.core.datasets import gpt_dataset
 
     from lenext_dist.config import BlendItem
-    from lenext_dist.data.gpt_data import _no_pickle, build_datasets
+    from lenext_dist.data.gpt_data import build_datasets
+    from lenext_dist.data.sample_cache import no_pickle
 
     prefix = tiny_shard(str(tmp_path / "s_train"))
     cfg = load_config(None, [f"run_dir={tmp_path / 'run'}", "train.steps=4", "train.eval_interval=0"])
@@ -245,7 +246,7 @@ def test_a_pickle_planted_in_the_data_cache_is_refused_and_never_run(tmp_path, g
     # megatron's own loads refuse a pickle too (one planted after the check, or a new code path)
     late = tmp_path / "late.npy"
     late.write_bytes(pickle.dumps(Evil(marker)))
-    with _no_pickle(str(tmp_path / "none")):
+    with no_pickle(str(tmp_path / "none")):
         with pytest.raises(ConfigError, match=f"{late}: not a plain numpy array"):
             gpt_dataset.numpy.load(str(late), allow_pickle=True, mmap_mode="r")
         assert gpt_dataset.numpy.int64 is np.int64
