@@ -243,25 +243,39 @@ def skip_text(folder: Path, kinds: tuple[str, ...] = ("filler",), files: int = 8
     file: an index past training's)."""
     import numpy as np
 
-    from lenext_dist.atomic import atomic_write
-    from lenext_dist.prep.kv_corpus import RECORD_WORDS, alphabet
+    from lenext_dist.prep.kv_corpus import alphabet
 
     vocab = np.array([w for k in kinds for w in alphabet()[k]])
     g = np.random.default_rng(seed).permutation(len(vocab))
+
+    def record(rng, n: int):
+        x = rng.integers(0, len(vocab), n)  # the draws where the chain resets
+        keep = rng.random(n) < p
+        for t in range(2, n):
+            if keep[t]:
+                x[t] = g[x[t - 2]]
+        return x
+
+    return _record_files(folder, "skip", files, words, seed, vocab, record)
+
+
+def _record_files(folder: Path, stem: str, files: int, words: int, seed: int, vocab, record) -> Path:
+    """folder/<stem>-NNN.jsonl: `files` files of `words` words of `vocab` in records of RECORD_WORDS,
+    each record's word indices record(rng, its length). File i draws from its own generator
+    ([seed, i]), so it is the same whatever was written before it; a file already there is kept
+    (each is written whole)."""
+    import numpy as np
+
+    from lenext_dist.atomic import atomic_write
+    from lenext_dist.prep.kv_corpus import RECORD_WORDS
+
     folder.mkdir(parents=True, exist_ok=True)
     for i in range(files):
-        path, rng = folder / f"skip-{i:03d}.jsonl", np.random.default_rng([seed, i])
-        if path.exists():
-            continue
-        lines = []
-        for _ in range(0, words, RECORD_WORDS):
-            x = rng.integers(0, len(vocab), RECORD_WORDS)  # the draws where the chain resets
-            keep = rng.random(RECORD_WORDS) < p
-            for t in range(2, RECORD_WORDS):
-                if keep[t]:
-                    x[t] = g[x[t - 2]]
-            lines.append(json.dumps({"text": " ".join(vocab[x])}))
-        atomic_write(path, "\n".join(lines) + "\n")
+        path, rng = folder / f"{stem}-{i:03d}.jsonl", np.random.default_rng([seed, i])
+        if not path.exists():
+            lines = [json.dumps({"text": " ".join(vocab[record(rng, min(RECORD_WORDS, words - start))])})
+                     for start in range(0, words, RECORD_WORDS)]
+            atomic_write(path, "\n".join(lines) + "\n")
     return folder
 
 
@@ -280,26 +294,19 @@ def vary_filler(folder: Path, files: int = 8, words: int = 250_000, seed: int = 
     words as kv_data's train/ filler; file i is the same whatever was written before it."""
     import numpy as np
 
-    from lenext_dist.atomic import atomic_write
-    from lenext_dist.prep.kv_corpus import RECORD_WORDS, alphabet
+    from lenext_dist.prep.kv_corpus import alphabet
 
     vocab = np.array(alphabet()["filler"])
-    folder.mkdir(parents=True, exist_ok=True)
-    for i in range(files):
-        path, rng = folder / f"filler-{i:03d}.jsonl", np.random.default_rng([seed, i])
-        if path.exists():
-            continue
-        lines = []
-        for start in range(0, words, RECORD_WORDS):
-            p = None  # uniform
-            if rng.random() >= VARY_UNIFORM:
+
+    def record(rng, n: int):
+        p = None  # uniform
+        if rng.random() >= VARY_UNIFORM:
+            p = rng.dirichlet(np.ones(len(vocab)))
+            while -(p * np.log(p)).sum() < VARY_MIN_ENTROPY:
                 p = rng.dirichlet(np.ones(len(vocab)))
-                while -(p * np.log(p)).sum() < VARY_MIN_ENTROPY:
-                    p = rng.dirichlet(np.ones(len(vocab)))
-            n = min(RECORD_WORDS, words - start)
-            lines.append(json.dumps({"text": " ".join(vocab[rng.choice(len(vocab), n, p=p)])}))
-        atomic_write(path, "\n".join(lines) + "\n")
-    return folder
+        return rng.choice(len(vocab), n, p=p)
+
+    return _record_files(folder, "filler", files, words, seed, vocab, record)
 
 
 def exported(models: Path) -> list[Path]:
