@@ -31,7 +31,8 @@ from lenext_dist.flags import Parser
 MULTIPLES = (1, 2, 4, 8, 16)
 GRIDS_STUDIED = ("distract_lm_all", "others_lm_all")
 """The grids the study reads by default: the regime whose NoPE probe passed its rule (sweep.py
-DISTRACT_LM_ALL), and ALiBi, KERPLE and the windowed NoPE trained alike."""
+DISTRACT_LM_ALL), and ALiBi, KERPLE and the windowed NoPE trained alike. Its three NoPE seeds then
+failed the gate on one cell; --grids names the regime that passes (distract_vary, others_vary)."""
 
 
 def model_of(folder: Path) -> tuple[Model, str]:

@@ -20,13 +20,11 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Callable, ClassVar, Optional
 
-
 from lenext_dist.errors import UserError
 from lenext_dist.flags import check_fields, option, pos_float, pos_int
 
 from .model_io import default_dtype, load_model, model_info
-from .options import (DTYPES, ROPE_SCALINGS, paths,
-                      temperature, temperature_section)
+from .options import DTYPES, ROPE_SCALINGS, paths, temperature, temperature_section
 
 
 NAME_MAX = 200
