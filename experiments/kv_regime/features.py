@@ -106,7 +106,8 @@ def run(model_dir: str, docs: int = 800, seed: int | None = None) -> dict:
     from lenext_dist.eval.tasks import make_documents
     from lenext_dist.prep.tasks import Toolkit
 
-    from .sweep import DISTRACT_MIX, L, kv_data
+    from .data import kv_data
+    from .grids import DISTRACT_MIX, L
 
     model = load_model(model_dir, dtype="fp32", progress=False)
     sp = spm.SentencePieceProcessor(model_file=str(Path(model_dir) / "tokenizer.model"))

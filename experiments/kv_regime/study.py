@@ -25,7 +25,9 @@ from typing import Optional
 from experiments.nope_length.analysis import render, summarize
 from experiments.nope_length.study import Model, Plan, Study
 
-from .sweep import GRIDS, L, Run, exported, first_blend, kv_data, trained_on
+from .data import kv_data
+from .grids import GRIDS, L, Run
+from .sweep import exported, first_blend, trained_on
 from lenext_dist.flags import Parser
 
 MULTIPLES = (1, 2, 4, 8, 16)

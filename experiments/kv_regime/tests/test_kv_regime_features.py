@@ -3,14 +3,14 @@ every probe reads its token at the right place (the control finds the value itse
 embeddings; the key two back is not in them), and a bad folder is one error line."""
 import pytest
 
-from experiments.kv_regime import features, sweep
+from experiments.kv_regime import data, features, grids
 
 
 def test_the_probes_read_their_tokens_where_they_are(tmp_path):
     from tiny_models import save_tiny_lenext
 
-    model = save_tiny_lenext(str(tmp_path / "m"), tokenizer=str(sweep.kv_data() / "tokenizer.model"),
-                             position="nope", vocab_size=128, train_length=sweep.L)
+    model = save_tiny_lenext(str(tmp_path / "m"), tokenizer=str(data.kv_data() / "tokenizer.model"),
+                             position="nope", vocab_size=128, train_length=grids.L)
     r = features.run(model, docs=120, seed=3)
     assert set(r["probes"]) == set(features.PROBES) and not r["bos"]
     p = r["probes"]

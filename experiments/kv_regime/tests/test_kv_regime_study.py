@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from experiments.kv_regime import study, sweep
+from experiments.kv_regime import data, grids, study, sweep
 from experiments.nope_length.study import Model
 
 
@@ -28,8 +28,8 @@ def _export(root, name, position, window=None, tag="step_0006000", shards="kvmix
 
 def test_a_model_folder_names_its_position_seed_window_and_checkpoint(tmp_path):
     assert study.model_of(_export(tmp_path, "rope-s2", "rope")) == (Model("rope-s2", "rope", 2), "step_0006000")
-    m, tag = study.model_of(_export(tmp_path, "window-s0", "nope", window=sweep.L, tag="step_0005500"))
-    assert m == Model("window-s0", "nope", 0, (f"--attention.window={sweep.L}",)) and tag == "step_0005500"
+    m, tag = study.model_of(_export(tmp_path, "window-s0", "nope", window=grids.L, tag="step_0005500"))
+    assert m == Model("window-s0", "nope", 0, (f"--attention.window={grids.L}",)) and tag == "step_0005500"
 
 
 @pytest.mark.parametrize("name, cfg", [("rope", {"position": "rope", "lenext_source": {"tag": "t"}}),
@@ -43,8 +43,8 @@ def test_a_folder_that_is_no_grid_export_is_one_error_line(tmp_path, name, cfg):
 
 
 def test_a_run_of_the_grid_is_its_position_window_mixture_and_last_step():
-    window, trained = sweep.OTHERS["window-s0"], f"{sweep.shard_name(sweep.DISTRACT_MIX)}_train"
-    m, last = Model("window-s0", "nope", 0, (f"--attention.window={sweep.L}",)), "step_0006000"
+    window, trained = grids.OTHERS["window-s0"], f"{sweep.shard_name(grids.DISTRACT_MIX)}_train"
+    m, last = Model("window-s0", "nope", 0, (f"--attention.window={grids.L}",)), "step_0006000"
     assert study.is_run(m, trained, last, window)
     assert not study.is_run(m, trained, "step_0005500", window)  # a run cut short
     assert not study.is_run(Model("window-s0", "nope", 0), trained, last, window)  # no window
@@ -52,26 +52,26 @@ def test_a_run_of_the_grid_is_its_position_window_mixture_and_last_step():
     assert not study.is_run(m, "kvmix_train", last, window)  # another mixture
     nope = Model("nope-s0", "nope")
     assert not study.is_run(nope, trained, last, None)  # no run of that name
-    assert study.is_run(nope, trained, last, sweep.DISTRACT["nope-s0"])
-    assert not study.is_run(Model("nope-s0", "rope"), trained, last, sweep.DISTRACT["nope-s0"])
-    with_bos = f"{sweep.shard_name(sweep.DISTRACT_MIX, True)}_train"
-    assert study.is_run(nope, with_bos, last, sweep.DISTRACT_BOS["nope-s0"])
-    assert not study.is_run(nope, trained, last, sweep.DISTRACT_BOS["nope-s0"])
+    assert study.is_run(nope, trained, last, grids.DISTRACT["nope-s0"])
+    assert not study.is_run(Model("nope-s0", "rope"), trained, last, grids.DISTRACT["nope-s0"])
+    with_bos = f"{sweep.shard_name(grids.DISTRACT_MIX, True)}_train"
+    assert study.is_run(nope, with_bos, last, grids.DISTRACT_BOS["nope-s0"])
+    assert not study.is_run(nope, trained, last, grids.DISTRACT_BOS["nope-s0"])
     # the long grid shares the distract grid's data: its last step tells them apart
-    assert study.is_run(nope, trained, "step_0012000", sweep.DISTRACT_LONG["nope-s0"])
-    assert not study.is_run(nope, trained, last, sweep.DISTRACT_LONG["nope-s0"])
+    assert study.is_run(nope, trained, "step_0012000", grids.DISTRACT_LONG["nope-s0"])
+    assert not study.is_run(nope, trained, last, grids.DISTRACT_LONG["nope-s0"])
     # a warm run's export records its first stage's shards (the short documents)
-    short = f"{sweep.shard_name(sweep.WARM.mix, False, sweep.WARM.length)}_train"
-    assert study.is_run(nope, short, last, sweep.DISTRACT_WARM["nope-s0"])
-    assert not study.is_run(nope, trained, last, sweep.DISTRACT_WARM["nope-s0"])
+    short = f"{sweep.shard_name(grids.WARM.mix, False, grids.WARM.length)}_train"
+    assert study.is_run(nope, short, last, grids.DISTRACT_WARM["nope-s0"])
+    assert not study.is_run(nope, trained, last, grids.DISTRACT_WARM["nope-s0"])
     # the lm grids share the distract grid's kv shards: the text beside them tells them apart
-    lm_all = sweep.DISTRACT_LM_ALL["nope-s0"]
+    lm_all = grids.DISTRACT_LM_ALL["nope-s0"]
     with_text = sweep.trained_on([(trained, 0.95), ("skipgram_all_train", 0.05)])
     assert with_text == f"{trained} (0.95) + skipgram_all_train (0.05)"
     assert study.is_run(nope, with_text, last, lm_all)
     assert not study.is_run(nope, trained, last, lm_all)
-    assert not study.is_run(nope, with_text, last, sweep.DISTRACT["nope-s0"])
-    assert not study.is_run(nope, with_text, last, sweep.DISTRACT_LM["nope-s0"])  # the filler's text
+    assert not study.is_run(nope, with_text, last, grids.DISTRACT["nope-s0"])
+    assert not study.is_run(nope, with_text, last, grids.DISTRACT_LM["nope-s0"])  # the filler's text
     assert not study.is_run(nope, with_text.replace("0.05", "0.1"), last, lm_all)  # another weight
 
 
@@ -89,14 +89,14 @@ def test_an_exports_training_data_is_its_first_stages_whole_blend(tmp_path):
 
 def test_the_plan_is_nope_lengths_at_the_regimes_length(tmp_path):
     p = study.plan((Model("nope-s0", "nope"),), 12000)
-    assert (p.L, p.multiples, p.steps) == (sweep.L, (1, 2, 4, 8, 16), 12000)
+    assert (p.L, p.multiples, p.steps) == (grids.L, (1, 2, 4, 8, 16), 12000)
     assert p.variants == () and p.headscale_targets == ()
     assert 1.5 in p.final_scales and p.scales[0] == 1.0
 
 
 def test_the_grid_study_reads_the_exports_and_scores_the_training_mixture(tmp_path, monkeypatch):
-    s = study.GridStudy(study.plan((Model("nope-s0", "nope"),), sweep.STEPS), tmp_path / "work", tmp_path / "models",
-                        sweep.DISTRACT_MIX)
+    s = study.GridStudy(study.plan((Model("nope-s0", "nope"),), grids.STEPS), tmp_path / "work", tmp_path / "models",
+                        grids.DISTRACT_MIX)
     assert s.export(tmp_path / "unused", "step_0006000", "nope-s0") == tmp_path / "models" / "nope-s0"
     assert (s.data / "heldout" / "filler.jsonl").is_file()  # what sweep.score reads
     seen = {}
@@ -120,10 +120,10 @@ def test_models_must_be_runs_of_the_grids_with_one_mixture(tmp_path):
     _export(tmp_path / "other", "window-s0", "rope")  # the name of a run, another position
     with pytest.raises(SystemExit, match=r"^error: .*window-s0 \(rope, .*\) is no finished run of the grids others"):
         study.run(tmp_path / "other", tmp_path / "out", ("others",))
-    _export(tmp_path / "nowindow", "window-s0", "nope", shards=sweep.shard_name(sweep.DISTRACT_MIX))
+    _export(tmp_path / "nowindow", "window-s0", "nope", shards=sweep.shard_name(grids.DISTRACT_MIX))
     with pytest.raises(SystemExit, match=r"^error: .*window-s0 \(nope, trained on .*\) is no finished run of the gr"):
         study.run(tmp_path / "nowindow", tmp_path / "out", ("others",))  # the run's name, no window
-    _provenance(tmp_path / "alibi-s0", shards=sweep.shard_name(sweep.DISTRACT_MIX))  # others' alibi
+    _provenance(tmp_path / "alibi-s0", shards=sweep.shard_name(grids.DISTRACT_MIX))  # others' alibi
     with pytest.raises(SystemExit, match=r"^error: the models .* different mixtures"):
         study.run(tmp_path, tmp_path / "out", ("seeds", "others"))  # nope-s0 of seeds, alibi of others
     with pytest.raises(SystemExit, match=r"^error: .*nope-s0 \(nope, trained on kvmix_train, .*\) is no finished run"):
@@ -145,15 +145,15 @@ def test_the_study_runs_end_to_end_on_exported_models(tmp_path, monkeypatch):
 
     models = tmp_path / "models"
     for name, position in (("nope-s0", "nope"), ("rope-s0", "rope")):
-        save_tiny_lenext(str(models / name), tokenizer=str(sweep.kv_data() / "tokenizer.model"),
-                         position=position, vocab_size=128, train_length=sweep.L)
-        _provenance(models / name, f"step_{sweep.STEPS:07d}", sweep.shard_name(TRAIN_MIX))
+        save_tiny_lenext(str(models / name), tokenizer=str(data.kv_data() / "tokenizer.model"),
+                         position=position, vocab_size=128, train_length=grids.L)
+        _provenance(models / name, f"step_{grids.STEPS:07d}", sweep.shard_name(TRAIN_MIX))
     summary = study.run(models, tmp_path / "work", ("seeds",), docs=2)
     md = (tmp_path / "work" / "STUDY.md").read_text()
     assert all(c["claim"] in md for c in summary["claims"].values())
-    assert f"{sweep.STEPS} steps of 256 documents" in md  # the seeds grid's runs' own schedule
+    assert f"{grids.STEPS} steps of 256 documents" in md  # the seeds grid's runs' own schedule
     assert summary["documents"] == [f"kv.{p}" for p in TRAIN_MIX]
     rows = {r["model"]["name"]: r["rows"] for r in summary["results"]}
     assert len([r for r in rows["nope-s0"] if r["method"] == "uniform"]) == 7  # the c grid
     assert {r["method"] for r in rows["rope-s0"]} == {"uniform", "pi", "ntk", "yarn"}
-    assert [c["length"] for c in rows["nope-s0"][0]["cells"]] == [sweep.L * k for k in study.MULTIPLES]
+    assert [c["length"] for c in rows["nope-s0"][0]["cells"]] == [grids.L * k for k in study.MULTIPLES]

@@ -7,19 +7,19 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from experiments.kv_regime import sweep
+from experiments.kv_regime import data, grids, sweep
 from experiments.kv_regime.analysis import FORMATS, TRAIN_MIX
 from lenext_dist.config import load_config
 from lenext_dist.prep.kv_corpus import alphabet
 
 
-@pytest.mark.parametrize("grid", sorted(sweep.GRIDS))
+@pytest.mark.parametrize("grid", sorted(grids.GRIDS))
 def test_every_run_of_every_grid_is_a_valid_config(grid, tmp_path):
-    for name, spec in sweep.GRIDS[grid].items():
+    for name, spec in grids.GRIDS[grid].items():
         f = tmp_path / f"{name}.yaml"
         f.write_text(sweep.config(name, spec, tmp_path / "sh", tmp_path, "gloo"))
         cfg = load_config(str(f), [])
-        assert cfg.model.train_length == sweep.L and cfg.train.global_batch_size == spec[4]
+        assert cfg.model.train_length == grids.L and cfg.train.global_batch_size == spec[4]
         assert cfg.attention.position == spec.position and cfg.train.seed == 1234 + spec.seed
         assert cfg.train.steps == spec.steps
         assert cfg.attention.window == (spec.window or None) and cfg.data.bos == spec.bos
@@ -28,29 +28,29 @@ def test_every_run_of_every_grid_is_a_valid_config(grid, tmp_path):
         seq, blend = ((cfg.train.stages[-1].seq_length, cfg.train.stages[-1].blend) if spec.warm
                       else (cfg.model.seq_length, cfg.data.blend))
         own = sweep.shard_name(spec.mix, spec.bos, fill=spec.fill)
-        assert seq == sweep.L and blend[0].prefix.endswith(f"/{own}_train")
+        assert seq == grids.L and blend[0].prefix.endswith(f"/{own}_train")
         # the skip-bigram text beside the kv documents at weight lm; validation on kv alone
         assert [b.weight for b in blend] == ([1 - spec.lm, spec.lm] if spec.lm else [1.0])
-        assert not spec.lm or blend[1].prefix.endswith(f"/{sweep.skip_name(spec.lm_text)}_train")
+        assert not spec.lm or blend[1].prefix.endswith(f"/{data.skip_name(spec.lm_text)}_train")
         assert [b.prefix.rsplit("/", 1)[1] for b in cfg.data.valid_blend] == [f"{own}_valid"]
         if spec.warm:  # the first stage: the short documents, the same sequences a step
             assert cfg.model.seq_length == spec.warm.length and cfg.train.stages[0].start_step == spec.warm.steps
             assert cfg.data.blend[0].prefix.endswith(
                 f"/{sweep.shard_name(spec.warm.mix, spec.bos, spec.warm.length, spec.fill)}_train")
             assert cfg.train.stages[0].global_batch_size == cfg.train.global_batch_size
-    assert len(sweep.GRIDS[grid]) == {"pilot": 8, "seeds": 6, "distract": 6, "others": 3, "distract_bos": 6,  # <= 8:
+    assert len(grids.GRIDS[grid]) == {"pilot": 8, "seeds": 6, "distract": 6, "others": 3, "distract_bos": 6,  # <= 8:
                                       "distract_warm": 6, "distract_long": 6, "distract_lm": 6,
                                       "distract_lm_all": 6, "others_lm_all": 3, "distract_vary": 6,
                                       "others_vary": 3}[grid]  # 2 cores a run
 
 
-@pytest.mark.parametrize("mix", [TRAIN_MIX, sweep.DISTRACT_MIX])
+@pytest.mark.parametrize("mix", [TRAIN_MIX, grids.DISTRACT_MIX])
 @pytest.mark.parametrize("bos", [False, True])
 def test_shards_are_the_training_mixture_at_L(tmp_path, mix, bos):
     """With BOS (added when samples are built) the documents are L - 1 tokens: a sample of L
     tokens is still exactly one document."""
     cmd = " ".join(sweep.shard_command(tmp_path, 2, mix, bos))
-    assert all(f"--task-set kv.{p}" in cmd for p in mix) and f"kv.length={sweep.L - bos} " in cmd
+    assert all(f"--task-set kv.{p}" in cmd for p in mix) and f"kv.length={grids.L - bos} " in cmd
     assert f"--name {sweep.shard_name(mix, bos)} " in cmd
     assert sweep.shard_name(mix, bos) != sweep.shard_name(mix, not bos)
     short = " ".join(sweep.shard_command(tmp_path, 2, mix, bos, 48))
@@ -60,25 +60,25 @@ def test_shards_are_the_training_mixture_at_L(tmp_path, mix, bos):
 
 def test_the_distract_grid_is_the_seeds_grid_with_a_distractor_in_every_document():
     assert sweep.shard_name(TRAIN_MIX) == "kvmix"  # the seeds grid's shards keep their name
-    same = {n: r._replace(mix=TRAIN_MIX) for n, r in sweep.DISTRACT.items() if n in sweep.SEEDS}
-    assert same == sweep.SEEDS and set(sweep.DISTRACT) == set(sweep.SEEDS)
-    assert all(r.mix == sweep.DISTRACT_MIX for g in (sweep.DISTRACT, sweep.OTHERS) for r in g.values())
-    assert {r.position for r in sweep.OTHERS.values()} == {"alibi", "kerple_log", "nope"}
-    assert "distractors=1:3" in sweep.DISTRACT_MIX and "distractors=0:3" not in sweep.DISTRACT_MIX
-    assert {n: r._replace(bos=False) for n, r in sweep.DISTRACT_BOS.items()} == sweep.DISTRACT
-    assert all(r.bos for r in sweep.DISTRACT_BOS.values())
-    assert {n: r._replace(warm=None) for n, r in sweep.DISTRACT_WARM.items()} == sweep.DISTRACT
-    assert {n: r._replace(steps=sweep.STEPS) for n, r in sweep.DISTRACT_LONG.items()} == sweep.DISTRACT
-    assert {r.steps for r in sweep.DISTRACT_LONG.values()} == {12000}  # the plan as written
-    assert {n: r._replace(lm=0.0) for n, r in sweep.DISTRACT_LM.items()} == sweep.DISTRACT
-    assert {r.lm for r in sweep.DISTRACT_LM.values()} == {0.05}  # the plan as written
-    assert {n: r._replace(lm_text="filler") for n, r in sweep.DISTRACT_LM_ALL.items()} == sweep.DISTRACT_LM
-    assert {r.lm_text for r in sweep.DISTRACT_LM_ALL.values()} == {"all"}
-    assert {n: r._replace(lm=0.0, lm_text="filler") for n, r in sweep.OTHERS_LM_ALL.items()} == sweep.OTHERS
-    assert {(r.lm, r.lm_text) for r in sweep.OTHERS_LM_ALL.values()} == {(0.05, "all")}
-    w = sweep.WARM  # the plan as written: 2000 steps of 48-token documents the copy is worth <= 0.5 in
+    same = {n: r._replace(mix=TRAIN_MIX) for n, r in grids.DISTRACT.items() if n in grids.SEEDS}
+    assert same == grids.SEEDS and set(grids.DISTRACT) == set(grids.SEEDS)
+    assert all(r.mix == grids.DISTRACT_MIX for g in (grids.DISTRACT, grids.OTHERS) for r in g.values())
+    assert {r.position for r in grids.OTHERS.values()} == {"alibi", "kerple_log", "nope"}
+    assert "distractors=1:3" in grids.DISTRACT_MIX and "distractors=0:3" not in grids.DISTRACT_MIX
+    assert {n: r._replace(bos=False) for n, r in grids.DISTRACT_BOS.items()} == grids.DISTRACT
+    assert all(r.bos for r in grids.DISTRACT_BOS.values())
+    assert {n: r._replace(warm=None) for n, r in grids.DISTRACT_WARM.items()} == grids.DISTRACT
+    assert {n: r._replace(steps=grids.STEPS) for n, r in grids.DISTRACT_LONG.items()} == grids.DISTRACT
+    assert {r.steps for r in grids.DISTRACT_LONG.values()} == {12000}  # the plan as written
+    assert {n: r._replace(lm=0.0) for n, r in grids.DISTRACT_LM.items()} == grids.DISTRACT
+    assert {r.lm for r in grids.DISTRACT_LM.values()} == {0.05}  # the plan as written
+    assert {n: r._replace(lm_text="filler") for n, r in grids.DISTRACT_LM_ALL.items()} == grids.DISTRACT_LM
+    assert {r.lm_text for r in grids.DISTRACT_LM_ALL.values()} == {"all"}
+    assert {n: r._replace(lm=0.0, lm_text="filler") for n, r in grids.OTHERS_LM_ALL.items()} == grids.OTHERS
+    assert {(r.lm, r.lm_text) for r in grids.OTHERS_LM_ALL.values()} == {(0.05, "all")}
+    w = grids.WARM  # the plan as written: 2000 steps of 48-token documents the copy is worth <= 0.5 in
     assert (w.steps, w.length, w.mix) == (2000, 48, ("values=2:4", "distractors=1:2"))
-    assert [s[2] for s in sweep.shard_sets(sweep.DISTRACT_WARM["nope-s0"])] == [sweep.L, 48]
+    assert [s[2] for s in sweep.shard_sets(grids.DISTRACT_WARM["nope-s0"])] == [grids.L, 48]
 
 
 @pytest.mark.parametrize("text, size", [("filler", 32), ("all", 99)])
@@ -86,8 +86,8 @@ def test_skip_text_is_predictable_from_the_token_one_back_only(tmp_path, text, s
     """The next word is g(the word before the current one) ~90% of the time; the best guess from
     the current word alone is right ~1/V + a little: the loss needs the read one back. The text
     over every alphabet holds every word of the kv documents."""
-    kinds = sweep.SKIP_TEXTS[text]
-    folder = sweep.skip_text(tmp_path / "t", kinds, files=2, words=20_000)
+    kinds = data.SKIP_TEXTS[text]
+    folder = data.skip_text(tmp_path / "t", kinds, files=2, words=20_000)
     words = [w for f in sorted(folder.glob("*.jsonl")) for line in f.read_text().splitlines()
              for w in json.loads(line)["text"].split()]
     assert len(words) == 40_000 and len(set(words)) == size
@@ -102,18 +102,18 @@ def test_skip_text_is_predictable_from_the_token_one_back_only(tmp_path, text, s
 
     assert best_map_accuracy(2) > 0.85 and best_map_accuracy(1) < 0.1
     cmd = " ".join(sweep.skip_command(tmp_path, 2, text))  # a text shard: every token trains
-    assert "--format jsonl " in cmd and f"--name {sweep.skip_name(text)} " in cmd and "--valid-fraction" not in cmd
-    assert f"/{sweep.skip_name(text)}-text/" in cmd
+    assert "--format jsonl " in cmd and f"--name {data.skip_name(text)} " in cmd and "--valid-fraction" not in cmd
+    assert f"/{data.skip_name(text)}-text/" in cmd
     (folder / "skip-000.jsonl").unlink()  # rewritten after a kill: the same file
-    again = sweep.skip_text(folder, kinds, files=3, words=20_000)
+    again = data.skip_text(folder, kinds, files=3, words=20_000)
     texts = {f.name: f.read_text() for f in sorted(again.glob("*.jsonl"))}
     assert len(texts) == 3 and texts == {f.name: f.read_text() for f in sorted(
-        sweep.skip_text(tmp_path / "u", kinds, files=3, words=20_000).glob("*.jsonl"))}
-    assert sweep.skip_name("filler") == sweep.SKIP != sweep.skip_name("all")  # its shards keep their name
+        data.skip_text(tmp_path / "u", kinds, files=3, words=20_000).glob("*.jsonl"))}
+    assert data.skip_name("filler") == data.SKIP != data.skip_name("all")  # its shards keep their name
 
 
 def test_zipf_filler_is_skewed(tmp_path):
-    path = sweep.zipf_filler(tmp_path / "z.jsonl", words=20_000)
+    path = data.zipf_filler(tmp_path / "z.jsonl", words=20_000)
     words = " ".join(json.loads(line)["text"] for line in path.read_text().splitlines()).split()
     top = Counter(words).most_common(1)[0][1] / len(words)
     assert len(words) == 20_000 and top > 0.2  # uniform over 32 syllables: ~0.03
@@ -121,12 +121,12 @@ def test_zipf_filler_is_skewed(tmp_path):
 
 def test_the_vary_grids_are_the_lm_all_grids_over_the_varying_filler(tmp_path):
     for vary, base in (("distract_vary", "distract_lm_all"), ("others_vary", "others_lm_all")):
-        assert {n: r._replace(fill="uniform") for n, r in sweep.GRIDS[vary].items()} == sweep.GRIDS[base]
-        assert all(r.fill == "vary" for r in sweep.GRIDS[vary].values())
-    r = sweep.DISTRACT_VARY["nope-s2"]
+        assert {n: r._replace(fill="uniform") for n, r in grids.GRIDS[vary].items()} == grids.GRIDS[base]
+        assert all(r.fill == "vary" for r in grids.GRIDS[vary].values())
+    r = grids.DISTRACT_VARY["nope-s2"]
     assert sweep.first_shards(r) == sweep.shard_name(r.mix) + "_vary" != sweep.shard_name(r.mix)
     cmd = sweep.shard_command(tmp_path, 2, r.mix, fill="vary")
-    assert cmd[cmd.index("--input") + 1] == str(tmp_path / sweep.VARY / "*.jsonl")
+    assert cmd[cmd.index("--input") + 1] == str(tmp_path / data.VARY / "*.jsonl")
     assert cmd[cmd.index("--name") + 1] == sweep.first_shards(r)
     uniform = sweep.shard_command(tmp_path, 2, r.mix)
     assert uniform[uniform.index("--input") + 1].endswith("/train/*.jsonl")
@@ -138,19 +138,19 @@ def _entropy(counts) -> float:
 
 
 def test_vary_filler_varies_its_records_and_none_is_as_skewed_as_the_held_out_one(tmp_path):
-    folder = sweep.vary_filler(tmp_path / "v", files=2, words=60_000)
+    folder = data.vary_filler(tmp_path / "v", files=2, words=60_000)
     records = [json.loads(line)["text"].split() for f in sorted(folder.glob("*.jsonl"))
                for line in f.read_text().splitlines()]
     assert len(records) == 120 and {w for r in records for w in r} == set(alphabet()["filler"])
     h = [_entropy(Counter(r)) for r in records]  # of 1000 draws: ~0.015 nats under the profile's
     uniform = sum(x > np.log(32) - 0.05 for x in h)
     assert 0.35 < uniform / len(h) < 0.65  # VARY_UNIFORM of them uniform, the rest skewed
-    assert min(h) > sweep.VARY_MIN_ENTROPY - 0.1 and max(h) - min(h) > 0.2
-    zipf = sweep.zipf_filler(tmp_path / "z.jsonl", words=20_000)
+    assert min(h) > data.VARY_MIN_ENTROPY - 0.1 and max(h) - min(h) > 0.2
+    zipf = data.zipf_filler(tmp_path / "z.jsonl", words=20_000)
     held_out = Counter(" ".join(json.loads(line)["text"] for line in zipf.read_text().splitlines()).split())
-    assert _entropy(held_out) < sweep.VARY_MIN_ENTROPY - 0.1 < min(h)  # more skewed than any record
+    assert _entropy(held_out) < data.VARY_MIN_ENTROPY - 0.1 < min(h)  # more skewed than any record
     (folder / "filler-000.jsonl").unlink()  # rewritten after a kill: the same file
-    again = sweep.vary_filler(tmp_path / "v", files=2, words=60_000)
+    again = data.vary_filler(tmp_path / "v", files=2, words=60_000)
     assert [json.loads(line)["text"].split() for f in sorted(again.glob("*.jsonl"))
             for line in f.read_text().splitlines()] == records
 
