@@ -173,7 +173,8 @@ training profile: entropy 2.88 nats, every training profile's >= VARY_MIN_ENTROP
 Judged like the earlier probes: NoPE seed 2 (the seed that failed) on the CPU; it works if that
 run's last checkpoint (6000) passes every held-out format at L (analysis.passes: >= 0.9 and the
 baseline + 0.1; `sweep.py score`, 128 documents each), and it is then the device grid's candidate
-(all six seeds, then others_vary), not the gate's verdict."""
+(all six seeds, then others_vary), not the gate's verdict. It does (results/distract-vary-probe):
+every held-out format at L 0.99-1.00 (skewed filler 1.00, 9-10 values 1.00), at 2L 0.90-1.00."""
 OTHERS_VARY = {n: r._replace(fill="vary") for n, r in OTHERS_LM_ALL.items()}
 """The others grid in distract_vary's regime (written with it)."""
 GRIDS = {"pilot": PILOT, "seeds": SEEDS, "distract": DISTRACT, "others": OTHERS, "distract_bos": DISTRACT_BOS,
