@@ -177,16 +177,20 @@ def exports(tmp_path_factory, megatron_1rank):
     return export_cases(CASES, tmp_path_factory, megatron_1rank)
 
 
-@pytest.fixture(scope="module")
-def fresh_process(exports):
-    """Both exports of every case loaded in ONE fresh interpreter (stock ones first, before any
-    remote code), logits compared there at 1x, 4x, 8x L."""
+def compare_in_fresh_process(exports: dict) -> dict:
+    """Both exports of every case (export_cases's) loaded in ONE fresh interpreter (stock ones
+    first, before any remote code), logits compared there at 1x, 4x, 8x L: FRESH's record."""
     pairs = {name: [s, c] for name, (_, s, c) in exports.items()}
     p = subprocess.run([sys.executable, "-c", FRESH, str(L), json.dumps(pairs)],
                        capture_output=True, text=True, timeout=300,
                        env={**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": ""}, cwd="/")
     assert p.returncode == 0, p.stderr[-3000:]
     return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def fresh_process(exports):
+    return compare_in_fresh_process(exports)
 
 
 @pytest.mark.parametrize("name", list(CASES))

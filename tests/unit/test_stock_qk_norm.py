@@ -5,16 +5,14 @@ weightless QK-norm on the RoPE layers exports as Llama4ForCausalLM with use_qk_n
 RMSNorm on every layer as Qwen3ForCausalLM, partial RoPE as GlmForCausalLM; the forms that
 cannot express them are refused by name."""
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 
 from lenext_dist.config import (HeadScaleConfig, LayoutConfig, QKNormConfig, RopeConfig,
                                 TemperatureConfig)
 from lenext_dist.convert.export import ExportError, export, verify
-from test_stock_export import FRESH, L, _config_only, export_cases, run_config, step_folder
+from test_stock_export import (L, _config_only, compare_in_fresh_process, export_cases, run_config,
+                               step_folder)
 
 LLAMA4_T = TemperatureConfig(kind="llama4", floor_scale=4, attn_scale=0.5)
 CASES = {
@@ -44,12 +42,7 @@ def exports(tmp_path_factory, megatron_1rank):
 
 @pytest.fixture(scope="module")
 def fresh_process(exports):
-    pairs = {name: [s, c] for name, (_, s, c) in exports.items()}
-    p = subprocess.run([sys.executable, "-c", FRESH, str(L), json.dumps(pairs)],
-                       capture_output=True, text=True, timeout=300,
-                       env={**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": ""}, cwd="/")
-    assert p.returncode == 0, p.stderr[-3000:]
-    return json.loads(p.stdout.strip().splitlines()[-1])
+    return compare_in_fresh_process(exports)
 
 
 @pytest.mark.parametrize("name", list(CASES))
