@@ -11,7 +11,7 @@ filler; the uniform-c grid with the attention entropy on the NoPE seeds (the fit
 c = 1 and 1.5 on every other model, RoPE PI / NTK / YaRN on rope-s0. HeadScale needs the training
 checkpoint (the device brings back exports only): it is item 4's (experiments/sizes).
 
-  python -m experiments.kv_regime.study --models MODELS --out WORK [--grids distract_vary,others_vary]
+  python -m experiments.kv_regime.study --models MODELS --out WORK [--grids GRID,ITS_OTHERS_GRID]
 """
 from __future__ import annotations
 
