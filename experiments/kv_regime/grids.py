@@ -1,12 +1,14 @@
 """The kv regime's runs (issue 43, item 1), grid by grid; sweep.py trains, collects and scores them.
 
 Each grid's docstring says why it exists and, for the explorations, the rule written before its
-run (the commit order shows it). pilot: regime candidates, one seed each; seeds: the regime it
-pointed to (4 layers, d128, 256 sequences a step, lr 3e-3; 3 seeds of NoPE and RoPE); distract: a
-distractor key in every training document; others: ALiBi, KERPLE, windowed NoPE on it; and the
-levers tried for NoPE on it: distract_bos, distract_warm, distract_long, distract_lm,
-distract_lm_all (and others_lm_all: the others grid in distract_lm_all's regime), distract_vary
-(and others_vary).
+run. The commit order shows each rule came first: the grids lived in sweep.py until 29 Nov, and
+`git blame -C -C grids.py` follows every line back to the commit that wrote it there.
+
+pilot: regime candidates, one seed each; seeds: the regime it pointed to (4 layers, d128, 256
+sequences a step, lr 3e-3; 3 seeds of NoPE and RoPE); distract: a distractor key in every training
+document; others: ALiBi, KERPLE, windowed NoPE on it; and the levers tried for NoPE on it:
+distract_bos, distract_warm, distract_long, distract_lm, distract_lm_all (and others_lm_all: the
+others grid in distract_lm_all's regime), distract_vary (and others_vary).
 """
 from __future__ import annotations
 
