@@ -155,7 +155,7 @@ def _gpt_dataset_class(answer_loss: bool = False):
     return LenextGPTDataset
 
 
-def _check_prefixes(items: list[BlendItem], key: str) -> None:
+def check_prefixes(items: list[BlendItem], key: str) -> None:
     for it in items:
         for ext in (".bin", ".idx"):
             if not os.path.isfile(it.prefix + ext):
@@ -281,8 +281,8 @@ def build_datasets(cfg: RunConfig, world_size: int, record: bool = False):
     d, t = cfg.data, cfg.train
     if not d.blend:
         raise ConfigError("data.blend: no training shards configured")
-    _check_prefixes(d.blend, "data.blend")
-    _check_prefixes(d.valid_blend, "data.valid_blend")
+    check_prefixes(d.blend, "data.blend")
+    check_prefixes(d.valid_blend, "data.valid_blend")
     tok = ShardTokenizer.from_sentencepiece(d.tokenizer, bos=d.bos)
     if tok.vocab_size > cfg.model.vocab_size:
         raise ConfigError(f"model.vocab_size: {cfg.model.vocab_size} < tokenizer vocabulary "

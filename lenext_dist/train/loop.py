@@ -20,8 +20,8 @@ import torch
 import torch.distributed as dist
 
 from lenext_dist.checkpoint.layout import CONFIG, latest_tag, latest_tag_name, step_of
-from lenext_dist.config import RunConfig, deepspeed_config, save_config, stages, to_dict
-from lenext_dist.data.gpt_data import build_datasets, train_batches, valid_batches
+from lenext_dist.config import ConfigError, RunConfig, deepspeed_config, save_config, stages, to_dict
+from lenext_dist.data.gpt_data import build_datasets, check_prefixes, train_batches, valid_batches
 from lenext_dist.errors import UserError
 from lenext_dist.model import ulysses
 from lenext_dist.train import checkpoint, fp32_params, optim
@@ -118,10 +118,17 @@ def _train(cfg: RunConfig, stop: StopSignal, owns_group: bool, rank: int, world:
         if owns_group:
             shutdown_distributed()
         return {"step": start, "stopped_by_signal": False}
-    k = stages.index_at(cfg, start)
+    k = first = stages.index_at(cfg, start)
+    _check_later_stages(cfg, first, world)
     while True:
-        run = _set_up(stages.stage_config(cfg, k), rank, world, base=cfg, stage=k)
+        # a later stage goes on from the checkpoint its boundary just saved, whatever
+        # checkpoint.resume says (false only asks not to resume an earlier run's)
+        run = _set_up(stages.stage_config(cfg, k), rank, world, base=cfg, stage=k,
+                      resume=True if k > first else None)
         step, consumed = _resume(run)
+        if k > first and step != stages.bounds(cfg)[k][0]:
+            raise RuntimeError(f"stage {k} resumed at step {step}, not at its first step "
+                               f"{stages.bounds(cfg)[k][0]}: the boundary's checkpoint is not the latest")
         if rank == 0:
             save_config(cfg, os.path.join(cfg.run_dir, CONFIG))
             name = "deepspeed.json" if k == 0 else f"deepspeed.stage{k}.json"
@@ -146,6 +153,21 @@ def sdpa_preference(cfg: RunConfig):
 
     names = cfg.attention.sdpa_backends
     return prefer_sdpa_backends(names) if names else contextlib.nullcontext()
+
+
+def _check_later_stages(cfg: RunConfig, first: int, world: int) -> None:
+    """What the stages after `first` ask of this world and disk (batch sizes that split over its
+    data-parallel ranks, a stage's own shards), checked before anything trains: found at a
+    boundary hours in, the error would stop the run there, and every requeue with it."""
+    dp = cfg.parallel.data_parallel_size(world)
+    for k in range(first + 1, len(cfg.train.stages) + 1):
+        where, s = f"train.stages[{k - 1}]", stages.stage_config(cfg, k)
+        try:
+            s.train.accum_steps(dp)
+        except ConfigError as e:
+            raise ConfigError(f"{where}: {e}") from None
+        if cfg.train.stages[k - 1].blend:
+            check_prefixes(s.data.blend, f"{where}.blend")
 
 
 def _resume_step(cfg: RunConfig) -> int:
@@ -195,10 +217,12 @@ class _Run:
         return hs.enabled and hs.trainable
 
 
-def _set_up(cfg: RunConfig, rank: int, world: int, base: Optional[RunConfig] = None, stage: int = 0) -> _Run:
+def _set_up(cfg: RunConfig, rank: int, world: int, base: Optional[RunConfig] = None, stage: int = 0,
+            resume: Optional[bool] = None) -> _Run:
     """Parallel groups, data, model and DeepSpeed engine of `cfg` (stage `stage` of the run
-    `base`); what is wrong with the batch sizes, the shards or the checkpoint to resume fails
-    here, before anything is trained."""
+    `base`), resuming from the latest checkpoint if `resume` (default: checkpoint.resume); what is
+    wrong with the batch sizes, the shards or the checkpoint to resume fails here, before anything
+    is trained."""
     from deepspeed.accelerator import get_accelerator
 
     from lenext_dist.model import build_model, flops_per_token, init_megatron
@@ -214,7 +238,7 @@ def _set_up(cfg: RunConfig, rank: int, world: int, base: Optional[RunConfig] = N
     device = get_accelerator().current_device_name()
     init_megatron(cfg.train.seed)
     model = build_model(cfg)
-    tag, reshard = _checkpoint_to_resume(base, world)
+    tag, reshard = _checkpoint_to_resume(base, world, base.checkpoint.resume if resume is None else resume)
     if tag is None and cfg.checkpoint.init_from:  # before DeepSpeed wraps the model
         src = checkpoint.load_weights(model, cfg.checkpoint.init_from, keep=optim.is_head_scale)
         _print0(f"[lenext] initialized weights from {src}; head scales start at {cfg.head_scale_init}")
@@ -235,10 +259,10 @@ def _set_up(cfg: RunConfig, rank: int, world: int, base: Optional[RunConfig] = N
                 tag, reshard, base, stage)
 
 
-def _checkpoint_to_resume(cfg: RunConfig, world: int) -> tuple[Optional[str], bool]:
-    """(the tag to resume from or None, whether its ZeRO partitions must be cut again), checked
-    against this config before the model is built on it."""
-    tag = latest_tag(cfg.checkpoint.dir) if cfg.checkpoint.resume else None
+def _checkpoint_to_resume(cfg: RunConfig, world: int, resume: bool) -> tuple[Optional[str], bool]:
+    """(the tag to resume from, None without `resume` or a checkpoint; whether its ZeRO partitions
+    must be cut again), checked against this config before the model is built on it."""
+    tag = latest_tag(cfg.checkpoint.dir) if resume else None
     if not tag:
         return tag, False
     for note in checkpoint.check_resume(cfg, os.path.join(cfg.checkpoint.dir, tag)):
@@ -288,9 +312,11 @@ def _step_loop(run: _Run, stop: StopSignal, step: int, consumed: int,
         step_loss, gnorm = micro_step(micro_batches, log_now)
         step += 1
         consumed += cfg.train.global_batch_size
-        metrics.add_step(time.perf_counter() - t0, data_s)
         # NaN on any rank -> NaN on all; x group size: the group's partial losses add up
         mean_loss = _mean_over_ranks(step_loss, device) * ulysses.size()
+        # timed after that host sync: on an accelerator the optimizer's update is still queued
+        # when engine.step() returns, and the next step's clock would not count it either
+        metrics.add_step(time.perf_counter() - t0, data_s)
         loss_sum += mean_loss
         n_loss += 1
         # fp16: an inf grad norm is the loss scaler's overflow, a skipped step, not divergence

@@ -188,17 +188,17 @@ def test_one_process_env_only_without_a_launcher_or_mpi():
 def test_a_truncated_shard_is_named_before_megatron_reads_it(tmp_path):
 
     from lenext_dist.config import BlendItem
-    from lenext_dist.data.gpt_data import _check_prefixes
+    from lenext_dist.data.gpt_data import check_prefixes
 
     prefix = tiny_shard(str(tmp_path / "s_train"), [torch.arange(n) for n in (50, 70, 30)])
     items = [BlendItem(prefix=prefix)]
-    _check_prefixes(items, "data.blend")  # whole: fine
+    check_prefixes(items, "data.blend")  # whole: fine
     whole = {ext: open(prefix + ext, "rb").read() for ext in (".bin", ".idx")}
     for ext in (".bin", ".idx"):
         with open(prefix + ext, "wb") as f:
             f.write(whole[ext][: len(whole[ext]) - 9])
         with pytest.raises(ConfigError, match=rf"data.blend: {prefix}{ext}: .*truncated"):
-            _check_prefixes(items, "data.blend")
+            check_prefixes(items, "data.blend")
         with open(prefix + ext, "wb") as f:
             f.write(whole[ext])
 

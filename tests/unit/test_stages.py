@@ -101,3 +101,22 @@ def test_a_checkpoint_reads_back_as_the_stage_its_weights_were_trained_in(tmp_pa
         got = run_config(d)
         assert (got.model.seq_length, got.attention.rope.base) == (seq, base), step
         assert saved_config(d).train.stages == cfg.train.stages
+
+
+@pytest.mark.parametrize("stage, world, key", [
+    ({"start_step": 4, "seq_length": 256, "global_batch_size": 6}, 2,
+     r"^train\.stages\[0\]: train\.global_batch_size: 6 is not divisible by micro_batch_size x "
+     r"data-parallel size = 2 x 2$"),
+    ({"start_step": 4, "blend": [{"prefix": "/no/such/shard", "weight": 1.0}]}, 1,
+     r"^train\.stages\[0\]\.blend: shard /no/such/shard\.bin not found"),
+])
+def test_a_later_stage_that_cannot_run_is_refused_before_stage_0_trains(tmp_path, stage, world, key):
+    """What only a later stage's boundary would find (its batch over this world's data-parallel
+    ranks, its own shards) fails before the run trains, naming the stage."""
+    from lenext_dist.train.loop import _check_later_stages
+
+    cfg = _load(tmp_path, [stage])
+    _check_later_stages(cfg, 1, world)  # resumed inside that stage: nothing later to check
+    with pytest.raises(ConfigError) as e:
+        _check_later_stages(cfg, 0, world)
+    assert re.search(key, str(e.value)) and "\n" not in str(e.value), str(e.value)

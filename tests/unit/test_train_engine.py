@@ -322,3 +322,19 @@ def test_no_stage_engine_outlives_its_stage(shards, tmp_path):
     assert run_train(cfg) == {"step": STEPS, "stopped_by_signal": False}
     gc.collect()
     assert sum(isinstance(o, DeepSpeedEngine) for o in gc.get_objects()) == before
+
+
+def test_a_staged_run_without_resume_goes_on_from_its_boundary(shards, tmp_path):
+    """checkpoint.resume false (a fresh run_dir) declines an earlier run's checkpoint, not the one
+    its own stage boundary saves: stage 1 continues from step 2 (weights, LR schedule, data
+    position, metrics), where it once started over from step 0 with fresh weights."""
+    cfg = config(tmp_path, shards, "staged", train={"stages": [{"start_step": 2, "seq_length": 64}]},
+                 checkpoint={"resume": False},
+                 attention={"head_scale": {"enabled": False, "trainable": False}})
+    assert run_train(cfg) == {"step": STEPS, "stopped_by_signal": False}
+    run = tmp_path / "staged"
+    assert sorted(losses(run)) == list(range(1, STEPS + 1))  # each step once, none started over
+    assert losses(run, "stage") == {1: 0, 2: 0, 3: 1, 4: 1}
+    assert losses(run, "lr") == {s: pytest.approx(optim.cosine_lr(s - 1, cfg.optim, STEPS))
+                                 for s in range(1, STEPS + 1)}
+    assert not list(run.glob("metrics.dropped*"))
