@@ -103,14 +103,16 @@ def _rope(c: dict, head_dim: int) -> tuple[dict, int]:
     legacy = dict(c.get("rope_scaling") or {})  # transformers < 5: `rope_scaling` {type, factor}
     if legacy:
         p.update(legacy, rope_type=legacy.pop("rope_type", legacy.pop("type", None)))
-        p.pop("type", None)
-    kind = p.get("rope_type", "default")
+    legacy_type = p.pop("type", None)  # transformers' reading may keep the old key beside rope_type
+    kind = p.setdefault("rope_type", legacy_type or "default")
     scaling = {"default": "none", "linear": "pi", "yarn": "yarn"}.get(kind)
     if scaling is None:
         raise ValueError(f"rope_type {kind!r}: no RoPE scaling of ours computes it "
                          f"(known: default, linear (PI), yarn; static NTK is a default base)")
     L = int(p.get("original_max_position_embeddings") or stock_length(c, p.get("factor") or 1.0))
-    r = {"base": float(p["rope_theta"]), "scaling": scaling, "factor": float(p.get("factor") or 1.0)}
+    # YaRN without a factor: transformers' max_position_embeddings / original length
+    factor = p.get("factor") or (c["max_position_embeddings"] / L if scaling == "yarn" else 1.0)
+    r = {"base": float(p["rope_theta"]), "scaling": scaling, "factor": float(factor)}
     back = stock.ROPE_PARAMETERS[scaling](RopeConfig(**r), head_dim, L)
     extra = [k for k, v in p.items() if v is not None and (k not in back or back[k] != v)]
     if extra:
@@ -319,13 +321,32 @@ def read_config(folder: Path, overrides=()) -> tuple[dict, Reading, str]:
         raise _refuse(f, f"auto_map {sorted(c['auto_map'].values())}: the model runs its own code, "
                       f"not stock {arch} (code is never run here); read it and say what it "
                       "computes with attention.* overrides, e.g. attention.position=nope")
+    if arch != "LenextForCausalLM":
+        c = _as_transformers_reads(c, f)
     try:
         reading = READERS[arch](c, folder)
         reading.attention = _layout(reading.specs, reading.attention)
-    except (ValueError, KeyError) as e:
-        what = e.args[0] if isinstance(e, ValueError) else f"config.json lacks {e.args[0]!r}"
+    except (ValueError, KeyError, TypeError) as e:
+        what = (e.args[0] if isinstance(e, ValueError) else f"config.json lacks {e.args[0]!r}"
+                if isinstance(e, KeyError) else f"a value of the wrong type in config.json ({e})")
         raise _refuse(f, f"{arch} with {what}") from None
     return c, reading, arch
+
+
+def _as_transformers_reads(c: dict, f: Path) -> dict:
+    """config.json as transformers reads it: what it lacks takes its config class's default or
+    what the class derives from the rest (Mistral's window of 4096, SmolLM3's windowed NoPE
+    layers, YaRN's original length = max_position_embeddings, SmolLM3's tied embeddings), so the
+    import computes what transformers would compute from the same folder."""
+    from transformers import CONFIG_MAPPING
+
+    if c.get("model_type") not in CONFIG_MAPPING:
+        return c
+    try:
+        full = CONFIG_MAPPING[c["model_type"]](**c).to_dict()
+    except (TypeError, ValueError, KeyError, AttributeError) as e:
+        raise _refuse(f, f"transformers cannot read it ({type(e).__name__}: {e})") from None
+    return {**full, "architectures": c.get("architectures")}
 
 
 def _tokenizer_adds_bos(folder: Path) -> bool:
@@ -427,7 +448,12 @@ def _relocated(cfg, tmp: Path, final: Path):
 
 def _fold_head_scales(weights: LazyWeights, cfg) -> None:
     """Our custom export's per-head scales [h] per layer: a uniform c stays attention.scale_c;
-    anything else is folded into q_proj's rows (as the stock export does) with scale_c 1."""
+    anything else is folded as the stock export folds it (stock_weights): into q_norm.weight on a
+    layer with a learned QK-norm whose heads share one scale (the norm would undo a scaled
+    q_proj), else into q_proj's rows, with scale_c 1; what no weight can carry is refused."""
+    from .keymap import HF_QK_NORM
+    from .stock_weights import fold_into_qk_norm
+
     m = cfg.model
     keys = [HF_HEAD_SCALE.format(i=i) for i in range(m.num_layers)]
     if not all(k in weights for k in keys):
@@ -439,11 +465,21 @@ def _fold_head_scales(weights: LazyWeights, cfg) -> None:
         cfg.attention.scale_c = float(scales.flatten()[0])
         return
     cfg.attention.scale_c = 1.0
+    norms = {k: weights[k] for i in range(m.num_layers) if (k := HF_QK_NORM.format(i=i, qk="q")) in weights}
+    try:
+        norms, scales = fold_into_qk_norm(cfg, norms, scales)  # [d] each; scales: 1 on the normed layers
+    except ValueError as e:
+        raise _refuse(weights.folder, str(e)) from None
     rows = {HF_Q_PROJ.format(i=i): r for i, r in enumerate(scales)}
     inner = weights.reading.tensor
-    weights.reading.tensor = lambda k, w: (stock.fold_head_scales(
-        {HF_Q_PROJ.format(i=0): inner(k, w)}, rows[k].view(1, -1), m.num_attention_heads,
-        m.head_dim)[HF_Q_PROJ.format(i=0)] if k in rows else inner(k, w))
 
+    def tensor(k, w):
+        if k in norms:  # already read (and mapped) above, then scaled
+            return norms[k]
+        w = inner(k, w)
+        return stock.fold_head_scales({HF_Q_PROJ.format(i=0): w}, rows[k].view(1, -1), m.num_attention_heads,
+                                      m.head_dim)[HF_Q_PROJ.format(i=0)] if k in rows else w
+
+    weights.reading.tensor = tensor
 
 __all__ = ["import_hf", "read_config", "READERS", "ImportRefused", "LazyWeights"]

@@ -147,6 +147,59 @@ def test_custom_export_imports_with_its_head_scales(tmp_path, megatron_1rank):
     assert sorted(a) == sorted(b) and all(torch.equal(a[k], b[k]) for k in a)
 
 
+def test_custom_export_with_qk_norm_folds_its_scales_into_q_norm_or_refuses(tmp_path, megatron_1rank):
+    """On a QK-normed layer the norm undoes a scaled q_proj: one scale per layer goes into
+    q_norm.weight (the logits equal the custom export's), per-head scales there are refused by
+    name (they were folded into q_proj and lost, the logits 1.2 apart)."""
+    from transformers import AutoModelForCausalLM
+
+    make_hf(tmp_path / "hf", _qwen3())
+    import_hf(tmp_path / "hf", tmp_path / "run")
+    per_layer = torch.tensor([0.7, 1.3, 1.0, 1.6]).view(4, 1).expand(4, 4)
+    custom = tmp_path / "custom"
+    export(tmp_path / "run" / "checkpoints", custom, tokenizer="", head_scales=per_layer)
+    import_hf(custom, tmp_path / "run-back")
+    hf = AutoModelForCausalLM.from_pretrained(custom, trust_remote_code=True, dtype=torch.float32).eval()
+    logits_equal(hf, tmp_path / "run-back" / "checkpoints" / "step_0000000")
+
+    per_head = 0.8 + torch.rand(4, 4, generator=torch.Generator().manual_seed(3))
+    export(tmp_path / "run" / "checkpoints", tmp_path / "custom-heads", tokenizer="", head_scales=per_head)
+    with pytest.raises(ImportRefused, match=r"layer 0's head scales .* one q_norm weight shared by the heads"):
+        import_hf(tmp_path / "custom-heads", tmp_path / "run-heads")
+    assert not (tmp_path / "run-heads").exists()
+
+
+LACKING = {  # a config.json without a key transformers has a default for, or derives
+    "mistral-no-window": (lambda: _mistral(sliding_window=8), "sliding_window", {"windows": [4096] * 4}),
+    "smollm3-tied-no-tie-key": (lambda: _smollm3(tie_word_embeddings=True), "tie_word_embeddings", {}),
+    "smollm3-window-no-layer-types": (lambda: _smollm3(no_rope_layers=[1, 1, 1, 0], use_sliding_window=True,
+                                                       sliding_window=8), "layer_types",
+                                      {"windows": [None, None, None, 8]}),
+    "yarn-no-original-length": (lambda: _llama(rope_parameters=ROPE_YARN), "original_max_position_embeddings",
+                                {"train_length": L}),
+}
+
+
+@pytest.mark.parametrize("case", sorted(LACKING))
+def test_a_config_lacking_a_key_imports_as_transformers_reads_it(case, tmp_path, megatron_1rank):
+    """What config.json leaves out takes transformers' default, or what it derives (Mistral's
+    window of 4096, SmolLM3's tie and its windowed NoPE layers, YaRN's original length =
+    max_position_embeddings), not a guess of ours: the import equals transformers' model of the
+    same folder."""
+    from transformers import AutoModelForCausalLM
+
+    make, key, expect = LACKING[case]
+    make_hf(tmp_path / "hf", make())
+    c = json.loads((tmp_path / "hf" / "config.json").read_text())
+    for d in (c, c.get("rope_parameters") or {}):
+        d.pop(key, None)
+    (tmp_path / "hf" / "config.json").write_text(json.dumps(c))
+    hf = AutoModelForCausalLM.from_pretrained(tmp_path / "hf", dtype=torch.float32).eval()
+    info = import_hf(tmp_path / "hf", tmp_path / "run")
+    assert {k: info[k] for k in expect} == expect
+    logits_equal(hf, tmp_path / "run" / "checkpoints" / "step_0000000")
+
+
 REFUSED = {
     "moe": (lambda: _llama4(moe_layers=[1]), "moe_layers"),
     "qwen3-window": (lambda: _qwen3(use_sliding_window=True, sliding_window=8), "use_sliding_window"),
