@@ -34,13 +34,14 @@ from typing import Callable, Optional
 import torch
 import yaml
 
+from lenext_dist.attention.names import HEAD_SCALE_KEY
 from lenext_dist.attention.temperature import LLAMA4_DEFAULTS
 from lenext_dist.checkpoint.layout import COMPLETE, CONFIG, LATEST, tag_for
 from lenext_dist.config import RopeConfig
 from lenext_dist.errors import CheckpointError
 
 from . import stock
-from .keymap import HF_HEAD_SCALE, HF_Q_PROJ, Shape, hf_to_megatron
+from .keymap import HF_HEAD_SCALE, HF_Q_PROJ, Shape, expected_shapes, hf_to_megatron
 from .outdir import check_out, staged
 
 TOKENIZER_FILES = ("tokenizer.model", "tokenizer.json", "tokenizer_config.json",
@@ -241,6 +242,7 @@ class LazyWeights:
                 files = dict(json.loads(index.read_bytes())["weight_map"])
             except (ValueError, KeyError, TypeError) as e:  # damaged, or not an index
                 raise _refuse(index, f"not a safetensors index ({type(e).__name__}: {e})") from None
+            _check_shards(folder, index.name, files)
         elif (folder / "model.safetensors").is_file():
             with _opened(folder / "model.safetensors") as f:
                 files = {k: "model.safetensors" for k in f.keys()}
@@ -265,6 +267,20 @@ class LazyWeights:
         theirs, f = self.names[k]
         with _opened(self.folder / f) as h:  # one tensor, then the file is closed
             return self.reading.tensor(k, h.get_tensor(theirs))
+
+
+def _check_shards(folder: Path, index: str, files: dict) -> None:
+    """Every shard the index names is there and holds the tensors it puts there (headers only),
+    before anything is written: a partial download is named as one."""
+    for shard in sorted(set(files.values())):
+        if not (folder / shard).is_file():
+            raise _refuse(folder / shard, f"missing ({index} lists it): download it again")
+        with _opened(folder / shard) as h:
+            held = set(h.keys())
+        lacking = sorted(k for k, s in files.items() if s == shard and k not in held)
+        if lacking:
+            more = f" and {len(lacking) - 1} more" if len(lacking) > 1 else ""
+            raise _refuse(folder / shard, f"lacks {lacking[0]}{more} ({index} puts them there): download it again")
 
 
 def _opened(path: Path):
@@ -398,7 +414,7 @@ def import_hf(folder, out, *, overrides: list[str] = (), name: Optional[str] = N
             load_sentencepiece(str(folder / "tokenizer.model"))
         except UserError as e:
             raise _refuse(folder, f"{e}") from None
-    replaces = check_out(final, False, [folder])
+    replaces = check_out(final, None, [folder])  # no --overwrite: nothing replaced
     weights = LazyWeights(folder, reading)
     with staged(final, replaces) as tmp:
         for t in TOKENIZER_FILES:
@@ -416,6 +432,9 @@ def import_hf(folder, out, *, overrides: list[str] = (), name: Optional[str] = N
             state = hf_to_megatron(weights, shape)
         except KeyError as e:
             raise _refuse(folder, e.args[0]) from None
+        why = _misfit(state, cfg.model)
+        if why:
+            raise _refuse(folder, why)
         step = tmp / "checkpoints" / tag_for(0)
         step.mkdir(parents=True)
         torch.save({"module": state}, step / "mp_rank_00_model_states.pt")
@@ -434,6 +453,19 @@ def import_hf(folder, out, *, overrides: list[str] = (), name: Optional[str] = N
                    "tokenizer": [t for t in TOKENIZER_FILES if (tmp / t).is_file()]}
         (tmp / "import.json").write_text(json.dumps(summary, indent=1) + "\n")
     return summary
+
+
+def _misfit(state: dict, m) -> Optional[str]:
+    """What in the converted weights does not fit the config read from config.json (a weight
+    missing, or of another shape), or None: found here rather than when training starts."""
+    for k, (want, keys) in expected_shapes(m).items():
+        if k not in state:
+            if HEAD_SCALE_KEY not in k:  # head scales are optional
+                return (f"no weight for {k} (untied embeddings need lm_head.weight)" if k == "output_layer.weight"
+                        else f"no weight for {k}")
+        elif tuple(state[k].shape) != want:
+            return f"{k} has shape {tuple(state[k].shape)}, but config.json gives {want} ({', '.join(keys)})"
+    return None
 
 
 def _relocated(cfg, tmp: Path, final: Path):

@@ -20,7 +20,7 @@ import re
 import shutil
 import sys
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Iterable, Iterator, Optional
 
 from lenext_dist.errors import CheckpointError
 
@@ -59,8 +59,9 @@ def _foreign(folder: Path) -> list[str]:
     return [e for e in entries if not _LEGACY.fullmatch(e) or (folder / e).is_dir()]
 
 
-def check_out(out: Path, overwrite: bool, protected: Iterable[Path]) -> list[Path]:
-    """Raise OutputError unless `out` may be (re)written; return what writing it would delete."""
+def check_out(out: Path, overwrite: Optional[bool], protected: Iterable[Path]) -> list[Path]:
+    """Raise OutputError unless `out` may be (re)written; return what writing it would delete.
+    overwrite None: the command has no --overwrite (an import writes only a new folder)."""
     if out.is_symlink():
         raise OutputError(f"--out {out} is a symbolic link; name the folder it points to "
                           f"({os.path.realpath(out)}) or another path")
@@ -77,6 +78,9 @@ def check_out(out: Path, overwrite: bool, protected: Iterable[Path]) -> list[Pat
     entries = sorted(out.iterdir())
     if not entries:
         return []
+    if overwrite is None:
+        raise OutputError(f"--out {out} exists and is not empty; an import writes a new folder: "
+                          "choose another path")
     if not overwrite:
         raise OutputError(f"--out {out} exists and is not empty (pass --overwrite to replace a "
                           "previous export there, or choose another folder)")

@@ -13,6 +13,7 @@ import torch
 from lenext_dist.convert.export import export
 from lenext_dist.convert.export import megatron_reference
 from lenext_dist.convert.hf_import import ImportRefused, import_hf
+from lenext_dist.convert.outdir import OutputError
 
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 L = 16  # the training length of the tiny models; 4x = 64 tokens
@@ -251,6 +252,46 @@ def test_refuses_pickles_unknown_architectures_and_unknown_weights(tmp_path):
     with pytest.raises(ImportRefused, match="q_norm.weight: qk-norm"):
         import_hf(hf_dir, tmp_path / "run")
     assert not (tmp_path / "run").exists()
+
+
+def test_a_partial_or_mismatched_folder_is_named_before_anything_is_written(tmp_path, megatron_1rank):
+    """A shard missing or short of its tensors (a partial download), an untied model without
+    lm_head, weights of another shape than config.json's: one line naming it, nothing written
+    (they were a write error blamed on the disk, a traceback, or an import that failed only when
+    training started); an existing --out is refused without offering an --overwrite it lacks."""
+    from safetensors.torch import load_file, save_file
+
+    def refused(folder, pattern, out="run"):
+        with pytest.raises(ImportRefused, match=pattern) as e:
+            import_hf(folder, tmp_path / out)
+        assert "\n" not in str(e.value) and not (tmp_path / out).exists()
+
+    sharded = tmp_path / "sharded"
+    make_hf(sharded, _llama(), shard="60KB")
+    shards = sorted(sharded.glob("model-*.safetensors"))
+    state = load_file(shards[1])
+    save_file(dict(list(state.items())[1:]), shards[1])
+    refused(sharded, rf"{shards[1].name}: cannot import: lacks {list(state)[0]} \(model.safetensors.index.json "
+                     r"puts them there\): download it again")
+    shards[1].unlink()
+    refused(sharded, rf"{shards[1].name}: cannot import: missing \(model.safetensors.index.json lists it\)")
+
+    one = tmp_path / "one"
+    make_hf(one, _llama())
+    st, cfg = one / "model.safetensors", json.loads((one / "config.json").read_text())
+    state = load_file(st)
+    save_file({k: v for k, v in state.items() if k != "lm_head.weight"}, st)
+    refused(one, r"no weight for output_layer.weight \(untied embeddings need lm_head.weight\)")
+    save_file(state, st)
+    (one / "config.json").write_text(json.dumps({**cfg, "vocab_size": 300}))
+    refused(one, r"embedding.word_embeddings.weight has shape \(256, 64\), but config.json gives \(300, 64\)")
+
+    (one / "config.json").write_text(json.dumps(cfg))
+    (tmp_path / "taken").mkdir()
+    (tmp_path / "taken" / "notes.txt").write_text("mine")
+    with pytest.raises(OutputError, match="an import writes a new folder: choose another path$"):
+        import_hf(one, tmp_path / "taken")
+    assert os.listdir(tmp_path / "taken") == ["notes.txt"]
 
 
 def test_remote_code_model_needs_an_attention_override(tmp_path, megatron_1rank):
