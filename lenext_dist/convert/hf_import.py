@@ -105,6 +105,8 @@ def _rope(c: dict, head_dim: int) -> tuple[dict, int]:
     if legacy:
         p.update(legacy, rope_type=legacy.pop("rope_type", legacy.pop("type", None)))
     legacy_type = p.pop("type", None)  # transformers' reading may keep the old key beside rope_type
+    if p.get("partial_rotary_factor") == 1.0:  # every dim rotates: the default (_common refuses others)
+        del p["partial_rotary_factor"]
     kind = p.setdefault("rope_type", legacy_type or "default")
     scaling = {"default": "none", "linear": "pi", "yarn": "yarn"}.get(kind)
     if scaling is None:
@@ -252,7 +254,8 @@ class LazyWeights:
                                    "model as safetensors first" if pickles else
                                    "no model.safetensors or model.safetensors.index.json"))
         self.folder, self.reading = folder, reading
-        self.names = {reading.key(k): (k, f) for k, f in files.items()}
+        # rotary_emb.inv_freq: a buffer older transformers saved, recomputed from the config
+        self.names = {reading.key(k): (k, f) for k, f in files.items() if not k.endswith("rotary_emb.inv_freq")}
 
     def __iter__(self):
         return iter(self.names)

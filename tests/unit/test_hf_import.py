@@ -248,6 +248,13 @@ def test_refuses_pickles_unknown_architectures_and_unknown_weights(tmp_path):
     from safetensors.torch import load_file, save_file
     (hf_dir / "pytorch_model.bin").rename(st)
     state = load_file(st)
+    # what older transformers saved (a RoPE buffer), and a partial rotary factor of 1 in
+    # rope_parameters: nothing to refuse
+    save_file({**state, "model.layers.0.self_attn.rotary_emb.inv_freq": torch.ones(8)}, st)
+    rope = {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 1.0}
+    (hf_dir / "config.json").write_text(json.dumps({**cfg, "rope_parameters": rope}))
+    import_hf(hf_dir, tmp_path / "buffer")
+    (hf_dir / "config.json").write_text(json.dumps(cfg))
     save_file({**state, "model.layers.0.self_attn.q_norm.weight": torch.ones(16)}, st)
     with pytest.raises(ImportRefused, match="q_norm.weight: qk-norm"):
         import_hf(hf_dir, tmp_path / "run")
