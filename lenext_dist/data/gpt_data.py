@@ -47,6 +47,7 @@ import torch
 from lenext_dist.atomic import atomic_write
 from lenext_dist.config import BlendItem, ConfigError, RunConfig
 from lenext_dist.prep.manifest import ANSWERS_SUFFIX, answers_prefix, shard_manifest
+from lenext_dist.prep.mcore_io import IDX_DTYPES, IDX_HEAD, IDX_MAGIC
 
 from .sample_cache import no_pickle, regular_cache_files
 
@@ -165,12 +166,6 @@ def check_prefixes(items: list[BlendItem], key: str) -> None:
         _check_sizes(it.prefix, key)
 
 
-# megatron's .idx (megatron/core/datasets/indexed_dataset.py): 9-byte magic, version <Q, dtype
-# code <B, sequence count S <Q, document count D <Q, then int32 lengths [S], int64 byte pointers
-# [S], int64 document indices [D]; dtype codes -> dtypes
-_IDX_MAGIC, _IDX_HEAD = b"MMIDIDX\x00\x00", 34
-_DTYPES = {1: np.uint8, 2: np.int8, 3: np.int16, 4: np.int32, 5: np.int64, 6: np.float64,
-           7: np.float32, 8: np.uint16}
 
 
 def _check_sizes(prefix: str, key: str) -> tuple[int, np.ndarray, np.ndarray]:
@@ -179,24 +174,24 @@ def _check_sizes(prefix: str, key: str) -> tuple[int, np.ndarray, np.ndarray]:
     idx, bin_ = prefix + ".idx", prefix + ".bin"
     again = "copy it again, or rebuild it with `lenext prep`"
     with open(idx, "rb") as f:
-        head = f.read(_IDX_HEAD)
-    if len(head) < _IDX_HEAD or head[:9] != _IDX_MAGIC or head[17] not in _DTYPES:
+        head = f.read(IDX_HEAD)
+    if len(head) < IDX_HEAD or head[:9] != IDX_MAGIC or head[17] not in IDX_DTYPES:
         raise ConfigError(f"{key}: {idx}: not a megatron index (truncated or another format); {again}")
     seqs, docs = struct.unpack("<QQ", head[18:34])
-    need = _IDX_HEAD + 12 * seqs + 8 * docs
+    need = IDX_HEAD + 12 * seqs + 8 * docs
     if os.path.getsize(idx) < need:
         raise ConfigError(f"{key}: {idx}: {os.path.getsize(idx):,} bytes, its header needs {need:,} "
                           f"(truncated); {again}")
     if not seqs or not os.path.getsize(bin_):  # megatron cannot memory-map an empty .bin
         raise ConfigError(f"{key}: {prefix}.bin/.idx: an empty shard (no tokens); drop it from "
                           f"{key}, or remake it from more input")
-    lengths = np.memmap(idx, np.int32, "r", offset=_IDX_HEAD, shape=(seqs,))
-    pointers = np.memmap(idx, np.int64, "r", offset=_IDX_HEAD + 4 * seqs, shape=(seqs,))
-    end = int(pointers[-1]) + int(lengths[-1]) * np.dtype(_DTYPES[head[17]]).itemsize
+    lengths = np.memmap(idx, np.int32, "r", offset=IDX_HEAD, shape=(seqs,))
+    pointers = np.memmap(idx, np.int64, "r", offset=IDX_HEAD + 4 * seqs, shape=(seqs,))
+    end = int(pointers[-1]) + int(lengths[-1]) * np.dtype(IDX_DTYPES[head[17]]).itemsize
     if os.path.getsize(bin_) < end:
         raise ConfigError(f"{key}: {bin_}: {os.path.getsize(bin_):,} bytes, its index {idx} needs "
                           f"{end:,} (truncated); {again}")
-    return head[17], lengths, np.memmap(idx, np.int64, "r", offset=_IDX_HEAD + 12 * seqs, shape=(docs,))
+    return head[17], lengths, np.memmap(idx, np.int64, "r", offset=IDX_HEAD + 12 * seqs, shape=(docs,))
 
 
 def _check_answers(items: list[BlendItem], key: str) -> dict[str, dict]:
@@ -235,7 +230,7 @@ def _check_answers(items: list[BlendItem], key: str) -> dict[str, dict]:
                                   f"not found{said}; {remake}, or set data.task_loss 'all'")
         code, lengths, docs = _check_sizes(mask, f"{key}: answer mask")
         if code != 1:
-            raise ConfigError(f"{key}: answer mask {mask}.idx holds {np.dtype(_DTYPES[code])} "
+            raise ConfigError(f"{key}: answer mask {mask}.idx holds {np.dtype(IDX_DTYPES[code])} "
                               f"values, not uint8 (1 on answer tokens); {remake}")
         _, want, want_docs = _check_sizes(it.prefix, key)
         if not (np.array_equal(lengths, want) and np.array_equal(docs, want_docs)):

@@ -23,6 +23,16 @@ import os
 import sys
 import types
 
+import numpy as np
+
+# megatron's .idx (megatron/core/datasets/indexed_dataset.py): 9-byte magic, version <Q, dtype
+# code <B, sequence count S <Q, document count D <Q, then int32 lengths [S], int64 byte pointers
+# [S], int64 document indices [D]; dtype codes -> dtypes. Read here without megatron (training's
+# shard checks, the merge's streaming concatenation).
+IDX_MAGIC, IDX_HEAD = b"MMIDIDX\x00\x00", 34
+IDX_DTYPES = {1: np.uint8, 2: np.int8, 3: np.int16, 4: np.int32, 5: np.int64, 6: np.float64,
+              7: np.float32, 8: np.uint16}
+
 _FULL = "megatron.core.datasets.indexed_dataset"
 _NAMES = {"_INDEX_HEADER", "logger", "DType", "_IndexWriter", "_IndexReader",
           "IndexedDatasetBuilder", "get_idx_path", "get_bin_path"}

@@ -1,7 +1,7 @@
 """Merge per-input partial shards into one megatron prefix per split, and write the manifest.
 
-Partials are concatenated with megatron's own `IndexedDatasetBuilder.add_index` (loaded
-without the megatron.core package: mcore_io.py) in the plan's order of units (sorted input
+Partials are concatenated into the bytes megatron's own `IndexedDatasetBuilder.add_index`
+writes, streamed part by part (_concatenate), in the plan's order of units (sorted input
 files, each file's units in file order), which is what makes the output independent of the number of
 workers and Slurm tasks. Outputs are written under temporary names and renamed, so a
 killed merge leaves no half-written `<name>_<split>.bin`.
@@ -9,10 +9,10 @@ killed merge leaves no half-written `<name>_<split>.bin`.
 
 from __future__ import annotations
 
-import gc
 import glob
 import os
 import shutil
+import struct
 import sys
 
 import numpy as np
@@ -32,7 +32,7 @@ from .manifest import (
     partial_prefix,
     write_json_atomic,
 )
-from .mcore_io import indexed_dataset
+from .mcore_io import IDX_HEAD, IDX_MAGIC, indexed_dataset
 from .tokenizer import sha256_file, token_dtype
 from .worker import splits_for
 
@@ -73,35 +73,71 @@ def merge(
                         "(or the same shard command).") from None
 
 
-def _concatenate(IndexedDatasetBuilder, parts: list[str], prefix: str, dtype) -> None:
-    """Concatenate the partial shards `parts` (in order) into `prefix`.bin/.idx (atomically)."""
-    tmp = f"{prefix}.tmp-{os.getpid()}"
-    builder = IndexedDatasetBuilder(tmp + ".bin", dtype=dtype)
-    # add_index calls gc.collect() once per partial, which walks every live object
-    # (~0.25 s with torch imported: hours for SlimPajama's ~60K files). Freezing the
-    # existing objects first makes each collection only look at new ones.
-    gc.freeze()
+def _part_index(prefix: str, dtype, check_bin: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """(int32 sequence lengths, int64 document indices) of a partial shard's .idx, memory-mapped
+    (megatron's format: mcore_io's IDX_* notes); `check_bin`: its .bin holds what they say."""
+    idx = prefix + ".idx"
+    with open(idx, "rb") as f:
+        head = f.read(IDX_HEAD)
+    code = indexed_dataset().DType.code_from_dtype(dtype)
+    redo = "delete the run's .parts folder and rerun the shard command"
+    if len(head) < IDX_HEAD or head[:9] != IDX_MAGIC or head[17] != code:
+        raise PrepError(f"{idx}: not a megatron index of dtype code {code} (a damaged partial): {redo}")
+    seqs, docs = struct.unpack("<QQ", head[18:34])
+
+    def mapped(dt, at: int, n: int) -> np.ndarray:  # numpy cannot map 0 bytes
+        return np.memmap(idx, dt, "r", offset=at, shape=(n,)) if n else np.zeros(0, dt)
+
+    lengths, documents = mapped(np.int32, IDX_HEAD, seqs), mapped(np.int64, IDX_HEAD + 12 * seqs, docs)
+    if check_bin:
+        need = int(lengths.sum(dtype=np.int64)) * np.dtype(dtype).itemsize
+        if os.path.getsize(prefix + ".bin") != need:  # a crash before the page cache reached the disk
+            raise PrepError(f"{prefix}.bin: {os.path.getsize(prefix + '.bin'):,} bytes, its index says "
+                            f"{need:,} (cut short): {redo}")
+    return lengths, documents
+
+
+def _concatenate(parts: list[str], prefix: str, dtype) -> None:
+    """Concatenate the partial shards `parts` (in order) into `prefix`.bin/.idx (atomically): the
+    bytes megatron's IndexedDatasetBuilder.add_index + finalize write (test_prep_shard pins it),
+    streamed part by part. The builder holds every document's length and index as a Python
+    object and its pointers as a Python list (~130 bytes a document at its peak: 75 GB for
+    SlimPajama's 590M documents); this holds one part's arrays at a time."""
+    mc = indexed_dataset()
+    tmp, itemsize = f"{prefix}.tmp-{os.getpid()}", np.dtype(dtype).itemsize
     try:
-        for part in parts:
-            builder.add_index(part)
-        builder.finalize(tmp + ".idx")
+        counts = [tuple(map(len, _part_index(p, dtype, check_bin=True))) for p in parts]
+        with open(tmp + ".idx", "wb") as f:
+            f.write(mc._INDEX_HEADER + struct.pack("<QB", 1, mc.DType.code_from_dtype(dtype)))
+            # [S] lengths, [S] byte pointers, [1 + sum(D_i - 1)] document indices (each part's
+            # leading 0 dropped, its indices shifted by the sequences before it)
+            f.write(struct.pack("<QQ", sum(s for s, _ in counts), 1 + sum(d - 1 for _, d in counts)))
+            for p in parts:
+                f.write(_part_index(p, dtype)[0].tobytes())
+            at = 0
+            for p in parts:
+                bytes_ = _part_index(p, dtype)[0].astype(np.int64) * itemsize
+                f.write((at + np.cumsum(bytes_) - bytes_).tobytes())
+                at += int(bytes_.sum())
+            f.write(np.zeros(1, np.int64).tobytes())
+            before = 0
+            for p, (seqs, _) in zip(parts, counts):
+                f.write((before + _part_index(p, dtype)[1][1:]).astype(np.int64).tobytes())
+                before += seqs
+        with open(tmp + ".bin", "wb") as out:
+            for p in parts:
+                with open(p + ".bin", "rb") as src:
+                    shutil.copyfileobj(src, out, 16 << 20)
     except BaseException:
-        try:
-            builder.data_file.close()
-        except OSError:  # the final flush fails again on a full disk
-            pass
         for ext in (".bin", ".idx"):
             if os.path.exists(tmp + ext):
                 os.remove(tmp + ext)
         raise
-    finally:
-        gc.unfreeze()
     for ext in (".bin", ".idx"):
         os.replace(tmp + ext, prefix + ext)
 
 
 def _merge(out_dir: str, name: str, command: str, remove_parts: bool, plan: dict) -> dict:
-    IndexedDatasetBuilder = indexed_dataset().IndexedDatasetBuilder
     # Inputs gone by now are fine (merged on another machine); changed ones are not.
     check_inputs_unchanged(plan, out_dir, missing_ok=True)
     records, missing = finished_records(out_dir, name, plan)
@@ -119,10 +155,9 @@ def _merge(out_dir: str, name: str, command: str, remove_parts: bool, plan: dict
     for split in splits_for(plan["settings"]):
         prefix = output_prefix(out_dir, name, split)
         parts = [partial_prefix(out_dir, name, unit["key"], split) for unit in plan["units"]]
-        _concatenate(IndexedDatasetBuilder, parts, prefix, dtype)
+        _concatenate(parts, prefix, dtype)
         if answers:
-            _concatenate(IndexedDatasetBuilder, [answers_prefix(p) for p in parts],
-                         answers_prefix(prefix), np.uint8)
+            _concatenate([answers_prefix(p) for p in parts], answers_prefix(prefix), np.uint8)
         outputs[split] = {
             "prefix": os.path.abspath(prefix),
             "documents": sum(r["docs_written"].get(split, 0) for r in records),
