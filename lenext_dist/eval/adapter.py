@@ -79,28 +79,41 @@ def _stock_folded(model: nn.Module) -> list[Tensor]:
     if not hasattr(layers[0], "_lenext_folded"):
         table = torch.tensor(_provenance(model)["head_scales"], dtype=torch.float32)
         for a, row in zip(layers, table):
-            a._lenext_folded = row.clone()
+            a._lenext_folded, a._lenext_loaded = row.clone(), row.clone()
     return [a._lenext_folded for a in layers]
 
 
+def _loaded(a: nn.Module, name: str, w: Tensor) -> Tensor:
+    """Weight `name` of attention `a` as loaded (copied at its first change): every refold scales
+    it, never the last refold's bf16 result, so a sweep's steps do not compound roundings (the
+    scale applied drifted by 0.005-0.035 over 120 steps, q_proj 10% off after restore)."""
+    kept = a.__dict__.setdefault("_lenext_weights", {})
+    if name not in kept:
+        kept[name] = w.detach().clone()
+    return kept[name]
+
+
 def _stock_refold(model: nn.Module, m: Tensor) -> None:
-    """q_proj rows of head h of layer l times m[l, h] / (currently folded m[l, h]); on a layer
-    whose QK-norm would undo that (Qwen3's q_norm, Llama 4's qk_norm), `_refold_normed`."""
-    for a, old, new in zip(attention_layers(model), _stock_folded(model), m.float().cpu()):
+    """q_proj rows of head h of layer l = the loaded rows times m[l, h] / (the m folded at load);
+    on a layer whose QK-norm would undo that (Qwen3's q_norm, Llama 4's qk_norm),
+    `_refold_normed`."""
+    _stock_folded(model)
+    for a, new in zip(attention_layers(model), m.float().cpu()):
         w = a.q_proj.weight  # [h d, hidden]
-        ratio = (new / old).to(device=w.device)
+        ratio = (new / a._lenext_loaded).to(device=w.device)
         if _refold_normed(a, ratio):
             continue
         with torch.no_grad():
-            w.copy_((w.float().view(ratio.numel(), a.head_dim, -1) * ratio.view(-1, 1, 1))
+            w.copy_((_loaded(a, "q_proj", w).float().view(ratio.numel(), a.head_dim, -1) * ratio.view(-1, 1, 1))
                     .reshape(w.shape).to(w.dtype))
         a._lenext_folded = new.clone()
 
 
 def _refold_normed(a: nn.Module, ratio: Tensor) -> bool:
-    """A QK-normed stock layer normalizes q after q_proj: a scale ratio (one per layer: the norm
-    is shared by the heads) goes into q_norm.weight (Qwen3), or into the attention `scaling`
-    of a weightless norm (Llama 4; `_lenext_folded` then keeps the q_proj share, `head_scales`
+    """A QK-normed stock layer normalizes q after q_proj: a scale ratio to the loaded one (one per
+    layer: the norm is shared by the heads) goes into q_norm.weight (Qwen3: the loaded weight
+    times it), or into the attention `scaling` of a weightless norm (Llama 4, whose scaling
+    set_head_scales has just reset; `_lenext_folded` then keeps the q_proj share, `head_scales`
     multiplies the two). False for a layer without QK-norm."""
     norm = getattr(a, "q_norm", None) or getattr(a, "qk_norm", None)
     if norm is None:
@@ -110,8 +123,9 @@ def _refold_normed(a: nn.Module, ratio: Tensor) -> bool:
                          "by the heads): use the custom export (--format custom)")
     with torch.no_grad():
         if getattr(norm, "weight", None) is not None:
-            norm.weight.mul_(ratio[0].to(norm.weight.dtype))
-            a._lenext_folded = a._lenext_folded * float(ratio[0])
+            w0 = _loaded(a, "q_norm", norm.weight)
+            norm.weight.copy_((w0.float() * float(ratio[0])).to(w0.dtype))
+            a._lenext_folded = a._lenext_loaded * float(ratio[0])
         else:
             a.scaling = float(a.scaling) * float(ratio[0])
     return True
