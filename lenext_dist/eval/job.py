@@ -164,6 +164,8 @@ class EvalJob:
         out = []
         for f in fields(self):
             mine = getattr(self, f.name)
+            if f.name == "dtype" and mine is None:  # what _run would resolve it to on this machine
+                mine = default_dtype(self.device)
             if f.name in NOT_PROTOCOL or mine is None or f.name not in recorded:
                 continue
             if norm(f.name, mine) != norm(f.name, recorded[f.name]):

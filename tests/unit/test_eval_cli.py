@@ -82,6 +82,18 @@ def test_results_of_other_options_are_never_overwritten(model_dir, tmp_path, cap
     assert "--lengths [32] there, [64] here" in msg and "--stride 8 there, 16 here" in msg
     assert (out / "ppl_last-stride.json").read_text() == first  # nothing lost
     run(*args, "--lengths", "32", "--batch-size", "2")  # the same measurement: may be redone
+    # a result recorded in bfloat16 (a GPU's default) is another measurement than the default
+    # here (float32): not done, and refused rather than overwritten
+    from lenext_dist.eval.jobs import PplJob
+
+    rec = json.loads(first)
+    rec["args"]["dtype"] = "bfloat16"
+    (out / "ppl_last-stride.json").write_text(json.dumps(rec))
+    job = PplJob(model=model_dir, data=[DATA], lengths=[32], stride=8, budget_tokens=32, no_penalty=True,
+                 out=str(out), no_progress=True)
+    assert not job.done()
+    assert main([*args, "--lengths", "32"]) != 0
+    assert "--dtype bfloat16 there, float32 here" in capsys.readouterr().err
 
 
 def test_a_long_task_set_list_names_a_file_the_system_can_write(model_dir, tmp_path):
