@@ -214,6 +214,8 @@ class JsonlReader:
                             break
                         pos += len(line)
                     self.bytes_done = raw.tell() - self.start
+                    if line.isspace():  # a blank line (JSON Lines writers end files with one): no record
+                        continue
                     yield self._parse(line, lineno)
             except _StreamError as e:
                 yield Bad(

@@ -98,11 +98,13 @@ def test_skip_bad_skips_and_counts_by_reason(tmp_path, reason):
 
 
 def test_empty_documents_are_always_counted(tmp_path):
-    lines = [GOOD[0], b'{"text": ""}', b'{"text": "  \\n\\t "}', GOOD[1]]
+    """An empty text is a document skipped as empty; a blank line is no document at all (it
+    stopped the run as bad JSON)."""
+    lines = [GOOD[0], b'{"text": ""}', b"", b'{"text": "  \\n\\t "}', b"  \t", GOOD[1], b""]
     path = write_zst(str(tmp_path / "a.jsonl.zst"), lines)
     m = shard([path], tmp_path / "out", fmt="jsonl")["manifest"]
     assert m["documents"]["skipped"] == {"empty": 2}
-    assert m["documents"]["written"] == {"train": 2}
+    assert m["documents"]["written"] == {"train": 2} and m["documents"]["read"] == 4
 
 
 def test_set_filter_needs_set_names(tmp_path):
