@@ -165,6 +165,15 @@ def write_or_check_plan(out_dir: str, name: str, plan: dict) -> None:
             )
         check_inputs_unchanged(old, out_dir)
         return
+    # a new run whose name a finished one holds (its .parts removed by --remove-parts or by
+    # hand): its merge would replace those shards and manifest, and leave a split it does not
+    # make (a valid set of other data) beside them as if it were its own
+    earlier = [p for p in [manifest_path(out_dir, name)] + [output_prefix(out_dir, name, s) + ".bin"
+                                                             for s in ("train", "valid")] if os.path.exists(p)]
+    if earlier:
+        raise PrepError(f"{out_dir!r} already holds shards of a finished run named {name!r} "
+                        f"({os.path.basename(earlier[0])}); use another --out or --name, or delete "
+                        f"its {name}_* files and {name}.manifest.json to replace them")
     write_json_atomic(path, plan)
 
 

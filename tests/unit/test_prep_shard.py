@@ -134,6 +134,11 @@ def test_merge_refuses_unfinished_inputs_and_resume_skips_done(tmp_path):
     m = merge(str(tmp_path), "r", "merge", remove_parts=True)
     assert m["documents"]["written"]["train"] == len(_documents(SUBSET, "slimpajama"))
     assert not os.path.exists(parts_dir(str(tmp_path), "r"))
+    # its parts gone, a new run of that name would replace its shards and manifest: refused
+    before = {p.name: p.stat().st_mtime_ns for p in tmp_path.iterdir()}
+    with pytest.raises(PrepError, match=r"already holds shards of a finished run named 'r' \(r.manifest.json\)"):
+        shard(SUBSET[:1], tmp_path, "r", valid_fraction=0.5)
+    assert {p.name: p.stat().st_mtime_ns for p in tmp_path.iterdir() if p.name != "r.parts"} == before
 
 
 def test_changed_settings_under_same_out_is_an_error(tmp_path):
