@@ -282,6 +282,8 @@ class JsonlReader:
         if self.want_set_name:
             meta = obj.get("meta")
             set_name = meta.get("redpajama_set_name") if isinstance(meta, dict) else None
+            if not isinstance(set_name, str):  # a list or a number names no set: missing_set_name
+                set_name = None
         return Doc(text, set_name)
 
 

@@ -108,11 +108,15 @@ def test_empty_documents_are_always_counted(tmp_path):
 
 
 def test_set_filter_needs_set_names(tmp_path):
-    path = write_zst(str(tmp_path / "a.jsonl.zst"), [GOOD[0], b'{"text": "no meta"}'])
+    """No set name, or one that is not a string (a list was a traceback, a number a failed sort of
+    the counts at the end): missing_set_name."""
+    lines = [GOOD[0], b'{"text": "no meta"}', b'{"text": "a list", "meta": {"redpajama_set_name": ["x"]}}',
+             b'{"text": "a number", "meta": {"redpajama_set_name": 7}}']
+    path = write_zst(str(tmp_path / "a.jsonl.zst"), lines)
     with pytest.raises(PrepError, match=r"missing_set_name.*--skip-bad"):
         shard([path], tmp_path / "o1", exclude_sets=["RedPajamaGithub"])
     m = shard([path], tmp_path / "o2", exclude_sets=["RedPajamaGithub"], skip_bad=True)["manifest"]
-    assert m["documents"]["skipped"] == {"missing_set_name": 1}
+    assert m["documents"]["skipped"] == {"missing_set_name": 3}
 
 
 def test_missing_tokenizer_and_bad_options_are_clear(tmp_path):
