@@ -150,7 +150,7 @@ def _cell(kind: str, length: int, rights: list, nlls: list, base: list, made: li
     n_pos = max(len(r) for r in rights)
     by_pos = [float(np.mean([r[j] for r in rights if len(r) > j])) for j in range(n_pos)]
     tokens = int(sum(len(r) for r in rights))
-    return {"task": kind, "length": length, "documents": len(made), "answer_tokens": tokens,
+    return {"task": kind, "length": length, "documents": len(rights), "answer_tokens": tokens,
             "accuracy": float(np.mean([r.all() for r in rights])),
             "token_accuracy": float(sum(r.sum() for r in rights) / max(tokens, 1)),
             "token_accuracy_by_position": by_pos,
@@ -201,6 +201,10 @@ def run_tasks(model: nn.Module, sp, texts: Sequence[str], lengths: Sequence[int]
                 content), d) for d in made]
             if not any(pos for _, pos, _ in scored):
                 raise ValueError(f"{kind}: no answer token carries content (all format pieces)")
+            # a document whose answers are format pieces only has nothing to score (an empty
+            # answer is all right, for the model and the baseline alike): counted, not scored
+            unscored = sum(not pos for _, pos, _ in scored)
+            scored = [x for x in scored if x[1]]
             candidates = {ids[i] for ids, pos, _ in scored for i in pos}
             rights, nlls, base, ents = [], [], [], []
             for ids, pos, doc in scored:
@@ -216,6 +220,8 @@ def run_tasks(model: nn.Module, sp, texts: Sequence[str], lengths: Sequence[int]
                 if bar is not None:
                     bar.update(1)
             cells.append(_cell(kind, length, rights, nlls, base, made, len(head), ents))
+            if unscored:
+                cells[-1]["unscored_documents"] = unscored
             ids, pos, _ = scored[0]  # what is scored, for a reader of the JSON
             cells[-1]["first_answers"] = [sp.decode([ids[i] for i in pos])]
     if bar is not None:

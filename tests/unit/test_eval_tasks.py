@@ -115,6 +115,17 @@ def test_run_tasks_finds_the_answers_with_and_without_bos(sp, texts, bos):
     assert all(c["token_accuracy"] < 0.5 for c in res["cells"]), res["cells"]
 
 
+def test_a_document_without_a_content_answer_is_counted_not_scored(sp):
+    """A repeat span of format pieces only (`* * ,`) has no answer token to score: an empty
+    answer was "all right" for the model and the baseline; now it is counted apart. Filler
+    with a content word every 12 pieces: 2 of 12 documents (seed 0) repeat no word."""
+    punct = " ".join(["* * * , . ; -- !"] * 80).split()
+    filler = [" ".join(w if i % 12 else "word" for i, w in enumerate(punct))]
+    cell = run_tasks(_Peek(0), sp, filler, [128], ["repeat"], docs=12, seed=0, progress=False)["cells"][0]
+    assert (cell["documents"], cell["unscored_documents"]) == (10, 2)
+    assert cell["accuracy"] == 0.0  # one token late on every scored document
+
+
 def test_run_tasks_cells(sp, texts):
     model = tiny_lenext("nope", vocab_size=4096, train_length=64)
     kw = dict(docs=3, seed=1, progress=False)
