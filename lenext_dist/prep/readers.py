@@ -312,6 +312,8 @@ class ParquetReader:
             return
         md = pf.metadata
         groups = list(range(*self.row_groups)) if self.row_groups else list(range(md.num_row_groups))
+        # the bytes progress counts for this unit: the plan's share of the file (units.py)
+        size = size // md.num_row_groups * len(groups) if self.row_groups else size
         first_row = sum(md.row_group(g).num_rows for g in range(groups[0])) if groups else 0
         nrows = sum(md.row_group(g).num_rows for g in groups)
         schema = pf.schema_arrow

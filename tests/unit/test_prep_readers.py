@@ -120,6 +120,24 @@ def test_parquet_bad_rows_are_reported_by_row(tmp_path):
     assert [b.reason for b in ParquetReader(q)] == ["column_not_string"]
 
 
+def test_a_row_group_units_progress_is_its_share_of_the_file(tmp_path):
+    """A unit of row groups counts the bytes the plan gives it (units.py: size // groups each),
+    not the whole file's: 8 units of an 8-group file each reported the file's size, so the bar
+    ran 8x past its total."""
+    from lenext_dist.prep.units import split_file
+
+    p = str(tmp_path / "g.parquet")
+    pq.write_table(pa.table({"content": [f"row {i} " * 20 for i in range(4000)]}), p, row_group_size=500)
+    units = split_file(p, "starcoder", os.path.getsize(p), step=1 << 20)
+    assert len(units) == 8
+    for u in units:
+        r = ParquetReader(p, row_groups=u["row_groups"])
+        seen = []
+        for _ in r:
+            seen.append(r.bytes_done)
+        assert max(seen) <= u["bytes"] and r.bytes_done == u["bytes"]
+
+
 def test_txt_is_one_document(tmp_path):
     p = tmp_path / "a.txt"
     p.write_bytes(b"line one\nline two\n")
