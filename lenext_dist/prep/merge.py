@@ -30,6 +30,7 @@ from .manifest import (
     output_prefix,
     parts_dir,
     partial_prefix,
+    temp_suffix,
     write_json_atomic,
 )
 from .mcore_io import IDX_HEAD, IDX_MAGIC, indexed_dataset
@@ -104,7 +105,7 @@ def _concatenate(parts: list[str], prefix: str, dtype) -> None:
     object and its pointers as a Python list (~130 bytes a document at its peak: 75 GB for
     SlimPajama's 590M documents); this holds one part's arrays at a time."""
     mc = indexed_dataset()
-    tmp, itemsize = f"{prefix}.tmp-{os.getpid()}", np.dtype(dtype).itemsize
+    tmp, itemsize = prefix + temp_suffix(), np.dtype(dtype).itemsize
     try:
         counts = [tuple(map(len, _part_index(p, dtype, check_bin=True))) for p in parts]
         with open(tmp + ".idx", "wb") as f:

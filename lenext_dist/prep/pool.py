@@ -21,6 +21,7 @@ import traceback
 from typing import Callable, Sequence
 
 from .errors import PrepError
+from .manifest import temp_suffix
 
 
 def _worker(tasks, fn, todo, results) -> None:
@@ -44,9 +45,9 @@ def _worker(tasks, fn, todo, results) -> None:
 
 
 def _unit_from_temps(tasks, tmp_dir: str, pid: int):
-    # worker.py names a unit's partials <key>.<split>.tmp-<pid>.bin
+    # worker.py names a unit's partials <key>.<split>.tmp-<host>-<pid>.bin
     keys = {os.path.basename(f).split(".tmp-")[0].rsplit(".", 1)[0]
-            for f in glob.glob(os.path.join(tmp_dir, f"*.tmp-{pid}.bin"))}
+            for f in glob.glob(os.path.join(tmp_dir, f"*{temp_suffix(pid)}.bin"))}
     for i, (_, args) in enumerate(tasks):
         if args[0].get("key") in keys:
             return i
@@ -128,7 +129,7 @@ def run_pool(tasks: Sequence[tuple], fn: Callable, workers: int, on_progress: Ca
                 p.terminate()
         for p in procs:
             p.join(5)
-            for pat in (f"*.tmp-{p.pid}", f"*.tmp-{p.pid}.*"):
+            for pat in (f"*{temp_suffix(p.pid)}", f"*{temp_suffix(p.pid)}.*"):
                 for f in glob.glob(os.path.join(tmp_dir, pat)):
                     os.remove(f)  # a stopped worker's unfinished partials
         results.cancel_join_thread()

@@ -22,7 +22,7 @@ from typing import Callable, Optional
 import numpy as np
 
 from .errors import EMPTY, EXCLUDED_SET, Bad, PrepError
-from .manifest import answers_prefix, done_path, partial_prefix, parts_dir, write_json_atomic
+from .manifest import answers_prefix, done_path, partial_prefix, parts_dir, temp_suffix, write_json_atomic
 from .readers import open_reader
 from .task_source import TaskReader
 from .tokenizer import get_tokenizer, in_valid_split, sha256_file
@@ -55,7 +55,7 @@ class _SplitWriters:
             prefix = partial_prefix(out_dir, name, key, s)
             for mask in (False, True) if answers else (False,):
                 final = answers_prefix(prefix) if mask else prefix
-                tmp = f"{final}.tmp-{os.getpid()}"
+                tmp = final + temp_suffix()
                 self.paths[s, mask] = (tmp, final)
                 self.builders[s, mask] = builder(tmp + ".bin", dtype=np.uint8 if mask else dtype)
 

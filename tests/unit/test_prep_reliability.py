@@ -21,7 +21,7 @@ from prep_helpers import REPO, SLIMPAJAMA, TOKENIZER, file_bytes, load_docs, sha
 from lenext_dist.prep import tokenizer as tokmod
 from lenext_dist.prep.errors import PrepError
 from lenext_dist.prep.lock import RunLock
-from lenext_dist.prep.manifest import check_name, parts_dir
+from lenext_dist.prep.manifest import check_name, parts_dir, temp_suffix
 from lenext_dist.prep.merge import merge
 from lenext_dist.prep.readers import Doc, JsonlReader, discover_inputs, open_reader
 from lenext_dist.prep import units
@@ -105,7 +105,7 @@ def test_a_killed_worker_is_an_error_naming_its_input_not_a_hang(tmp_path, big):
     def killer():
         for _ in range(3000):  # kill a worker once it is inside a unit (its partial exists)
             for pid in _children(os.getpid()):
-                if glob.glob(os.path.join(parts, f"*.tmp-{pid}.bin")):
+                if glob.glob(os.path.join(parts, f"*{temp_suffix(pid)}.bin")):
                     os.kill(pid, signal.SIGKILL)
                     killed.append(pid)
                     return
@@ -191,7 +191,7 @@ def test_names_that_leave_out_are_refused(tmp_path, name):
 
 
 def test_a_name_too_long_for_a_file_name_is_refused_naming_the_flag(tmp_path):
-    """--name prefixes file names under --out (<name>_valid_answers.tmp-<pid>.idx, ...): past
+    """--name prefixes file names under --out (<name>_valid_answers.tmp-<host>-<pid>.idx, ...): past
     the file system's 255 bytes it is --name, not --out, that is at fault."""
     with pytest.raises(PrepError, match=r"--name n+\.\.\. \(300 characters\): too long"):
         shard(SLIMPAJAMA[:1], tmp_path / "o", "n" * 300)
@@ -343,3 +343,14 @@ def test_byte_ranges_own_every_line_exactly_once_at_every_cut(tmp_path):
         assert got == texts, step
     for cut in range(1, size):
         assert read(start=0, end=cut) + read(start=cut, end=size) == texts, cut
+
+
+def test_temporaries_name_their_host_as_well_as_their_process():
+    """Slurm tasks of one run share --out from other nodes, where the same PIDs run (containers
+    with a PID namespace of their own make it likely): a task removing its workers' leftovers by
+    PID removed another node's live partials. The suffix names the host too."""
+    import hashlib
+    import socket
+
+    host = hashlib.sha256(socket.gethostname().encode()).hexdigest()[:8]  # a fixed length
+    assert temp_suffix(1234) == f".tmp-{host}-1234" and temp_suffix() == temp_suffix(os.getpid())
