@@ -246,7 +246,9 @@ def build_manifest(plan: dict, records: list[dict], outputs: dict, commands: lis
     return {
         "name": plan["name"],
         "commands": commands,
-        "settings": plan["settings"],
+        # without skip_bad: the plan keeps it False for every run (runner._fingerprinted);
+        # what was skipped, and why, is documents.skipped
+        "settings": {k: v for k, v in plan["settings"].items() if k != "skip_bad"},
         "tokenizer": plan["tokenizer"],
         "inputs": _per_input(plan, records),
         "documents": {

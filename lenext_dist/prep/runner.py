@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
-from .errors import PrepError
+from .errors import EMPTY, EXCLUDED_SET, PrepError
 from .lock import RunLock
 from .manifest import check_name, load_done, make_plan, parts_dir, read_json, plan_path, \
     write_or_check_plan
@@ -81,7 +81,17 @@ def _settings(job: ShardJob, tok: SpmTokenizer) -> dict:
 
 
 def _fingerprinted(settings: dict) -> dict:
-    return {k: v for k, v in settings.items() if k not in ("threads", "tokenizer")}
+    # skip_bad stays False here: a unit that met no bad input has the same bytes either way, and
+    # one that did records what it skipped (_finished redoes it for a run without --skip-bad).
+    # So the advice of a bad line, "rerun with --skip-bad", resumes the run instead of being
+    # refused as other settings, and every earlier plan keeps its fingerprint.
+    return {**{k: v for k, v in settings.items() if k not in ("threads", "tokenizer")}, "skip_bad": False}
+
+
+def _finished(job: ShardJob, unit: dict, fingerprint: str) -> bool:
+    """The unit is done under this plan, and without skipping bad input unless --skip-bad."""
+    rec = load_done(job.out, job.name, unit, fingerprint)
+    return rec is not None and (job.skip_bad or not set(rec.get("skipped", {})) - {EMPTY, EXCLUDED_SET})
 
 
 class _Progress:
@@ -150,7 +160,7 @@ def _shard_units(job: ShardJob, plan: dict, settings: dict, n_files: int) -> dic
     fp = plan["fingerprint"]
     units = plan["units"]
     mine = units[job.task_index :: job.num_tasks]
-    todo = [u for u in mine if load_done(job.out, job.name, u, fp) is None]
+    todo = [u for u in mine if not _finished(job, u, fp)]
     print(
         f"[shard {job.name}] task {job.task_index + 1}/{job.num_tasks}: {len(mine)} of "
         f"{len(units)} units of {n_files} input files, {len(mine) - len(todo)} already done, "

@@ -97,6 +97,23 @@ def test_skip_bad_skips_and_counts_by_reason(tmp_path, reason):
         assert "no documents" in m["warnings"][0]
 
 
+def test_rerun_with_skip_bad_resumes_and_a_strict_rerun_redoes_what_it_skipped(tmp_path):
+    """A bad line's advice, "rerun with --skip-bad", resumes the run (the finished unit is kept:
+    it was refused as a run of other settings, every unit thrown away); a rerun without
+    --skip-bad over units that skipped bad input redoes them, and stops at that input again."""
+    fmt, path = _corrupt_page(str(tmp_path))
+    with pytest.raises(PrepError, match="rerun with --skip-bad"):
+        shard([path], tmp_path / "out", fmt=fmt)
+    first = [f for f in os.listdir(parts_dir(str(tmp_path / "out"), "t")) if f.endswith(".done.json")]
+    assert len(first) == 1
+    kept = os.path.join(parts_dir(str(tmp_path / "out"), "t"), first[0])
+    before = os.stat(kept).st_mtime_ns
+    m = shard([path], tmp_path / "out", fmt=fmt, skip_bad=True)["manifest"]
+    assert m["documents"]["skipped"] == {"corrupt_stream": 1000} and os.stat(kept).st_mtime_ns == before
+    with pytest.raises(PrepError, match=r"\[corrupt_stream\]"):
+        shard([path], tmp_path / "out", fmt=fmt)
+
+
 def test_empty_documents_are_always_counted(tmp_path):
     """An empty text is a document skipped as empty; a blank line is no document at all (it
     stopped the run as bad JSON)."""
