@@ -94,30 +94,43 @@ def _finished(job: ShardJob, unit: dict, fingerprint: str) -> bool:
     return rec is not None and (job.skip_bad or not set(rec.get("skipped", {})) - {EMPTY, EXCLUDED_SET})
 
 
+LOG_EVERY = 60.0
+"""Seconds between progress lines in a log (stderr not a terminal: a Slurm task's)."""
+
+
 class _Progress:
+    """A tqdm bar on a terminal; in a log a plain line every LOG_EVERY seconds (a bar's carriage
+    returns make one endless line of a log file); nothing with --no-progress."""
+
     def __init__(self, total_bytes: int, name: str, enabled: bool):
-        self.bar = None
-        self.docs = self.tokens = 0
-        self.t0 = time.time()
-        if not enabled:
+        self.bar, self.total, self.name = None, total_bytes, name
+        self.done = self.docs = self.tokens = 0
+        self.t0 = self.last = time.time()
+        self.lines = enabled and not sys.stderr.isatty()
+        if not enabled or self.lines:
             return
         from tqdm import tqdm  # only when shown
 
-        self.bar = tqdm(
-            total=total_bytes, unit="B", unit_scale=True, unit_divisor=1024, desc=name,
-            file=sys.stderr, disable=not enabled, mininterval=0.5 if sys.stderr.isatty() else 10,
-            dynamic_ncols=True,
-        )
+        self.bar = tqdm(total=total_bytes, unit="B", unit_scale=True, unit_divisor=1024, desc=name,
+                        file=sys.stderr, mininterval=0.5, dynamic_ncols=True)
 
     def __call__(self, nbytes: int, docs: int, tokens: int) -> None:
         self.docs += docs
         self.tokens += tokens
-        if self.bar is None:
-            return
-        rate = self.tokens / max(time.time() - self.t0, 1e-9)
-        self.bar.set_postfix_str(f"docs={self.docs:,} tok={self.tokens:,} tok/s={rate:,.0f}",
-                                 refresh=False)
-        self.bar.update(nbytes)
+        self.done += nbytes
+        now = time.time()
+        rate = self.tokens / max(now - self.t0, 1e-9)
+        if self.bar is not None:
+            self.bar.set_postfix_str(f"docs={self.docs:,} tok={self.tokens:,} tok/s={rate:,.0f}",
+                                     refresh=False)
+            self.bar.update(nbytes)
+        elif self.lines and now - self.last >= LOG_EVERY:
+            self.last = now
+            left = (now - self.t0) * (self.total - self.done) / self.done if self.done else float("nan")
+            print(f"[shard {self.name}] {self.done / 2**30:,.2f} of {self.total / 2**30:,.2f} GiB "
+                  f"({100 * self.done / max(self.total, 1):.1f}%), {self.docs:,} documents, "
+                  f"{self.tokens:,} tokens ({rate:,.0f}/s), about {left / 60:,.0f} min left",
+                  file=sys.stderr, flush=True)
 
     def close(self):
         if self.bar is not None:

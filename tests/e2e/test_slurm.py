@@ -6,6 +6,7 @@
    run resumes from `latest`, and the loss curve equals the uninterrupted run's bit for bit.
 """
 import os
+import sys
 import time
 
 import pytest
@@ -102,3 +103,28 @@ def test_srun_pmix_with_mpi_discovery(slurm, sample_shards, tmp_path):
     log = out.read_text()
     assert info["JobState"] == "COMPLETED", log[-4000:]
     assert "--mpi=pmix" in log and "world 2, ZeRO-2" in log and "finished: step 4 of 4" in log
+
+
+def test_prep_array_task_resubmitted_alone_takes_its_own_slice(slurm, tmp_path):
+    """launch/slurm/prep.sbatch: each task of an array of 2 resubmitted alone with NUM_TASKS=2
+    (as the script says to resubmit a failed task) shards its own slice, task 2/2 and 1/2 (alone
+    it ran as task 1 of 1 and took every unit); then MODE=merge writes the shards and manifest.
+    The log has progress lines, not a bar (prep.sbatch passed --no-progress: silent for hours)."""
+    prep = REPO / "launch" / "slurm" / "prep.sbatch"
+    env = dict(INPUT_GLOB=str(REPO / "data/sample/slimpajama/chunk*/*.jsonl.zst"), FORMAT="slimpajama",
+               TOKENIZER=str(REPO / "data/sample/tokenizer.model"), OUT=str(tmp_path / "shards"), NAME="s",
+               PYTHON=sys.executable, REPO=str(REPO), NUM_TASKS="2")
+    opts = ("--cpus-per-task=1", "--mem=1")  # the local node announces no memory (RealMemory 1 MB)
+    for index in (1, 0):
+        out = tmp_path / f"task{index}.log"
+        jid = slurm.sbatch(prep, options=opts + (f"--array={index}", f"--output={out}"), **env)
+        info = slurm.wait_done(jid, timeout=300)
+        log = out.read_text()
+        assert info["JobState"] == "COMPLETED", log[-3000:]
+        assert f"[shard s] task {index + 1}/2:" in log and "\r" not in log, log[-3000:]
+    assert not (tmp_path / "shards" / "s_train.bin").exists()  # two tasks: the merge job merges
+    out = tmp_path / "merge.log"
+    jid = slurm.sbatch(prep, options=opts + (f"--output={out}",), **{**env, "MODE": "merge"})
+    assert slurm.wait_done(jid, timeout=300)["JobState"] == "COMPLETED", out.read_text()[-3000:]
+    assert (tmp_path / "shards" / "s_train.bin").stat().st_size > 0
+    assert (tmp_path / "shards" / "s.manifest.json").is_file()

@@ -5,6 +5,7 @@ than a file, and a tokenizing path that never imports torch or the megatron.core
 import glob
 import json
 import os
+import re
 import resource
 import shutil
 import signal
@@ -354,3 +355,20 @@ def test_temporaries_name_their_host_as_well_as_their_process():
 
     host = hashlib.sha256(socket.gethostname().encode()).hexdigest()[:8]  # a fixed length
     assert temp_suffix(1234) == f".tmp-{host}-1234" and temp_suffix() == temp_suffix(os.getpid())
+
+
+def test_a_log_gets_a_progress_line_a_minute_not_a_bar(tmp_path, monkeypatch, capsys):
+    """stderr not a terminal (a Slurm task's log): plain lines with the share done, documents,
+    tokens and the time left (a tqdm bar's carriage returns made one endless line, and
+    prep.sbatch turned it off: hours of silence); --no-progress: nothing."""
+    from lenext_dist.prep import runner
+
+    monkeypatch.setattr(runner, "LOG_EVERY", 0.0)
+    shard(SLIMPAJAMA[:2], tmp_path / "o", workers=1, progress=True)
+    err = capsys.readouterr().err
+    lines = [x for x in err.splitlines() if " GiB " in x]
+    assert lines and "\r" not in err
+    assert all(re.fullmatch(r"\[shard t\] [\d.,]+ of [\d.,]+ GiB \([\d.]+%\), [\d,]+ documents, "
+                            r"[\d,]+ tokens \([\d,]+/s\), about [\d,]+ min left", x) for x in lines), lines
+    shard(SLIMPAJAMA[:2], tmp_path / "q", workers=1, progress=False)
+    assert "GiB" not in capsys.readouterr().err
