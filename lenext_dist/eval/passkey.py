@@ -66,6 +66,13 @@ def passkey_match(generated: str, key: int) -> bool:
     return m is not None and m.group(0) == str(key)
 
 
+def answer_text(sp, new_tokens: list[int]) -> str:
+    """The generated text up to EOS, as RULER cuts it: sp.decode drops EOS, so digits written
+    after it would still match."""
+    eos = sp.eos_id()
+    return sp.decode(new_tokens[:new_tokens.index(eos)] if eos in new_tokens else new_tokens)
+
+
 def greedy_generate(model: nn.Module, ids: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
     """Greedy decoding of a batch of equal-length prompts [b, s] -> new tokens [b, n]
     (KV cache when the model returns one, else full recompute)."""
@@ -126,7 +133,7 @@ def run_passkey(model: nn.Module, sp, lengths: Sequence[int], depths: Sequence[f
                     ids = torch.tensor([p.ids for p in chunk], device=device)
                     new = greedy_generate(model, ids, max_new_tokens).cpu().tolist()
                     for p, toks in zip(chunk, new):
-                        text = sp.decode(toks)
+                        text = answer_text(sp, toks)
                         ok = passkey_match(text, p.key)
                         hits += ok
                         if len(examples) < 20 or not ok and len(examples) < 40:

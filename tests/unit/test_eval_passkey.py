@@ -2,8 +2,8 @@
 import pytest
 
 from lenext_dist.eval.data import load_tokenizer
-from lenext_dist.eval.passkey import (FILLER, PREFIX, build_prompt, greedy_generate, parse_depths,
-                                      passkey_match, run_passkey)
+from lenext_dist.eval.passkey import (FILLER, PREFIX, answer_text, build_prompt, greedy_generate,
+                                      parse_depths, passkey_match, run_passkey)
 from tiny_models import SAMPLE_TOKENIZER, tiny_llama
 
 
@@ -58,6 +58,14 @@ def test_match():
     assert not passkey_match(" 123456", 12345)
     assert not passkey_match(" the key", 12345)
     assert not passkey_match(" 54321 12345", 12345)
+
+
+def test_the_answer_ends_at_eos(sp):
+    """Digits after EOS are not an answer (sp.decode drops EOS: they matched)."""
+    key = sp.encode("12345")
+    assert answer_text(sp, [sp.eos_id(), *key]) == "" and not passkey_match(answer_text(sp, [sp.eos_id(), *key]), 12345)
+    assert passkey_match(answer_text(sp, [*key, sp.eos_id(), *sp.encode("9")]), 12345)
+    assert answer_text(sp, key) == sp.decode(key)
 
 
 def test_parse_depths():
