@@ -517,4 +517,5 @@ def _fold_head_scales(weights: LazyWeights, cfg) -> None:
 
     weights.reading.tensor = tensor
 
+
 __all__ = ["import_hf", "read_config", "READERS", "ImportRefused", "LazyWeights"]

@@ -109,7 +109,7 @@ def _concatenate(parts: list[str], prefix: str, dtype) -> None:
     try:
         counts = [tuple(map(len, _part_index(p, dtype, check_bin=True))) for p in parts]
         with open(tmp + ".idx", "wb") as f:
-            f.write(mc._INDEX_HEADER + struct.pack("<QB", 1, mc.DType.code_from_dtype(dtype)))
+            f.write(IDX_MAGIC + struct.pack("<QB", 1, mc.DType.code_from_dtype(dtype)))
             # [S] lengths, [S] byte pointers, [1 + sum(D_i - 1)] document indices (each part's
             # leading 0 dropped, its indices shifted by the sequences before it)
             f.write(struct.pack("<QQ", sum(s for s, _ in counts), 1 + sum(d - 1 for _, d in counts)))
