@@ -303,7 +303,8 @@ _HINTS = (("q_norm", "qk-norm weights its config does not announce"),
 
 
 def _unknown_names(weights: LazyWeights, shape: Shape, learned_qk_norm: bool) -> Optional[str]:
-    """What the weight names say the key map cannot take (by name), or None."""
+    """What the weight names say the key map cannot take (by name), or None (a tied model's copy
+    of its embeddings as lm_head is dropped)."""
     for part, what in _HINTS:
         if learned_qk_norm and part in ("q_norm", "k_norm"):
             continue
@@ -311,7 +312,10 @@ def _unknown_names(weights: LazyWeights, shape: Shape, learned_qk_norm: bool) ->
         if hit:
             return f"{hit}: {what}"
     if "lm_head.weight" in weights and shape.tie_embeddings:
-        return "lm_head.weight with tie_word_embeddings=true"
+        # a tied model saved with its lm_head as well: the same tensor twice, or a contradiction
+        if not torch.equal(weights["lm_head.weight"], weights["model.embed_tokens.weight"]):
+            return "lm_head.weight differs from the embeddings, with tie_word_embeddings=true"
+        del weights.names["lm_head.weight"]
     return None
 
 

@@ -301,6 +301,22 @@ def test_a_partial_or_mismatched_folder_is_named_before_anything_is_written(tmp_
     assert os.listdir(tmp_path / "taken") == ["notes.txt"]
 
 
+def test_a_tied_model_saved_with_its_lm_head_imports_once_the_two_are_one(tmp_path, megatron_1rank):
+    """A tied model whose safetensors hold lm_head too (some savers write both): the same tensor
+    twice imports as tied (it was refused); an lm_head that differs is a contradiction, refused."""
+    from safetensors.torch import load_file, save_file
+
+    hf = make_hf(tmp_path / "hf", CASES["llama-tied-mha"]())
+    st = tmp_path / "hf" / "model.safetensors"
+    state = load_file(st)
+    save_file({**state, "lm_head.weight": state["model.embed_tokens.weight"].clone()}, st)
+    import_hf(tmp_path / "hf", tmp_path / "run")
+    logits_equal(hf, tmp_path / "run" / "checkpoints" / "step_0000000", lengths=(L,))
+    save_file({**state, "lm_head.weight": state["model.embed_tokens.weight"] + 1}, st)
+    with pytest.raises(ImportRefused, match="lm_head.weight differs from the embeddings, with tie_word_embeddings"):
+        import_hf(tmp_path / "hf", tmp_path / "run2")
+
+
 def test_remote_code_model_needs_an_attention_override(tmp_path, megatron_1rank):
     """A Llama-shaped checkpoint whose own code (auto_map) runs it without RoPE, as a NoPE
     TinyLlama could be published: refused as stock Llama; with attention.position=nope it is
