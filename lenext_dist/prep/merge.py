@@ -14,6 +14,7 @@ import os
 import shutil
 import struct
 import sys
+import time
 
 import numpy as np
 
@@ -74,6 +75,10 @@ def merge(
                         "(or the same shard command).") from None
 
 
+LOG_EVERY = 60.0
+"""Seconds between the merge's progress lines."""
+
+
 def _part_index(prefix: str, dtype, check_bin: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """(int32 sequence lengths, int64 document indices) of a partial shard's .idx, memory-mapped
     (megatron's format: mcore_io's IDX_* notes); `check_bin`: its .bin holds what they say."""
@@ -125,10 +130,16 @@ def _concatenate(parts: list[str], prefix: str, dtype) -> None:
             for p, (seqs, _) in zip(parts, counts):
                 f.write((before + _part_index(p, dtype)[1][1:]).astype(np.int64).tobytes())
                 before += seqs
+        total, done, last = sum(os.path.getsize(p + ".bin") for p in parts), 0, time.time()
         with open(tmp + ".bin", "wb") as out:
             for p in parts:
                 with open(p + ".bin", "rb") as src:
                     shutil.copyfileobj(src, out, 16 << 20)
+                done += os.path.getsize(p + ".bin")
+                if time.time() - last >= LOG_EVERY:  # SlimPajama's merge copies ~1 TB
+                    last = time.time()
+                    print(f"[merge] {os.path.basename(prefix)}.bin: {done / 2**30:,.1f} of "
+                          f"{total / 2**30:,.1f} GiB copied", file=sys.stderr, flush=True)
     except BaseException:
         for ext in (".bin", ".idx"):
             if os.path.exists(tmp + ext):
@@ -149,16 +160,21 @@ def _merge(out_dir: str, name: str, command: str, remove_parts: bool, plan: dict
             "units are not redone) for every --task-index, then merge again."
         )
     dtype = token_dtype(plan["tokenizer"]["vocab_size"])
-    for stale in glob.glob(os.path.join(out_dir, glob.escape(name) + "_*.tmp-*")):
-        os.remove(stale)  # left by a killed merge
-    outputs = {}
     answers = plan["settings"]["format"] == "tasks"  # generated documents carry answer masks
+    outputs = {}
     for split in splits_for(plan["settings"]):
         prefix = output_prefix(out_dir, name, split)
+        # what a killed merge of this run left: its own outputs' temporaries (a glob of name_*
+        # took another run's too: kv_lm_train's of a run named kv)
+        for p in (prefix, answers_prefix(prefix)):
+            for stale in glob.glob(glob.escape(p) + ".tmp-*"):
+                os.remove(stale)
         parts = [partial_prefix(out_dir, name, unit["key"], split) for unit in plan["units"]]
         _concatenate(parts, prefix, dtype)
         if answers:
             _concatenate([answers_prefix(p) for p in parts], answers_prefix(prefix), np.uint8)
+        print(f"[merge] {os.path.basename(prefix)}: written; hashing it for the manifest", file=sys.stderr,
+              flush=True)
         outputs[split] = {
             "prefix": os.path.abspath(prefix),
             "documents": sum(r["docs_written"].get(split, 0) for r in records),

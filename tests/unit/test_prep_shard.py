@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 
 import numpy as np
 import pytest
@@ -119,6 +120,26 @@ def test_the_streamed_merge_writes_megatrons_bytes_and_names_a_cut_part(tmp_path
     with pytest.raises(PrepError, match=r"p2\.bin: .* bytes, its index says .* \(cut short\)"):
         _concatenate(parts, str(tmp_path / "cut"), np.uint16)
     assert not list(tmp_path.glob("cut*"))
+
+
+def test_a_merge_reports_its_copy_and_clears_only_its_own_temporaries(tmp_path, monkeypatch, capsys):
+    """The merge says how far its copy is (SlimPajama's is ~1 TB: it was silent) and what it is
+    hashing; a killed merge's temporaries are cleared for this run only (a glob of <name>_* took
+    those of a run named <name>_lm merging beside it)."""
+    from lenext_dist.prep import merge as merge_module
+
+    monkeypatch.setattr(merge_module, "LOG_EVERY", 0.0)
+    shard(SUBSET[:1], tmp_path, "kv", task_index=0, num_tasks=1)
+    capsys.readouterr()
+    other = tmp_path / "kv_lm_train.tmp-0000-1.bin"
+    other.write_bytes(b"another run's merge")
+    mine = tmp_path / "kv_train.tmp-0000-1.bin"
+    mine.write_bytes(b"a killed merge's")
+    merge(str(tmp_path), "kv", "merge")
+    err = capsys.readouterr().err
+    assert re.search(r"\[merge\] kv_train\.bin: [\d.,]+ of [\d.,]+ GiB copied", err), err
+    assert "[merge] kv_train: written; hashing it for the manifest" in err
+    assert other.read_bytes() == b"another run's merge" and not mine.exists()
 
 
 def test_merge_refuses_unfinished_inputs_and_resume_skips_done(tmp_path):
