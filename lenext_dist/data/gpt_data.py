@@ -166,8 +166,6 @@ def check_prefixes(items: list[BlendItem], key: str) -> None:
         _check_sizes(it.prefix, key)
 
 
-
-
 def _check_sizes(prefix: str, key: str) -> tuple[int, np.ndarray, np.ndarray]:
     """A truncated shard (an interrupted copy) or an empty one is named here, not by a numpy
     error in megatron. Returns its dtype code, sequence lengths and document indices."""

@@ -97,7 +97,7 @@ def _stock_refold(model: nn.Module, m: Tensor) -> None:
     """q_proj rows of head h of layer l = the loaded rows times m[l, h] / (the m folded at load);
     on a layer whose QK-norm would undo that (Qwen3's q_norm, Llama 4's qk_norm),
     `_refold_normed`."""
-    _stock_folded(model)
+    _stock_folded(model)  # at first use: each layer's _lenext_loaded, the m folded at load
     for a, new in zip(attention_layers(model), m.float().cpu()):
         w = a.q_proj.weight  # [h d, hidden]
         ratio = (new / a._lenext_loaded).to(device=w.device)

@@ -8,7 +8,7 @@ Modules (one concern each):
   pool             forked workers; a dead worker is an error naming its unit
   lock             flock on <out>/<name>.parts: one run at a time
   mcore_io         megatron's IndexedDatasetBuilder without the megatron.core package (no torch)
-  merge            partials -> <name>_<split>.bin/.idx via IndexedDatasetBuilder.add_index
+  merge            partials -> <name>_<split>.bin/.idx (add_index's bytes, streamed)
   manifest         plan, done-records, manifest.json, input change detection
   runner           the shard step: task slicing (Slurm arrays), worker pool, progress bar
   train_tokenizer  a Llama-style SentencePiece model trained on a corpus sample

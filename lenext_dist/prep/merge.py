@@ -113,6 +113,8 @@ def _concatenate(parts: list[str], prefix: str, dtype) -> None:
     tmp, itemsize = prefix + temp_suffix(), np.dtype(dtype).itemsize
     try:
         counts = [tuple(map(len, _part_index(p, dtype, check_bin=True))) for p in parts]
+        # one pass over the parts per section of the .idx (all lengths, then all pointers, then all
+        # document indices), each part's index memory-mapped again rather than held
         with open(tmp + ".idx", "wb") as f:
             f.write(IDX_MAGIC + struct.pack("<QB", 1, mc.DType.code_from_dtype(dtype)))
             # [S] lengths, [S] byte pointers, [1 + sum(D_i - 1)] document indices (each part's

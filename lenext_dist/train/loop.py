@@ -124,7 +124,7 @@ def _train(cfg: RunConfig, stop: StopSignal, owns_group: bool, rank: int, world:
         # a later stage goes on from the checkpoint its boundary just saved, whatever
         # checkpoint.resume says (false only asks not to resume an earlier run's)
         run = _set_up(stages.stage_config(cfg, k), rank, world, base=cfg, stage=k,
-                      resume=True if k > first else None)
+                      resume=cfg.checkpoint.resume or k > first)
         step, consumed = _resume(run)
         if k > first and step != stages.bounds(cfg)[k][0]:
             raise RuntimeError(f"stage {k} resumed at step {step}, not at its first step "
@@ -217,17 +217,13 @@ class _Run:
         return hs.enabled and hs.trainable
 
 
-def _set_up(cfg: RunConfig, rank: int, world: int, base: Optional[RunConfig] = None, stage: int = 0,
-            resume: Optional[bool] = None) -> _Run:
+def _set_up(cfg: RunConfig, rank: int, world: int, base: RunConfig, stage: int, resume: bool) -> _Run:
     """Parallel groups, data, model and DeepSpeed engine of `cfg` (stage `stage` of the run
-    `base`), resuming from the latest checkpoint if `resume` (default: checkpoint.resume); what is
-    wrong with the batch sizes, the shards or the checkpoint to resume fails here, before anything
-    is trained."""
+    `base`), resuming from the latest checkpoint if `resume`; what is wrong with the batch sizes,
+    the shards or the checkpoint to resume fails here, before anything is trained."""
     from deepspeed.accelerator import get_accelerator
 
     from lenext_dist.model import build_model, flops_per_token, init_megatron
-
-    base = base or cfg
 
     cfg.parallel.data_parallel_size(world)  # raises when the world does not split into groups
     mpu = ulysses.init_sequence_parallel(cfg.parallel.ulysses_size)  # None without SP
@@ -238,7 +234,7 @@ def _set_up(cfg: RunConfig, rank: int, world: int, base: Optional[RunConfig] = N
     device = get_accelerator().current_device_name()
     init_megatron(cfg.train.seed)
     model = build_model(cfg)
-    tag, reshard = _checkpoint_to_resume(base, world, base.checkpoint.resume if resume is None else resume)
+    tag, reshard = _checkpoint_to_resume(base, world, resume)
     if tag is None and cfg.checkpoint.init_from:  # before DeepSpeed wraps the model
         src = checkpoint.load_weights(model, cfg.checkpoint.init_from, keep=optim.is_head_scale)
         _print0(f"[lenext] initialized weights from {src}; head scales start at {cfg.head_scale_init}")
