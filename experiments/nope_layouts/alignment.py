@@ -61,7 +61,7 @@ def split_accuracy(hf: Path, filler: Path, L: int, docs: int = DOCS) -> dict:
     model, sp = load_model(str(hf), dtype="float32", device="cpu", progress=False), load_tokenizer(str(hf))
     texts = [json.loads(line)["text"] for line in filler.read_text().splitlines() if line.strip()]
     content, seen = content_tokens(sp), []  # (right, {split: crosses})
-    for d in make_documents(Toolkit(sp), texts, "kv", L, docs, seed=cell_seed(TEST_SEED)):
+    for d in make_documents(Toolkit(sp), texts, "kv", L, docs, seed=cell_seed(TEST_SEED, "kv", L)):
         r, _ = score(model, d.ids, answer_positions(d.ids, d.answers, content), pad_to=L, pad_id=sp.eos_id())
         seen.append((bool(r.all()), {k: f(d) for k, f in SPLITS.items()}))
 

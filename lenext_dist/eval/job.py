@@ -68,6 +68,10 @@ class EvalJob:
     """The `kind` its result JSON records (default: `kind`)."""
     section: ClassVar[Optional[Callable[[list, Callable], list[str]]]] = None
     """(pairs of (run, result JSON), label(run, json)) -> the markdown lines of `lenext report`."""
+    protocol_version: ClassVar[int] = 0
+    """Raised when the kind draws or scores otherwise for the same options: its JSON records it
+    (`args.protocol_version`, absent = 0), and a result of another version is neither taken as
+    done nor overwritten."""
     model: str = option(None, str, "HF model directory (config.json, weights, tokenizer.model); loaded "
                         "with trust_remote_code=True", required=True)
     out: Optional[str] = option(None, str, "output folder (default results/<model name>)")
@@ -162,6 +166,9 @@ class EvalJob:
             return json.loads(json.dumps(v, default=str))
 
         out = []
+        if recorded.get("protocol_version", 0) != self.protocol_version:
+            out.append(f"protocol version {recorded.get('protocol_version', 0)} there (lenext eval "
+                       f"{self.kind} then drew or scored otherwise), {self.protocol_version} here")
         for f in fields(self):
             mine = getattr(self, f.name)
             if f.name == "dtype" and mine is None:  # what _run would resolve it to on this machine
@@ -242,7 +249,8 @@ class EvalJob:
             self.bos = trained_with_bos(model, self.model)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         meta = {"command": " ".join(sys.argv),
-                "args": {"eval_cmd": self.kind, **asdict(self)},
+                "args": {"eval_cmd": self.kind, **asdict(self),
+                         "protocol_version": self.protocol_version},
                 "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                 "model": model_info(model, self.model, self)}
         meta["model"]["train_length"] = L

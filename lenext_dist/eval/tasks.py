@@ -15,8 +15,9 @@ repeat and copy), which is exactly what greedy decoding would write after the do
 """
 from __future__ import annotations
 
+import hashlib
 import itertools
-from typing import Iterable, Optional, Sequence
+from typing import Collection, Iterable, Optional, Sequence
 
 import numpy as np
 import torch
@@ -30,18 +31,24 @@ SLACK = 16
 """Documents of a cell have length - SLACK .. length tokens (the generators need a range)."""
 
 
-def make_documents(tk: Toolkit, texts: Sequence[str], kind: str, length: int, n: int,
-                   seed: int, params: Optional[dict] = None) -> list[TaskDoc]:
-    """`n` documents of task `kind`, `length - SLACK`..`length` tokens (EOS excluded), filler
-    from `texts` (cycled, so a small held-out set still fills long documents). params: other
-    generator parameters (field -> CLI string; `length` is the cell's)."""
+def generator(tk: Toolkit, kind: str, length: int, params: Optional[dict] = None):
+    """The training generator of task `kind` for documents of `length - SLACK`..`length` tokens.
+    params: other generator parameters (field -> CLI string; `length` is the cell's)."""
     if kind not in TASKS:
         raise ValueError(f"unknown task {kind!r} (known: {', '.join(TASKS)})")
     try:
-        gen = TASKS[kind](make_params(kind, {**(params or {}),
-                                             "length": f"{max(1, length - SLACK)}:{length}"}), tk)
+        return TASKS[kind](make_params(kind, {**(params or {}),
+                                              "length": f"{max(1, length - SLACK)}:{length}"}), tk)
     except PrepError as e:  # the generator's own bound, in its data-prep words
         raise ValueError(f"length {length} is too short for a {kind} document ({e})") from None
+
+
+def make_documents(tk: Toolkit, texts: Sequence[str], kind: str, length: int, n: int,
+                   seed: int, params: Optional[dict] = None) -> list[TaskDoc]:
+    """`n` documents of task `kind`, `length - SLACK`..`length` tokens (EOS excluded), filler
+    from `texts` (cycled, so a small held-out set still fills long documents). params: as
+    `generator`'s."""
+    gen = generator(tk, kind, length, params)
     if not any(t.strip() for t in texts):
         raise ValueError("no filler text: --data holds no text")
     stream = FillerStream(itertools.cycle(texts), tk)
@@ -60,10 +67,12 @@ def make_documents(tk: Toolkit, texts: Sequence[str], kind: str, length: int, n:
                      "in 100 tries each; the text may be too short or have too little whitespace")
 
 
-def cell_seed(seed: int, task_index: int = 0, length_index: int = 0) -> int:
+def cell_seed(seed: int, task: str, length: int) -> int:
     """The documents' generator seed of one (task, length) cell: the same documents for every
-    model and scale."""
-    return seed * 1_000_003 + task_index * 10_007 + length_index
+    model and scale, and for every list the cell is in (seeded by the task's name and the
+    length's value, not their places in --tasks and --lengths: `--lengths 512` and
+    `--lengths 256,512` score the same documents at 512)."""
+    return int.from_bytes(hashlib.sha256(f"{seed}/{task}/{length}".encode()).digest()[:8], "little")
 
 
 def content_tokens(sp) -> np.ndarray:
@@ -130,10 +139,14 @@ def answer_entropy(model: nn.Module, ids: Sequence[int], positions: Sequence[int
 
 
 def most_frequent_baseline(ids: Sequence[int], positions: Sequence[int],
-                           candidates: set) -> np.ndarray:
+                           candidates: Collection[int]) -> np.ndarray:
     """right [n]: a rule that never retrieves. At every answer position it emits the candidate
-    (a token that is some answer in the cell) most frequent in the context before the first
-    answer token (ties: the earliest), i.e. the passkey rule of the issue, for any format."""
+    (a token of the generator's answer alphabet, `answer_alphabet`) most frequent in the context
+    before the first answer token (ties: the earliest), i.e. the passkey rule of the issue, for
+    any format. The candidates are the alphabet, not the answers drawn in the cell: those hold
+    each document's own answer but not always its distractors' values, which gave the rule more
+    than its chance (kv, 1 value, 2 distractors: 0.38 where the alphabet gives ~1/3), and a
+    chance that grew as --docs fell."""
     context = [t for t in ids[:positions[0]] if t in candidates] if positions else []
     if not context:
         return np.zeros(len(positions), bool)
@@ -191,11 +204,14 @@ def run_tasks(model: nn.Module, sp, texts: Sequence[str], lengths: Sequence[int]
         bar = tqdm(total=len(kinds) * len(lengths) * docs, desc="tasks", unit="doc", leave=False,
                    disable=None)
     cells, examples = [], []
-    for ki, kind in enumerate(kinds):
-        for li, length in enumerate(lengths):
+    for kind in kinds:
+        for length in lengths:
             # the same documents for every model and scale: seeded by (seed, task, length)
             made = make_documents(tk, texts, kind, length - len(head), docs,
-                                  seed=cell_seed(seed, ki, li), params=params[kind])
+                                  seed=cell_seed(seed, kind, length), params=params[kind])
+            alphabet = generator(tk, kind, length - len(head), params[kind]).answer_alphabet()
+            candidates = {int(i) for i in np.flatnonzero(content)} if alphabet is None else \
+                {i for i in alphabet if content[i]}
             scored = [(head + d.ids, answer_positions(
                 head + d.ids, [(s + len(head), a + len(head), k) for s, a, k in d.answers],
                 content), d) for d in made]
@@ -205,7 +221,6 @@ def run_tasks(model: nn.Module, sp, texts: Sequence[str], lengths: Sequence[int]
             # answer is all right, for the model and the baseline alike): counted, not scored
             unscored = sum(not pos for _, pos, _ in scored)
             scored = [x for x in scored if x[1]]
-            candidates = {ids[i] for ids, pos, _ in scored for i in pos}
             rights, nlls, base, ents = [], [], [], []
             for ids, pos, doc in scored:
                 r, nll = score(model, ids, pos, pad_to=length, pad_id=sp.eos_id())
@@ -236,7 +251,9 @@ def run_tasks(model: nn.Module, sp, texts: Sequence[str], lengths: Sequence[int]
                          "score": "teacher forced: right when the argmax at every answer token is "
                          "that token (= greedy decoding of the answer); answer tokens are the "
                          "answer spans less format pieces (no letter or digit)",
-                         "baseline": "no retrieval: at every answer position the answer symbol "
+                         "baseline": "no retrieval: at every answer position the token of the "
+                         "generator's answer alphabet (content tokens of any answer it can draw) "
                          "most frequent in the document before its answer",
+                         "documents_seed": "sha256 of (seed, task name, length value)",
                          "seed": seed, "bos": bos, "task_set": list(task_set),
                          "params": params}}

@@ -106,6 +106,17 @@ class Toolkit:
     def pick_words(self, rng: np.random.Generator, n: int) -> list[str]:
         return [self.words[i] for i in rng.choice(len(self.words), n, replace=False)]
 
+    def ids_of(self, words) -> frozenset:
+        """The token ids `words` encode to, each word alone (= inside a text: pieces never span
+        a space)."""
+        return frozenset(i for w in words for i in self.encode(w))
+
+    @property
+    def digit_ids(self) -> frozenset:
+        """Pieces of digits only (`5`, `▁5`): a split-digits tokenizer's code tokens."""
+        return frozenset(i for i in range(self.sp.vocab_size())
+                         if self.sp.id_to_piece(i).lstrip("▁").isdigit())
+
 
 # ----------------------------------------------------------------------------- registry
 class Generator:
@@ -126,6 +137,12 @@ class Generator:
 
     def make(self, rng, take: Callable) -> Optional[TaskDoc]:
         raise NotImplementedError
+
+    def answer_alphabet(self) -> Optional[frozenset]:
+        """The token ids an answer is drawn from, whatever the document: the candidates of the
+        evaluation's no-retrieval baseline (eval/tasks.py). None: any token (an answer of real
+        text)."""
+        return None
 
 
 class SkipDocument(Exception):

@@ -120,6 +120,9 @@ class Passkey(Generator):
         doc.answers.append((doc.start_of(needle), doc.start_of(len(segs) - 1), len(tail[1].ids) - 1))
         return doc
 
+    def answer_alphabet(self) -> frozenset:
+        return self.tk.digit_ids
+
 
 @dataclass(frozen=True)
 class RecallParams:
@@ -184,6 +187,9 @@ class Recall(Generator):
             doc.answers.append((doc.start_of(value_at[i]), doc.start_of(ans),
                                 len(entries[i][1].ids) - 1))  # the words, less the final '.'
         return doc
+
+    def answer_alphabet(self) -> frozenset:
+        return self.tk.ids_of(self.tk.words)
 
 
 @dataclass(frozen=True)
@@ -274,6 +280,9 @@ class Copy(Generator):
                             len(first.ids)))
         return doc
 
+    def answer_alphabet(self) -> frozenset:
+        return self.tk.ids_of(self.tk.words)
+
 
 @dataclass(frozen=True)
 class KVParams:
@@ -361,6 +370,9 @@ class KeyValue(Generator):
         doc.answers.append((doc.start_of(_index(segs, needles[0][1])),
                             doc.start_of(_index(segs, ask[1])), len(ask[1].ids)))
         return doc
+
+    def answer_alphabet(self) -> frozenset:
+        return self.tk.ids_of(self.symbols)
 
 
 # ----------------------------------------------------------------------------- parameters

@@ -365,6 +365,16 @@ MUTATIONS: list[M] = [
     M("task-eval-baseline-ties-to-the-latest", "eval", "lenext_dist/eval/tasks.py",
       "key=lambda t: (counts[t], -context.index(t))", "key=lambda t: (counts[t], context.index(t))",
       (T_TEVAL,)),
+    M("task-eval-baseline-candidates-from-the-cell", "eval", "lenext_dist/eval/tasks.py",
+      "            scored = [x for x in scored if x[1]]\n",
+      "            scored = [x for x in scored if x[1]]\n"
+      "            candidates = {ids[i] for ids, pos, _ in scored for i in pos}\n", (T_TEVAL,)),
+    M("task-eval-cell-seeded-by-list-index", "eval", "lenext_dist/eval/tasks.py",
+      "seed=cell_seed(seed, kind, length)",
+      "seed=cell_seed(seed, str(kinds.index(kind)), lengths.index(length))", (T_TEVAL,)),
+    M("eval-result-of-another-protocol-reused", "eval", "lenext_dist/eval/job.py",
+      'if recorded.get("protocol_version", 0) != self.protocol_version:',
+      'if False:', ("tests/unit/test_eval_cli.py",)),
     M("checkpoint-rule-takes-the-best", "eval", "lenext_dist/eval/checkpoint_rule.py",
       "        if s >= gate:\n            return tag, seen\n",
       "    if seen and max(x['score'] for x in seen) >= gate:\n"

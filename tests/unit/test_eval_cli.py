@@ -115,6 +115,27 @@ def test_a_long_task_set_list_names_a_file_the_system_can_write(model_dir, tmp_p
     assert other.result_path.name != name  # the hash keeps the full list apart
 
 
+def test_a_result_of_an_older_protocol_is_not_taken_as_done(model_dir, tmp_path, capsys):
+    """`lenext eval tasks` drew its documents and baseline otherwise before protocol version 1:
+    a result without the version (or another one) is neither done nor overwritten."""
+    from lenext_dist.eval.jobs import TasksJob
+
+    argv = ["eval", "tasks", "--model", model_dir, "--data", DATA, "--lengths", "128", "--tasks", "kv",
+            "--docs", "1", "--max-docs", "2", "--out", str(tmp_path), "--no-progress"]
+    run(*argv)
+    job = TasksJob(model=model_dir, data=[DATA], lengths=[128], tasks=["kv"], docs=1, max_docs=2,
+                   out=str(tmp_path))
+    rec = json.loads(job.result_path.read_text())
+    assert rec["args"]["protocol_version"] == TasksJob.protocol_version == 1 and job.done()
+    del rec["args"]["protocol_version"]  # as every result before it
+    job.result_path.write_text(json.dumps(rec))
+    assert not job.done()
+    capsys.readouterr()
+    assert main(argv) != 0
+    assert "protocol version 0 there" in capsys.readouterr().err
+    assert "protocol_version" not in json.loads(job.result_path.read_text())["args"]  # nothing lost
+
+
 @pytest.mark.parametrize("length", ["1", "32"])
 def test_a_scale_sweep_within_the_training_length_is_refused(model_dir, tmp_path, capsys, length):
     """The sweep's result is its fit past L: at --length <= L it had no point and exited 0."""

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from lenext_dist.eval.data import load_tokenizer
-from lenext_dist.eval.tasks import (SLACK, answer_positions, content_tokens, make_documents,
-                                    most_frequent_baseline, run_tasks, score)
+from lenext_dist.eval.tasks import (SLACK, answer_positions, cell_seed, content_tokens, generator,
+                                    make_documents, most_frequent_baseline, run_tasks, score)
 from lenext_dist.prep.tasks import Toolkit
 from tiny_models import REPO, SAMPLE_TOKENIZER, save_tiny_lenext, tiny_lenext
 
@@ -94,6 +94,48 @@ def test_a_model_that_emits_only_the_format_token_scores_zero(sp, texts):
     assert res["cells"][0]["accuracy"] == res["cells"][0]["token_accuracy"] == 0.0
 
 
+def test_a_cell_scores_the_same_documents_whatever_the_lists_around_it(sp, texts):
+    """A cell is seeded by its task's name and its length's value: `--lengths 256` and
+    `--lengths 128,256` (or another task before it) score the same documents at 256 (by list
+    index, the two runs of a study at one length were not paired)."""
+    alone = run_tasks(_Peek(1), sp, texts, [256], ["recall"], docs=3, seed=5, progress=False)
+    among = run_tasks(_Peek(1), sp, texts, [128, 256], ["passkey", "recall"], docs=3, seed=5,
+                      progress=False)
+    cell = next(c for c in among["cells"] if (c["task"], c["length"]) == ("recall", 256))
+    assert cell == alone["cells"][0]
+    assert among["cells"][0]["first_answers"] != among["cells"][1]["first_answers"]
+    assert len({cell_seed(5, t, n) for t in ("kv", "recall") for n in (128, 256)}) == 4
+
+
+def test_answer_alphabets_are_what_the_generators_draw_answers_from(sp, texts):
+    tk = Toolkit(sp)
+    content = content_tokens(sp)
+    for kind in ("passkey", "recall", "copy", "kv"):
+        gen = generator(tk, kind, 256)
+        alphabet = gen.answer_alphabet()
+        for d in make_documents(tk, texts, kind, 256, 8, seed=2):
+            assert set(answer_positions(d.ids, d.answers, content)) and all(
+                d.ids[i] in alphabet for i in answer_positions(d.ids, d.answers, content))
+    assert {sp.id_to_piece(i).strip("▁") for i in generator(tk, "passkey", 256).answer_alphabet()} \
+        <= set("0123456789") | {str(n) for n in range(10, 10 ** 4)}
+    assert len(generator(tk, "kv", 256, {"symbols": "8"}).answer_alphabet()) == 8
+    assert generator(tk, "repeat", 256).answer_alphabet() is None  # real text: any token
+
+
+def test_baseline_candidates_are_the_alphabet_not_the_cell_answers(sp):
+    """kv with one value and two distractor needles: the rule guesses among the three values in
+    context (~1/3), whatever --docs is. With the cell's answers as candidates, a document's own
+    answer was always one and its distractors' values often not: one document a cell scored 1.0."""
+    kv = ["kv.values=1", "kv.distractors=2"]
+    filler = [" ".join(["the"] * 4000)]  # no symbol in the filler: only the needles count
+    one = [run_tasks(_Peek(1), sp, filler, [128], ["kv"], docs=1, seed=s, progress=False,
+                     task_set=kv)["cells"][0]["baseline"]["accuracy"] for s in range(12)]
+    many = run_tasks(_Peek(1), sp, filler, [128], ["kv"], docs=96, seed=0, progress=False,
+                     task_set=kv)["cells"][0]["baseline"]["accuracy"]
+    assert 0 < sum(one) < 12  # the old rule: 12 of 12
+    assert 0.2 < many < 0.47, many
+
+
 def test_baseline_is_the_most_frequent_candidate_in_context():
     ids = [9, 5, 7, 5, 8, 1, 5, 7]  # answer at 6, 7; candidates 5, 7
     assert most_frequent_baseline(ids, [6, 7], {5, 7}).tolist() == [True, False]
@@ -109,7 +151,8 @@ def test_run_tasks_finds_the_answers_with_and_without_bos(sp, texts, bos):
     assert all(c["baseline"]["accuracy"] < 1.0 for c in res["cells"])
     # the scored span is the code itself, less its format piece (BOS shifts every index by one)
     assert re.fullmatch(r"\d{4,7}", res["cells"][0]["first_answers"][0].strip()), res["cells"][0]
-    first = make_documents(Toolkit(sp), texts, "passkey", 128 - bos, 4, seed=0)[0]  # run_tasks' seed
+    first = make_documents(Toolkit(sp), texts, "passkey", 128 - bos, 4,
+                           seed=cell_seed(0, "passkey", 128))[0]  # run_tasks' seed
     assert res["cells"][0]["first_answers"][0].strip() == first.segments[-1].text.rstrip(".")
     res = run_tasks(_Peek(0), sp, texts, [128], kinds, docs=4, bos=bos, progress=False)
     assert all(c["token_accuracy"] < 0.5 for c in res["cells"]), res["cells"]
@@ -118,11 +161,11 @@ def test_run_tasks_finds_the_answers_with_and_without_bos(sp, texts, bos):
 def test_a_document_without_a_content_answer_is_counted_not_scored(sp):
     """A repeat span of format pieces only (`* * ,`) has no answer token to score: an empty
     answer was "all right" for the model and the baseline; now it is counted apart. Filler
-    with a content word every 12 pieces: 2 of 12 documents (seed 0) repeat no word."""
+    with a content word every 12 pieces: 3 of 12 documents (seed 0) repeat no word."""
     punct = " ".join(["* * * , . ; -- !"] * 80).split()
     filler = [" ".join(w if i % 12 else "word" for i, w in enumerate(punct))]
     cell = run_tasks(_Peek(0), sp, filler, [128], ["repeat"], docs=12, seed=0, progress=False)["cells"][0]
-    assert (cell["documents"], cell["unscored_documents"]) == (10, 2)
+    assert (cell["documents"], cell["unscored_documents"]) == (9, 3)
     assert cell["accuracy"] == 0.0  # one token late on every scored document
 
 
