@@ -301,6 +301,8 @@ class RulerJob(EvalJob):
         "lenext eval ruler --model hf/tiny-nope --lengths 1024,2048 --tasks niah_single_1,vt "
         "--samples 20")
     section = staticmethod(sections.ruler)
+    # 1: each (task, length) made alone, seeded by the cell (were: one stream across the lists)
+    protocol_version: ClassVar[int] = 1
     lengths: list[int] = option(None, ints, "RULER lengths (lm-eval's max_seq_lengths), e.g. 1024,2048",
                                 required=True)
     tasks: list[str] = option(None, ruler_task_names, f"comma-separated, from {','.join(OFFLINE)} "

@@ -6,11 +6,12 @@ folder that encodes exactly as SentencePiece (lenext_dist/convert/tokenizer_json
 probe texts), handed to lm-eval as the `tokenizer` its RULER generators load
 (`common_utils.get_tokenizer`: `AutoTokenizer.from_pretrained(metadata["tokenizer"])`); the
 guards of eval/ruler_tasks.py refuse lengths a task cannot fill; lm-eval's `TaskManager` loads
-the tasks with `metadata={"max_seq_lengths": lengths, "tokenizer": ...}` (the data is made at
-load, `LM_EVAL_SAMPLES` per length); the first `samples` of each length are decoded greedily
-(eval/passkey.py's `greedy_generate`, stopped at EOS) from lm-eval's request context (template +
-the task's answer prefix); `task.process_results` scores each (RULER's string match: the share
-of the answers that occur in the output) under the sample's length.
+each (task, length) alone with `metadata={"max_seq_lengths": [length], "tokenizer": ...}`, its
+generators seeded by the cell (the data is made at load, `LM_EVAL_SAMPLES` of them); the first
+`samples` of each are decoded greedily (eval/passkey.py's `greedy_generate`, stopped at EOS) from
+lm-eval's request context (template + the task's answer prefix); `task.process_results` scores
+each (RULER's string match: the share of the answers that occur in the output) under the sample's
+length.
 
 Scores are averaged per (task, length) here: lm-eval 0.4.13 aggregates only the lengths of its
 YAML metric_list (4096..131072) and averages any other length's key over every sample (the
@@ -91,17 +92,28 @@ def evaluate_ruler(model: nn.Module, spm_path: str, tasks: Sequence[str], length
 
 def load_tasks(names: Sequence[str], lengths: Sequence[int], tokenizer_dir: str, seed: int,
                progress: bool) -> dict:
-    """{our name: lm-eval Task} with its samples made at every length (seeded: lm-eval's
-    generators draw from `random` and `numpy.random`)."""
+    """{(our name, length): lm-eval Task with its samples made at that length}. Each cell is made
+    alone, its generators seeded by (seed, task, length) (eval/tasks.py's `cell_seed`): lm-eval
+    draws from `random`, `numpy.random` and cwe's module RNG across its tasks and lengths in one
+    stream, so a cell's samples depended on what else --tasks and --lengths held."""
     from lm_eval.tasks import TaskManager
 
-    random.seed(seed)
-    np.random.seed(seed)
+    from .tasks import cell_seed
+
+    out = {}
     with quiet_import(progress):
-        tm = TaskManager(metadata={"max_seq_lengths": list(lengths), "tokenizer": tokenizer_dir})
-        loaded = tm.load([RULER[n].lm_eval_name for n in names])["tasks"]
-    by_lm = {t.config.task: t for t in loaded.values()}
-    return {n: by_lm[RULER[n].lm_eval_name] for n in names}
+        from lm_eval.tasks.ruler import cwe_utils
+
+        for length in lengths:
+            tm = TaskManager(metadata={"max_seq_lengths": [length], "tokenizer": tokenizer_dir})
+            for n in names:
+                s = cell_seed(seed, n, length)
+                random.seed(s)
+                np.random.seed(s % 2**32)
+                cwe_utils.RNG.seed(s)
+                (task,) = tm.load([RULER[n].lm_eval_name])["tasks"].values()
+                out[n, length] = task
+    return out
 
 
 def copy_baseline(ctx_ids: Sequence[int], n: int) -> list[int]:
@@ -143,28 +155,28 @@ def run_ruler(model: nn.Module, sp, task_objs: dict, lengths: Sequence[int], *, 
     encode to the same ids as SentencePiece (else the lengths are not the lengths asked)."""
     head = [sp.bos_id()] if bos and sp.bos_id() >= 0 else []
     plan = {}
-    for name, task in task_objs.items():
+    for (name, length), task in task_objs.items():
         docs = list(task.test_docs())
-        for length in lengths:
-            idx = [i for i, d in enumerate(docs) if d["max_length"] == length][:samples]
-            check_samples(name, length, [docs[i] for i in idx])
-            if len(idx) < samples:
-                raise ValueError(f"{name} at {length}: lm-eval made {len(idx)} samples, "
-                                 f"{samples} asked (--samples)")
-            plan[name, length] = idx
+        idx = [i for i, d in enumerate(docs) if d["max_length"] == length][:samples]
+        check_samples(name, length, [docs[i] for i in idx])
+        if len(idx) < samples:
+            raise ValueError(f"{name} at {length}: lm-eval made {len(idx)} samples, "
+                             f"{samples} asked (--samples)")
+        plan[name, length] = idx
     bar = None
     if progress:
         from tqdm.auto import tqdm
 
         bar = tqdm(total=sum(len(v) for v in plan.values()), desc="ruler", unit="sample",
                    leave=False, disable=None)
+    names = list(dict.fromkeys(n for n, _ in task_objs))
     cells, examples = [], []
-    for name, task in task_objs.items():
-        with contextlib.redirect_stderr(io.StringIO()):  # lm-eval's "building contexts" bar
-            task.build_all_requests(samples=sorted(i for (n, _), v in plan.items() if n == name
-                                                   for i in v))
-        by_doc = {inst.doc_id: inst for inst in task.instances}
+    for name in names:
         for length in lengths:
+            task = task_objs[name, length]
+            with contextlib.redirect_stderr(io.StringIO()):  # lm-eval's "building contexts" bar
+                task.build_all_requests(samples=plan[name, length])
+            by_doc = {inst.doc_id: inst for inst in task.instances}
             insts = [by_doc[i] for i in plan[name, length]]
             gen = insts[0].args[1]  # the task's generation settings (the same for every sample)
             n_new = int(gen.get("max_gen_toks", 128))
@@ -180,7 +192,7 @@ def run_ruler(model: nn.Module, sp, task_objs: dict, lengths: Sequence[int], *, 
                 scores.append(float(task.process_results(inst.doc, [out])[key]))
                 base.append(float(task.process_results(
                     inst.doc, [sp.decode(copy_baseline(ids, n_new))])[key]))
-                if len(examples) < 3 * len(task_objs) * len(lengths):
+                if len(examples) < 3 * len(task_objs):
                     examples.append({"task": name, "length": length, "answers": list(inst.doc["outputs"]),
                                      "output": out, "score": scores[-1]})
             tokens = [len(ids) + n_new for ids in prompts]
@@ -191,12 +203,14 @@ def run_ruler(model: nn.Module, sp, task_objs: dict, lengths: Sequence[int], *, 
         bar.close()
     import lm_eval
 
-    score = {n: [c["score"] for c in cells if c["task"] == n] for n in task_objs}
-    return {"kind": "ruler", "lengths": list(lengths), "tasks": list(task_objs), "cells": cells,
+    score = {n: [c["score"] for c in cells if c["task"] == n] for n in names}
+    return {"kind": "ruler", "lengths": list(lengths), "tasks": names, "cells": cells,
             "score": score, "examples": examples,
             "protocol": {"suite": f"lm-eval {lm_eval.__version__} RULER (lm_eval/tasks/ruler), "
                          "prompts and scoring by its task code",
-                         "tasks": {n: RULER[n].lm_eval_name for n in task_objs},
+                         "tasks": {n: RULER[n].lm_eval_name for n in names},
+                         "seed": "each (task, length) made alone, lm-eval's generators seeded by "
+                         "sha256 of (--seed, task, length)",
                          "samples": f"the first {samples} of the {LM_EVAL_SAMPLES} lm-eval makes "
                          "per (task, length)",
                          "decoding": "greedy, the task's max_gen_toks, stopped at EOS",

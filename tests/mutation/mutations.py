@@ -375,6 +375,8 @@ MUTATIONS: list[M] = [
     M("eval-result-of-another-protocol-reused", "eval", "lenext_dist/eval/job.py",
       'if recorded.get("protocol_version", 0) != self.protocol_version:',
       'if False:', ("tests/unit/test_eval_cli.py",)),
+    M("ruler-cells-drawn-from-one-stream", "eval", "lenext_dist/eval/ruler.py",
+      "                random.seed(s)\n", "", ("tests/unit/test_eval_ruler.py",)),
     M("checkpoint-rule-takes-the-best", "eval", "lenext_dist/eval/checkpoint_rule.py",
       "        if s >= gate:\n            return tag, seen\n",
       "    if seen and max(x['score'] for x in seen) >= gate:\n"

@@ -97,6 +97,23 @@ def test_empty_answer_sets_are_refused(hf_tok):
         check_samples("niah_single_1", 1024, [ok, {**ok, "outputs": ["7654321"]}])
 
 
+def test_a_cell_has_the_same_samples_whatever_the_lists_around_it(hf_tok, tmp_path):
+    """Each (task, length) is made alone, seeded by the cell: niah_single_1 at 1024 holds the same
+    samples with or without fwe before it (one seeded stream across the lists gave it others),
+    and another --seed gives other samples."""
+    from lenext_dist.eval.ruler import hf_tokenizer, load_tasks
+
+    tok = hf_tokenizer(SAMPLE_TOKENIZER, str(tmp_path))
+
+    def inputs(names, seed=0):
+        tasks = load_tasks(names, [1024], tok, seed, progress=False)
+        return [d["input"] for d in list(tasks["niah_single_1", 1024].test_docs())[:3]]
+
+    alone = inputs(["niah_single_1"])
+    assert inputs(["fwe", "niah_single_1"]) == alone
+    assert inputs(["niah_single_1"], seed=1) != alone
+
+
 def test_every_task_has_an_lm_eval_config():
     from lm_eval.tasks import TaskManager
 
