@@ -105,7 +105,9 @@ def load_tasks(names: Sequence[str], lengths: Sequence[int], tokenizer_dir: str,
         from lm_eval.tasks.ruler import cwe_utils
 
         for length in lengths:
-            tm = TaskManager(metadata={"max_seq_lengths": [length], "tokenizer": tokenizer_dir})
+            # lm-eval's ruler folder alone: indexing all of lm_eval/tasks takes ~8 s a manager
+            tm = TaskManager(include_defaults=False, include_path=os.path.dirname(cwe_utils.__file__),
+                             metadata={"max_seq_lengths": [length], "tokenizer": tokenizer_dir})
             for n in names:
                 s = cell_seed(seed, n, length)
                 random.seed(s)
