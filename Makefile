@@ -32,6 +32,7 @@ DEMO_POSITIONS ?= nope rope
 DEMO_LENGTHS   := 64,128,256,512
 KV_DATA        := data/kv/heldout/filler.jsonl
 demo: setup kv-shards
+	rm -rf runs/demo  # every run makes its results afresh (an older eval protocol's are refused, not mixed)
 	for pos in $(DEMO_POSITIONS); do \
 	  $(BIN)/lenext train --nproc $(NPROC) --port $(PORT) --config configs/exp/kv-$$pos.yaml || exit 1; \
 	  $(BIN)/lenext convert --checkpoint runs/kv-$$pos/checkpoints \

@@ -28,6 +28,7 @@ import contextlib
 import io
 import os
 import random
+from pathlib import Path
 from typing import Sequence
 
 import numpy as np
@@ -102,8 +103,13 @@ def load_tasks(names: Sequence[str], lengths: Sequence[int], tokenizer_dir: str,
 
     out = {}
     with quiet_import(progress):
+        from lm_eval.tasks._yaml_loader import _load_module_with_cache
         from lm_eval.tasks.ruler import cwe_utils
 
+        # the cwe module its YAML's `!function` runs: lm-eval executes the file again as a module
+        # of its own (the RNG of a plain import is not the one its samples draw from), once, then
+        # reuses it, so loading it first here gives the module to seed (lm-eval 0.4.13)
+        cwe = _load_module_with_cache(Path(cwe_utils.__file__).resolve())
         for length in lengths:
             # lm-eval's ruler folder alone: indexing all of lm_eval/tasks takes ~8 s a manager
             tm = TaskManager(include_defaults=False, include_path=os.path.dirname(cwe_utils.__file__),
@@ -112,7 +118,7 @@ def load_tasks(names: Sequence[str], lengths: Sequence[int], tokenizer_dir: str,
                 s = cell_seed(seed, n, length)
                 random.seed(s)
                 np.random.seed(s % 2**32)
-                cwe_utils.RNG.seed(s)
+                cwe.RNG.seed(s)
                 (task,) = tm.load([RULER[n].lm_eval_name])["tasks"].values()
                 out[n, length] = task
     return out

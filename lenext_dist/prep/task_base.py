@@ -107,15 +107,16 @@ class Toolkit:
         return [self.words[i] for i in rng.choice(len(self.words), n, replace=False)]
 
     def ids_of(self, words) -> frozenset:
-        """The token ids `words` encode to, each word alone (= inside a text: pieces never span
-        a space)."""
-        return frozenset(i for w in words for i in self.encode(w))
+        """The token ids `words` encode to, first in a text and after a space (the same with
+        SentencePiece's dummy prefix; without it a first word has no `▁`, a later one has)."""
+        head = len(self.encode("a"))
+        return frozenset(i for w in words for i in self.encode(w) + self.encode("a " + w)[head:])
 
     @property
     def digit_ids(self) -> frozenset:
-        """Pieces of digits only (`5`, `▁5`): a split-digits tokenizer's code tokens."""
+        """Pieces of ASCII digits only (`5`, `▁5`): a split-digits tokenizer's code tokens."""
         return frozenset(i for i in range(self.sp.vocab_size())
-                         if self.sp.id_to_piece(i).lstrip("▁").isdigit())
+                         if (p := self.sp.id_to_piece(i).lstrip("▁")).isascii() and p.isdigit())
 
 
 # ----------------------------------------------------------------------------- registry

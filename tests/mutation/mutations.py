@@ -377,6 +377,11 @@ MUTATIONS: list[M] = [
       'if False:', ("tests/unit/test_eval_cli.py",)),
     M("ruler-cells-drawn-from-one-stream", "eval", "lenext_dist/eval/ruler.py",
       "                random.seed(s)\n", "", ("tests/unit/test_eval_ruler.py",)),
+    M("ruler-cwe-seeds-the-imported-module", "eval", "lenext_dist/eval/ruler.py",
+      "                cwe.RNG.seed(s)\n", "                cwe_utils.RNG.seed(s)\n",
+      ("tests/unit/test_eval_ruler.py",)),
+    M("task-alphabet-words-encoded-alone", "eval", "lenext_dist/prep/task_base.py",
+      'self.encode(w) + self.encode("a " + w)[head:]', "self.encode(w)", (T_TEVAL,)),
     M("checkpoint-rule-takes-the-best", "eval", "lenext_dist/eval/checkpoint_rule.py",
       "        if s >= gate:\n            return tag, seen\n",
       "    if seen and max(x['score'] for x in seen) >= gate:\n"

@@ -100,18 +100,21 @@ def test_empty_answer_sets_are_refused(hf_tok):
 def test_a_cell_has_the_same_samples_whatever_the_lists_around_it(hf_tok, tmp_path):
     """Each (task, length) is made alone, seeded by the cell: niah_single_1 at 1024 holds the same
     samples with or without fwe before it (one seeded stream across the lists gave it others),
-    and another --seed gives other samples."""
+    cwe at 2048 with or without 1536 before it, and another --seed gives other samples."""
     from lenext_dist.eval.ruler import hf_tokenizer, load_tasks
 
     tok = hf_tokenizer(SAMPLE_TOKENIZER, str(tmp_path))
 
-    def inputs(names, seed=0):
-        tasks = load_tasks(names, [1024], tok, seed, progress=False)
-        return [d["input"] for d in list(tasks["niah_single_1", 1024].test_docs())[:3]]
+    def inputs(names, lengths=(1024,), seed=0, task="niah_single_1"):
+        tasks = load_tasks(names, list(lengths), tok, seed, progress=False)
+        return [d["input"] for d in list(tasks[task, lengths[-1]].test_docs())[:3]]
 
     alone = inputs(["niah_single_1"])
     assert inputs(["fwe", "niah_single_1"]) == alone
     assert inputs(["niah_single_1"], seed=1) != alone
+    # cwe shuffles with its module's own RNG (the module lm-eval executes for the YAML, not the
+    # imported one): the same at 2048 with or without 1536 before it
+    assert inputs(["cwe"], (1536, 2048), task="cwe") == inputs(["cwe"], (2048,), task="cwe")
 
 
 def test_every_task_has_an_lm_eval_config():
