@@ -27,6 +27,7 @@ import sys
 import tarfile
 import time
 from pathlib import Path
+from typing import Optional
 
 from .analysis import FORMATS, TRAIN_MIX, gate, passes
 from .data import DATA, SKIP_TEXTS, VARY, kv_data, skip_name, skip_text, vary_filler, zipf_filler
@@ -153,6 +154,7 @@ def train(a) -> dict:
             subprocess.run(skip_command(shards, a.workers, text), check=True)
     env = {**os.environ, "OMP_NUM_THREADS": str(a.threads), "PYTHONUNBUFFERED": "1"}
     procs, logs, t0, cpus = {}, [], time.time(), os.cpu_count() or 1
+    began = {n: _latest(work, n) for n in names}
     for i, n in enumerate(names):
         cfg = work / "cfg" / f"{n}.yaml"
         cfg.write_text(config(n, grid[n], shards, work, a.backend))
@@ -180,12 +182,28 @@ def train(a) -> dict:
         f.close()
     summary = {"wall_s": round(time.time() - t0, 1), "runs": {}}
     for n in names:
-        latest = work / "runs" / n / "checkpoints" / "latest"
         summary["runs"][n] = {"spec": grid[n], "rc": procs[n].returncode, "convert_rc": conv[n].returncode,
-                              "latest": latest.read_text().strip() if latest.exists() else None}
-    (work / "summary.json").write_text(json.dumps(summary, indent=1))
+                              "latest": _latest(work, n)}
+    write_summary(work, summary, a.grid, t0, began)
     _pack(work, out, names)
     return summary
+
+
+def write_summary(work: Path, summary: dict, grid: str, t0: float, began: dict) -> None:
+    """<work>/summary.json: this sitting's runs, and every sitting of the work folder so far (a run
+    resumed over sessions says when it trained what: [checkpoint before, checkpoint after])."""
+    f = work / "summary.json"
+    sittings = json.loads(f.read_text()).get("sittings", []) if f.exists() else []
+    sittings.append({"grid": grid, "start": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(t0)),
+                     "end": time.strftime("%Y-%m-%dT%H:%M:%S"),
+                     "runs": {n: [began[n], r["latest"]] for n, r in summary["runs"].items()}})
+    f.write_text(json.dumps({**summary, "sittings": sittings}, indent=1))
+
+
+def _latest(work: Path, name: str) -> Optional[str]:
+    """The tag of a run's last complete checkpoint (None before its first)."""
+    latest = work / "runs" / name / "checkpoints" / "latest"
+    return latest.read_text().strip() if latest.exists() else None
 
 
 def _pack(work: Path, out: Path, names: list[str]) -> None:
@@ -247,24 +265,42 @@ def score(a) -> dict:
     from experiments.nope_length.study import TEST_SEED
     from lenext_dist.eval.jobs import TasksJob
 
-    out = Path(a.out)
+    # what a finished run of the grid is (study.py's rule; study.py imports this module)
+    from .study import is_run, model_of, trained_blend
+
+    out, grid = Path(a.out), GRIDS[a.grid]
     filler = {"uniform": kv_data() / "heldout/filler.jsonl", "zipf": zipf_filler(out / "filler-zipf.jsonl")}
     models = exported(Path(a.models))
-    scores, cells = {}, {}
+    tags = {}
+    for f in models:
+        m, tags[f.name] = model_of(f)
+        trained, r = trained_blend(f), grid.get(m.name)
+        if not is_run(m, trained, tags[f.name], r):
+            want = (f"its {m.name}: {r.position}, {trained_on(first_blend(r))}, step_{r.steps:07d}" if r
+                    else f"it has no run {m.name}")
+            raise SystemExit(f"error: {f} ({m.position}, {trained}, {tags[f.name]}) is no finished run of "
+                             f"grid {a.grid} ({want}): score finished runs only (a folder of links to them)")
+    scores, cells, versions = {}, {}, set()
     for m in models:
         for fname, params, fill in FORMATS:
+            # the checkpoint names the folder: a later export of the same run is another model
             job = TasksJob(model=str(m), data=[str(filler[fill])], lengths=[L, 2 * L], tasks=["kv"],
                            docs=a.docs, seed=TEST_SEED, task_set=[f"kv.{p}" for p in params],
-                           out=str(out / "eval" / m.name / fname.replace(" ", "_").replace(",", "")),
+                           out=str(out / "eval" / m.name / tags[m.name]
+                                   / fname.replace(" ", "_").replace(",", "")),
                            no_progress=True)
             if not job.done():
                 job.run()
-            res = json.loads(job.result_path.read_text())["cells"]
+            res = json.loads(job.result_path.read_text())
+            versions.add(res["args"]["protocol_version"])
+            res = res["cells"]
             cells.setdefault(m.name, {})[fname] = [
                 {"length": c["length"], "accuracy": c["accuracy"], "baseline": c["baseline"]["accuracy"]}
                 for c in res]
             scores.setdefault(m.name, {})[fname] = (res[0]["accuracy"], res[0]["baseline"]["accuracy"])
-    record = {"L": L, "docs": a.docs, "test_seed": TEST_SEED, "formats": [list(f) for f in FORMATS],
+    (version,) = versions  # one job class scored them all
+    record = {"L": L, "docs": a.docs, "test_seed": TEST_SEED, "grid": a.grid, "checkpoints": tags,
+              "tasks_protocol_version": version, "formats": [list(f) for f in FORMATS],
               "cells": cells, "gate": gate(scores), "valid_loss": _valid_losses(a.logs, cells),
               "note": a.note}
     (out / "results.json").write_text(json.dumps(record, indent=1))
@@ -289,7 +325,11 @@ def render(r: dict) -> str:
              f"Generated by experiments/kv_regime/sweep.py from results.json. Whole-answer accuracy at "
              f"L = {r['L']} / 2L of {r['docs']} test documents per format (held-out filler, test seed "
              f"{r['test_seed']}); in brackets the no-retrieval baseline at L; * = passes the gate at L "
-             "(analysis.py).", ""]
+             "(analysis.py)."
+             + (f" Runs of grid {r['grid']} at their checkpoints "
+                + ", ".join(f"{m} {t}" for m, t in sorted(r["checkpoints"].items()))
+                + f"; `lenext eval tasks` protocol version {r['tasks_protocol_version']}."
+                if "grid" in r else ""), ""]
     if r.get("note"):
         lines += [r["note"], ""]
     lines += ["| model | " + " | ".join(fm) + " |", "|---|" + "---|" * len(fm)]
@@ -335,6 +375,8 @@ def main(argv=None) -> int:
     c.add_argument("--device", required=True, help="the device, as its reply named it")
     s = sub.add_parser("score")
     s.add_argument("--models", required=True, help="folder of exported models (one folder each)")
+    s.add_argument("--grid", choices=sorted(GRIDS), required=True,
+                   help="the grid the models are finished runs of")
     s.add_argument("--out", required=True)
     s.add_argument("--logs", help="folder of <model>/metrics.jsonl (the train step's logs.tar.gz)")
     s.add_argument("--docs", type=int, default=128)

@@ -81,10 +81,10 @@ def test_an_exports_training_data_is_its_first_stages_whole_blend(tmp_path):
     (f / "lenext_run_config.yaml").write_text(
         "data:\n  blend:\n  - {prefix: /s/kv_a_train, weight: 0.95, text: false}\n"
         "  - {prefix: /s/skipgram_all_train, weight: 0.05, text: false}\n")
-    assert study._shards(f) == "kv_a_train (0.95) + skipgram_all_train (0.05)"
+    assert study.trained_blend(f) == "kv_a_train (0.95) + skipgram_all_train (0.05)"
     (f / "lenext_run_config.yaml").write_text("data:\n  blend: []\n")
     with pytest.raises(SystemExit, match=r"^error: .*names no training data"):
-        study._shards(f)
+        study.trained_blend(f)
 
 
 def test_the_plan_is_nope_lengths_at_the_regimes_length(tmp_path):
@@ -125,7 +125,7 @@ def test_models_must_be_runs_of_the_grids_with_one_mixture(tmp_path):
         study.run(tmp_path / "nowindow", tmp_path / "out", ("others",))  # the run's name, no window
     _provenance(tmp_path / "alibi-s0", shards=sweep.shard_name(grids.DISTRACT_MIX))  # others' alibi
     with pytest.raises(SystemExit, match=r"^error: the models .* different mixtures"):
-        study.run(tmp_path, tmp_path / "out", ("seeds", "others"))  # nope-s0 of seeds, alibi of others
+        study.run(tmp_path, tmp_path / "out", ("seeds", "others"), partial=True)  # nope-s0 of seeds, alibi of others
     with pytest.raises(SystemExit, match=r"^error: .*nope-s0 \(nope, trained on kvmix_train, .*\) is no finished run"):
         study.run(tmp_path, tmp_path / "out", ("distract", "others"))  # a seeds-grid model by the same name
     (tmp_path / "nope-s0" / "lenext_run_config.yaml").write_text("model: {}\n")
@@ -148,8 +148,14 @@ def test_the_study_runs_end_to_end_on_exported_models(tmp_path, monkeypatch):
         save_tiny_lenext(str(models / name), tokenizer=str(data.kv_data() / "tokenizer.model"),
                          position=position, vocab_size=128, train_length=grids.L)
         _provenance(models / name, f"step_{grids.STEPS:07d}", sweep.shard_name(TRAIN_MIX))
-    summary = study.run(models, tmp_path / "work", ("seeds",), docs=2)
+    with pytest.raises(SystemExit, match=r"^error: .* lacks runs of the grids seeds: nope-s1, nope-s2, "
+                                         r"rope-s1, rope-s2; the claims are over every seed"):
+        study.run(models, tmp_path / "work", ("seeds",), docs=2)
+    summary = study.run(models, tmp_path / "work", ("seeds",), docs=2, partial=True)
     md = (tmp_path / "work" / "STUDY.md").read_text()
+    assert md.count("**Partial (--partial): runs nope-s1, nope-s2, rope-s1, rope-s2 of the grids are "
+                    "missing") == 1 and summary["missing_runs"] == ["nope-s1", "nope-s2", "rope-s1", "rope-s2"]
+    assert "(kv values=2:8, distractors=0:3; shards kvmix_train)" in md
     assert all(c["claim"] in md for c in summary["claims"].values())
     assert f"{grids.STEPS} steps of 256 documents" in md  # the seeds grid's runs' own schedule
     assert summary["documents"] == [f"kv.{p}" for p in TRAIN_MIX]

@@ -2,6 +2,7 @@
 load and validate as `lenext train` loads them, the shard command asks for the training mixture,
 the skewed filler is skewed, and the table marks passing cells and reports the gate."""
 import json
+import re
 from collections import Counter
 
 import numpy as np
@@ -207,8 +208,69 @@ def test_collect_unpacks_the_last_call_and_keeps_every_calls_summary(tmp_path):
 
 def test_score_of_a_folder_without_models_is_one_error_line(tmp_path):
     with pytest.raises(SystemExit, match=r"^error: .* holds no exported model"):
-        sweep.main(["score", "--models", str(tmp_path), "--out", str(tmp_path / "out")])
+        sweep.main(["score", "--grid", "distract_vary", "--models", str(tmp_path), "--out", str(tmp_path / "out")])
     assert not (tmp_path / "out" / "results.json").exists()
+
+
+def test_the_work_summary_keeps_every_sitting(tmp_path):
+    """A run resumed over sessions: each sitting's summary.json replaced the last, so a published
+    train-summary.json held the last sitting only (the probe's were written in by hand)."""
+    sweep.write_summary(tmp_path, {"wall_s": 9, "runs": {"nope-s0": {"latest": "step_0002890"}}},
+                        "distract_vary", 0.0, {"nope-s0": None})
+    sweep.write_summary(tmp_path, {"wall_s": 7, "runs": {"nope-s0": {"latest": "step_0006000"}}},
+                        "distract_vary", 60.0, {"nope-s0": "step_0002890"})
+    rec = json.loads((tmp_path / "summary.json").read_text())
+    assert rec["wall_s"] == 7 and [x["runs"] for x in rec["sittings"]] == [
+        {"nope-s0": [None, "step_0002890"]}, {"nope-s0": ["step_0002890", "step_0006000"]}]
+    assert rec["sittings"][0]["grid"] == "distract_vary" and rec["sittings"][0]["start"] < rec["sittings"][1]["start"]
+
+
+def _provenance(f, run, tag):
+    """What `lenext convert` records of a grid run in its export: the checkpoint's tag and the
+    run's first-stage blend."""
+    cfg = json.loads((f / "config.json").read_text()) if (f / "config.json").exists() else {}
+    (f / "config.json").write_text(json.dumps({**cfg, "position": run.position, "lenext_source": {"tag": tag}}))
+    (f / "lenext_run_config.yaml").write_text("data:\n  blend:\n" + "".join(
+        f"  - {{prefix: /sh/{n}, weight: {w}}}\n" for n, w in sweep.first_blend(run)))
+
+
+def test_score_takes_finished_runs_of_its_grid_only(tmp_path):
+    """A sitting cut short exports its latest checkpoint into the same folder as the finished
+    run's: scored, it entered the gate as that run (nothing in results.json said which checkpoint)."""
+    run = grids.GRIDS["distract_vary"]["nope-s0"]
+    (tmp_path / "m" / "nope-s0").mkdir(parents=True)
+    _provenance(tmp_path / "m" / "nope-s0", run, "step_0005123")
+    argv = ["score", "--grid", "distract_vary", "--models", str(tmp_path / "m"), "--out", str(tmp_path / "out")]
+    blend = re.escape(sweep.trained_on(sweep.first_blend(run)))
+    with pytest.raises(SystemExit, match=rf"^error: .*nope-s0 \(nope, {blend}, step_0005123\) is no finished "
+                                         rf"run of grid distract_vary \(its nope-s0: nope, {blend}, step_0006000\)"):
+        sweep.main(argv)
+    _provenance(tmp_path / "m" / "nope-s0", run, "step_0006000")
+    with pytest.raises(SystemExit, match=r"^error: .*nope-s0 \(nope, .*, step_0006000\) is no finished run "
+                                         r"of grid distract_lm_all \(its nope-s0: nope, .*skipgram"):  # other data
+        sweep.main([*argv[:2], "distract_lm_all", *argv[3:]])
+    assert not (tmp_path / "out" / "results.json").exists()
+
+
+@pytest.mark.e2e
+def test_score_records_each_models_checkpoint_and_the_eval_protocol(tmp_path):
+    """A random export as a finished run, 2 documents a cell (never checks an outcome): the eval
+    folders and results.json name the checkpoint, REGIME.md the grid, checkpoints and protocol."""
+    from tiny_models import save_tiny_lenext
+
+    run = grids.GRIDS["distract_vary"]["nope-s0"]
+    f = tmp_path / "m" / "nope-s0"
+    save_tiny_lenext(str(f), tokenizer=str(data.kv_data() / "tokenizer.model"), position="nope",
+                     vocab_size=128, train_length=grids.L)
+    _provenance(f, run, "step_0006000")
+    out = tmp_path / "out"
+    rec = sweep.main(["score", "--grid", "distract_vary", "--models", str(tmp_path / "m"), "--out", str(out),
+                      "--docs", "2"]) or json.loads((out / "results.json").read_text())
+    assert rec["checkpoints"] == {"nope-s0": "step_0006000"} and rec["tasks_protocol_version"] == 1
+    assert rec["grid"] == "distract_vary" and set(rec["cells"]["nope-s0"]) == {f[0] for f in FORMATS}
+    assert len(list((out / "eval" / "nope-s0" / "step_0006000").glob("*/tasks*.json"))) == len(FORMATS)
+    assert "Runs of grid distract_vary at their checkpoints nope-s0 step_0006000; `lenext eval tasks` " \
+           "protocol version 1." in (out / "REGIME.md").read_text()
 
 
 def test_an_unknown_only_run_is_one_error_line_before_any_work(tmp_path):

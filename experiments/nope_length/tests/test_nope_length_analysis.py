@@ -3,7 +3,7 @@ the best c is chosen by accuracy then NLL, and each verdict follows its pre-regi
 from the numbers (a made-up result set where NoPE extends and RoPE does not, and its reverse)."""
 import math
 
-from experiments.nope_length.analysis import GAP, best_c, fit_log, render, summarize
+from experiments.nope_length.analysis import ENTROPY_RISE, FIT_R2, GAP, best_c, fit_log, render, summarize
 
 L = 64
 MULT = (1, 2, 4, 8)
@@ -125,6 +125,11 @@ def test_best_c_fit_needs_a_positive_slope_and_r2_at_least_0_5():
     assert world((1.0, 1.0, 1.0))["verdict"] == "fails"  # a = 0
     noisy = world((1.5, 1.0, 1.25))  # a > 0, but the points do not follow ln s
     assert noisy["numbers"]["a"] > 0 and noisy["numbers"]["r2"] < 0.5 and noisy["verdict"] == "fails"
+    # either side of FIT_R2 (a change of the threshold, or of >= into >, turns one of them)
+    above, below = world((1.0, 1.05, 1.6)), world((1.0, 1.2, 1.15))
+    assert 0.5 <= above["numbers"]["r2"] < 0.53 and above["verdict"] == "holds"
+    assert 0.47 < below["numbers"]["r2"] < 0.5 and below["numbers"]["a"] > 0 and below["verdict"] == "fails"
+    assert FIT_R2 == 0.5
 
 
 def test_entropy_mechanism_holds_only_if_every_seed_spreads_and_sharpens():
@@ -133,6 +138,13 @@ def test_entropy_mechanism_holds_only_if_every_seed_spreads_and_sharpens():
     flat = _model("nope-s1", "nope", {1.0: [1.0, 0.5, 0.2, 0.9], 1.5: [0.9, 0.8, 0.7, 0.6]})
     # seed 1 keeps 0.9 at 8L: entropy 0.36 vs 0.3 at L, a rise of 0.06 < ENTROPY_RISE
     assert _verdict("entropy_mechanism", [good, flat]) == "fails"
+    # either side of ENTROPY_RISE: entropy 0.9 - 0.6 x accuracy (c = 1), so 1.0 -> 0.81 at 8L
+    # rises 0.114 and 1.0 -> 0.85 rises 0.09; c = 1.5 retrieves more at 8L (sharper) in both
+    def rise(at8):
+        return _verdict("entropy_mechanism", [_model("nope-s0", "nope", {1.0: [1.0, 0.5, 0.2, at8],
+                                                                          1.5: [0.9, 0.8, 0.7, 0.95]})])
+
+    assert rise(0.81) == "holds" and rise(0.85) == "fails" and ENTROPY_RISE == 0.1
 
 
 def test_checkpoint_dependence_is_one_cell_moving_by_gap():
