@@ -97,7 +97,7 @@ def test_empty_answer_sets_are_refused(hf_tok):
         check_samples("niah_single_1", 1024, [ok, {**ok, "outputs": ["7654321"]}])
 
 
-def test_a_cell_has_the_same_samples_whatever_the_lists_around_it(hf_tok, tmp_path):
+def test_a_cell_has_the_same_samples_whatever_the_lists_around_it(tmp_path):
     """Each (task, length) is made alone, seeded by the cell: niah_single_1 at 1024 holds the same
     samples with or without fwe before it (one seeded stream across the lists gave it others),
     cwe at 2048 with or without 1536 before it, and another --seed gives other samples."""
