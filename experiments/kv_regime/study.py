@@ -160,8 +160,8 @@ def run(models: Path, out: Path, grids: tuple[str, ...] = GRIDS_STUDIED, docs: i
         "the search trains from the training checkpoint, which the device does not bring back: "
         "experiments/sizes")
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
-    blend = trained_on(first_blend(runs[specs[0][0].name]))
-    intro = INTRO.format(L=L, steps=" or ".join(map(str, steps)), docs=docs, mix=named[0], blend=blend)
+    blends = sorted({trained_on(first_blend(runs[m.name])) for m, _ in specs})  # one mix, maybe other texts
+    intro = INTRO.format(L=L, steps=" or ".join(map(str, steps)), docs=docs, mix=named[0], blend="; ".join(blends))
     if missing:
         intro = (f"**Partial (--partial): runs {', '.join(missing)} of the grids are missing; these are not "
                  f"the study's verdicts.** " + intro)
