@@ -31,17 +31,38 @@ from lenext_dist.checkpoint.safe_load import weights_only_loads
 from lenext_dist.checkpoint.weights import read_weights, unreadable
 from lenext_dist.config import RunConfig, save_config
 from lenext_dist.errors import CheckpointError
+from lenext_dist.model.megatron_env import on_cpu
 
 
 def rng_state() -> dict:
-    return {"python": random.getstate(), "numpy": np.random.get_state(),
-            "torch": torch.get_rng_state()}
+    """Python's, numpy's and torch's CPU generators and, on an accelerator, its generator and
+    megatron's tracker states (what tensor-parallel dropout forks from; megatron's own checkpoints
+    keep them as `rng_tracker_states`). Rank 0's state is the one saved (DeepSpeed writes the client
+    state once): every rank is seeded alike (model/megatron_env.init_megatron) and TP = 1, so the
+    ranks' generators are equal."""
+    state = {"python": random.getstate(), "numpy": np.random.get_state(),
+             "torch": torch.get_rng_state()}
+    if not on_cpu():
+        from deepspeed.accelerator import get_accelerator
+        from megatron.core import tensor_parallel
+
+        state["accelerator"] = get_accelerator().get_rng_state()
+        state["tracker"] = tensor_parallel.get_cuda_rng_tracker().get_states()
+    return state
 
 
 def set_rng_state(state: dict) -> None:
+    """The accelerator's part only where this run has one and the checkpoint saved one (a CPU
+    checkpoint resumed on a GPU keeps the GPU generators as seeded)."""
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])
     torch.set_rng_state(state["torch"])
+    if not on_cpu() and "accelerator" in state:
+        from deepspeed.accelerator import get_accelerator
+        from megatron.core import tensor_parallel
+
+        get_accelerator().set_rng_state(state["accelerator"])
+        tensor_parallel.get_cuda_rng_tracker().set_states(state["tracker"])
 
 
 def _atomic_write(path: Path, text: str) -> None:

@@ -307,6 +307,25 @@ def test_load_restores_the_saved_rng_state(engine):
     assert got[:2] == expected[:2] and torch.equal(got[2], expected[2])
 
 
+def test_an_accelerator_run_saves_and_restores_its_generators(engine, monkeypatch):
+    """Where the run has an accelerator (taken here as one: DeepSpeed's CPU accelerator, whose
+    interface CUDA's shares, stands in), the client state also keeps its generator and megatron's
+    tracker states, and a load hands them back to the accelerator (the CPU one's generator is
+    torch's, so the call itself is what is observed)."""
+    from deepspeed.accelerator import get_accelerator
+
+    eng, cfg = engine
+    acc, restored = get_accelerator(), []
+    monkeypatch.setattr(checkpoint, "on_cpu", lambda: False)
+    checkpoint.save(eng, cfg, 2, 4)
+    saved = acc.get_rng_state().clone()
+    torch.rand(5)  # the run draws on
+    monkeypatch.setattr(acc, "set_rng_state", lambda s, *a, _set=acc.set_rng_state: (restored.append(s), _set(s)))
+    client = checkpoint.load(eng, cfg.checkpoint.dir, tag_for(2))
+    assert {"accelerator", "tracker"} <= set(client["rng"])
+    assert len(restored) == 1 and torch.equal(restored[0], saved)
+
+
 def test_no_stage_engine_outlives_its_stage(shards, tmp_path):
     """A two-stage run (32 -> 64 tokens at step 2) leaves no DeepSpeed engine behind: the
     optimizer's gradient hooks kept each engine, with its weights, fp32 master and Adam states,
