@@ -103,7 +103,7 @@ def run(model_dir: str, docs: int = 800, seed: int | None = None) -> dict:
     from experiments.nope_length.study import TEST_SEED
     from lenext_dist.eval.adapter import trained_with_bos
     from lenext_dist.eval.model_io import load_model
-    from lenext_dist.eval.tasks import make_documents
+    from lenext_dist.eval.tasks import generator, make_documents
     from lenext_dist.prep.tasks import Toolkit
 
     from .data import kv_data
@@ -114,8 +114,8 @@ def run(model_dir: str, docs: int = 800, seed: int | None = None) -> dict:
     bos = sp.bos_id() if trained_with_bos(model, model_dir) else None
     texts = [json.loads(line)["text"] for line in (kv_data() / "heldout/filler.jsonl").read_text().splitlines()]
     params = dict(p.split("=") for p in DISTRACT_MIX)
-    found = make_documents(Toolkit(sp), texts, "kv", L - (bos is not None), docs,
-                           TEST_SEED if seed is None else seed, params)
+    found = make_documents(generator(Toolkit(sp), "kv", L - (bos is not None), params), texts, docs,
+                           TEST_SEED if seed is None else seed)
     rows, first = samples(model, found, bos)
     source = getattr(model.config, "lenext_source", None) or {}
     return {"model": Path(model_dir).name, "checkpoint": source.get("tag"), "docs": docs,

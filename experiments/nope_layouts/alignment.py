@@ -55,7 +55,7 @@ def split_accuracy(hf: Path, filler: Path, L: int, docs: int = DOCS) -> dict:
 
     from lenext_dist.eval.data import load_tokenizer
     from lenext_dist.eval.model_io import load_model
-    from lenext_dist.eval.tasks import answer_positions, content_tokens, make_documents, score
+    from lenext_dist.eval.tasks import answer_positions, content_tokens, generator, make_documents, score
     from lenext_dist.prep.tasks import Toolkit
 
     model, sp = load_model(str(hf), dtype="float32", device="cpu", progress=False), load_tokenizer(str(hf))
@@ -63,7 +63,7 @@ def split_accuracy(hf: Path, filler: Path, L: int, docs: int = DOCS) -> dict:
     content, seen = content_tokens(sp), []  # (right, {split: crosses})
     # seed TEST_SEED: the documents of its published record (which --append extends; eval
     # tasks' first cell had that seed before its protocol version 1)
-    for d in make_documents(Toolkit(sp), texts, "kv", L, docs, seed=TEST_SEED):
+    for d in make_documents(generator(Toolkit(sp), "kv", L), texts, docs, seed=TEST_SEED):
         r, _ = score(model, d.ids, answer_positions(d.ids, d.answers, content), pad_to=L, pad_id=sp.eos_id())
         seen.append((bool(r.all()), {k: f(d) for k, f in SPLITS.items()}))
 

@@ -25,7 +25,7 @@ from torch import nn
 
 from lenext_dist.prep.errors import PrepError
 from lenext_dist.prep.task_source import FillerStream, task_spec
-from lenext_dist.prep.tasks import TASKS, SkipDocument, TaskDoc, Toolkit, make_params
+from lenext_dist.prep.tasks import TASKS, Generator, SkipDocument, TaskDoc, Toolkit, make_params
 
 SLACK = 16
 """Documents of a cell have length - SLACK .. length tokens (the generators need a range)."""
@@ -43,15 +43,12 @@ def generator(tk: Toolkit, kind: str, length: int, params: Optional[dict] = None
         raise ValueError(f"length {length} is too short for a {kind} document ({e})") from None
 
 
-def make_documents(tk: Toolkit, texts: Sequence[str], kind: str, length: int, n: int,
-                   seed: int, params: Optional[dict] = None) -> list[TaskDoc]:
-    """`n` documents of task `kind`, `length - SLACK`..`length` tokens (EOS excluded), filler
-    from `texts` (cycled, so a small held-out set still fills long documents). params: as
-    `generator`'s."""
-    gen = generator(tk, kind, length, params)
+def make_documents(gen: Generator, texts: Sequence[str], n: int, seed: int) -> list[TaskDoc]:
+    """`n` documents of generator `gen` (see `generator`), filler from `texts` (cycled, so a
+    small held-out set still fills long documents)."""
     if not any(t.strip() for t in texts):
         raise ValueError("no filler text: --data holds no text")
-    stream = FillerStream(itertools.cycle(texts), tk)
+    stream = FillerStream(itertools.cycle(texts), gen.tk)
     rng = np.random.default_rng(seed)
     docs: list[TaskDoc] = []
     for _ in range(100 * n):  # bounded: a filler that never fits ends in an error, not a hang
@@ -63,8 +60,9 @@ def make_documents(tk: Toolkit, texts: Sequence[str], kind: str, length: int, n:
             docs.append(doc)
             if len(docs) == n:
                 return docs
-    raise ValueError(f"{kind}: made {len(docs)} of {n} documents of {length} tokens from --data "
-                     "in 100 tries each; the text may be too short or have too little whitespace")
+    raise ValueError(f"{gen.name}: made {len(docs)} of {n} documents of {gen.p.length.hi} tokens "
+                     "from --data in 100 tries each; the text may be too short or have too little "
+                     "whitespace")
 
 
 def cell_seed(seed: int, task: str, length: int) -> int:
@@ -207,9 +205,9 @@ def run_tasks(model: nn.Module, sp, texts: Sequence[str], lengths: Sequence[int]
     for kind in kinds:
         for length in lengths:
             # the same documents for every model and scale: seeded by (seed, task, length)
-            made = make_documents(tk, texts, kind, length - len(head), docs,
-                                  seed=cell_seed(seed, kind, length), params=params[kind])
-            alphabet = generator(tk, kind, length - len(head), params[kind]).answer_alphabet()
+            gen = generator(tk, kind, length - len(head), params[kind])
+            made = make_documents(gen, texts, docs, seed=cell_seed(seed, kind, length))
+            alphabet = gen.answer_alphabet()
             candidates = {int(i) for i in np.flatnonzero(content)} if alphabet is None else \
                 {i for i in alphabet if content[i]}
             scored = [(head + d.ids, answer_positions(

@@ -33,7 +33,7 @@ def texts(sp):
 @pytest.mark.parametrize("kind", ["passkey", "recall", "repeat"])
 @pytest.mark.parametrize("length", [128, 512])
 def test_documents_have_the_length_and_real_answers(sp, texts, kind, length):
-    docs = make_documents(Toolkit(sp), texts, kind, length, 6, seed=3)
+    docs = make_documents(generator(Toolkit(sp), kind, length), texts, 6, seed=3)
     assert len(docs) == 6
     for d in docs:
         ids = d.ids
@@ -42,9 +42,9 @@ def test_documents_have_the_length_and_real_answers(sp, texts, kind, length):
         for src, ans, k in d.answers:
             assert src + k <= ans and ans + k <= len(ids)
             assert ids[src:src + k] == ids[ans:ans + k]  # the answer copies its source
-    again = make_documents(Toolkit(sp), texts, kind, length, 6, seed=3)
+    again = make_documents(generator(Toolkit(sp), kind, length), texts, 6, seed=3)
     assert [d.ids for d in again] == [d.ids for d in docs]
-    assert [d.ids for d in make_documents(Toolkit(sp), texts, kind, length, 6, seed=4)] != \
+    assert [d.ids for d in make_documents(generator(Toolkit(sp), kind, length), texts, 6, seed=4)] != \
         [d.ids for d in docs]
 
 
@@ -63,7 +63,7 @@ class _Peek(torch.nn.Module):
 
 
 def test_score_is_exact_about_positions(sp, texts):
-    doc = make_documents(Toolkit(sp), texts, "passkey", 128, 1, seed=0)[0]
+    doc = make_documents(generator(Toolkit(sp), "passkey", 128), texts, 1, seed=0)[0]
     pos = answer_positions(doc.ids, doc.answers, content_tokens(sp))
     right, nll = score(_Peek(1), doc.ids, pos)
     assert len(pos) > 0 and right.all() and len(nll) == len(pos)
@@ -88,7 +88,7 @@ def test_a_model_that_emits_only_the_format_token_scores_zero(sp, texts):
     """Every passkey code of the sample tokenizer starts with a bare `▁` piece; the scorer must
     not count it (it made a rule that never retrieves look like a third of a skill)."""
     space = sp.piece_to_id("▁")
-    doc = make_documents(Toolkit(sp), texts, "passkey", 128, 1, seed=0)[0]
+    doc = make_documents(generator(Toolkit(sp), "passkey", 128), texts, 1, seed=0)[0]
     assert any(doc.ids[a] == space for _, a, _ in doc.answers)  # the format piece is there
     res = run_tasks(_Emit(space), sp, texts, [128], ["passkey"], docs=4, progress=False)
     assert res["cells"][0]["accuracy"] == res["cells"][0]["token_accuracy"] == 0.0
@@ -113,7 +113,7 @@ def test_answer_alphabets_are_what_the_generators_draw_answers_from(sp, texts):
     for kind in ("passkey", "recall", "copy", "kv"):
         gen = generator(tk, kind, 256)
         alphabet = gen.answer_alphabet()
-        for d in make_documents(tk, texts, kind, 256, 8, seed=2):
+        for d in make_documents(generator(tk, kind, 256), texts, 8, seed=2):
             assert set(answer_positions(d.ids, d.answers, content)) and all(
                 d.ids[i] in alphabet for i in answer_positions(d.ids, d.answers, content))
     assert {sp.id_to_piece(i).strip("▁") for i in generator(tk, "passkey", 256).answer_alphabet()} \
@@ -135,7 +135,7 @@ def test_alphabets_hold_the_mid_text_pieces_of_a_tokenizer_without_dummy_prefix(
     tk, content = Toolkit(nd), content_tokens(nd)
     for kind in ("recall", "copy", "kv"):
         alphabet = generator(tk, kind, 256).answer_alphabet()
-        for d in make_documents(tk, texts, kind, 256, 8, seed=2):
+        for d in make_documents(generator(tk, kind, 256), texts, 8, seed=2):
             assert all(d.ids[i] in alphabet for i in answer_positions(d.ids, d.answers, content)), kind
 
 
@@ -168,7 +168,7 @@ def test_run_tasks_finds_the_answers_with_and_without_bos(sp, texts, bos):
     assert all(c["baseline"]["accuracy"] < 1.0 for c in res["cells"])
     # the scored span is the code itself, less its format piece (BOS shifts every index by one)
     assert re.fullmatch(r"\d{4,7}", res["cells"][0]["first_answers"][0].strip()), res["cells"][0]
-    first = make_documents(Toolkit(sp), texts, "passkey", 128 - bos, 4,
+    first = make_documents(generator(Toolkit(sp), "passkey", 128 - bos), texts, 4,
                            seed=cell_seed(0, "passkey", 128))[0]  # run_tasks' seed
     assert res["cells"][0]["first_answers"][0].strip() == first.segments[-1].text.rstrip(".")
     res = run_tasks(_Peek(0), sp, texts, [128], kinds, docs=4, bos=bos, progress=False)
@@ -245,7 +245,7 @@ def test_right_padding_changes_no_scored_logit(position, options):
 
 def test_task_set_reaches_the_generator_and_bad_ones_are_refused(sp, texts):
     """`lenext eval tasks --task-set` parses as shard.py's (one parser) and changes the documents."""
-    docs = make_documents(Toolkit(sp), texts, "kv", 256, 3, seed=0, params={"distractors": "2"})
+    docs = make_documents(generator(Toolkit(sp), "kv", 256, {"distractors": "2"}), texts, 3, seed=0)
     assert all(sum(s.role == "distractor" for s in d.segments) == 6 for d in docs)  # 2 x 3 segments
     res = run_tasks(_Peek(1), sp, texts, [256], ["kv"], docs=2, progress=False,
                     task_set=["kv.distractors=2", "values=6"])
@@ -262,7 +262,7 @@ def test_answer_entropy_is_normalized_and_falls_with_a_larger_scale(sp, texts):
     from lenext_dist.eval.tasks import answer_entropy
 
     model = tiny_lenext("nope", vocab_size=4096, train_length=64)
-    doc = make_documents(Toolkit(sp), texts, "kv", 128, 1, seed=0)[0]
+    doc = make_documents(generator(Toolkit(sp), "kv", 128), texts, 1, seed=0)[0]
     pos = answer_positions(doc.ids, doc.answers, content_tokens(sp))
     base = answer_entropy(model, doc.ids, pos)
     assert base.shape == (2, 4, 2) and (base >= 0).all() and (base <= 1 + 1e-6).all()
@@ -287,7 +287,7 @@ def test_answer_entropy_scores_the_answer_rows_as_the_full_matrix_does(sp, texts
 
     model = tiny_lenext(position, vocab_size=4096, train_length=64, attention_options=options)
     set_uniform_scale(model, 1.3)
-    doc = make_documents(Toolkit(sp), texts, "kv", 256, 1, seed=1)[0]
+    doc = make_documents(generator(Toolkit(sp), "kv", 256), texts, 1, seed=1)[0]
     pos = answer_positions(doc.ids, doc.answers, content_tokens(sp))
     at = torch.tensor([p - 1 for p in pos])
     layers, full = attention_layers(model), []
