@@ -29,57 +29,15 @@ import time
 from pathlib import Path
 from typing import Optional
 
+from experiments.nope_length.study import TEST_SEED
+
 from .analysis import FORMATS, TRAIN_MIX, gate, passes
 from .data import DATA, SKIP_TEXTS, VARY, kv_data, skip_name, skip_text, vary_filler, zipf_filler
+from .exports import blend, finished, first_blend, shard_name, shard_sets
 from .grids import GRIDS, L, Run
 from lenext_dist.flags import Parser
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-def exported(models: Path) -> list[Path]:
-    """The exported models under `models` (one folder each, <name>/config.json); none is an error."""
-    found = sorted(p.parent for p in Path(models).glob("*/config.json"))
-    if not found:
-        raise SystemExit(f"error: {models} holds no exported model (<name>/config.json)")
-    return found
-
-
-def shard_name(mix: tuple[str, ...], bos: bool = False, length: int = L, fill: str = "uniform") -> str:
-    """The shards of a mixture (the seeds grid's keep their first name); with BOS the documents
-    are one token shorter (BOS is added when samples are built); `_l<n>` for documents of n != L;
-    `_<fill>` over a filler other than the uniform one."""
-    name = "kvmix" if mix == TRAIN_MIX else "kv_" + "_".join(
-        p.replace("=", "").replace(":", "-") for p in mix)
-    return (name + (f"_l{length}" if length != L else "") + ("_bos" if bos else "")
-            + (f"_{fill}" if fill != "uniform" else ""))
-
-
-def shard_sets(r: Run) -> list[tuple[tuple[str, ...], bool, int, str]]:
-    """The shards a run reads: (mix, bos, document length, filler) of each stage."""
-    return [(r.mix, r.bos, L, r.fill)] + ([(r.warm.mix, r.bos, r.warm.length, r.fill)] if r.warm else [])
-
-
-def first_shards(r: Run) -> str:
-    """The kv shard of a run's first stage (first_blend adds its text beside it)."""
-    return shard_name(*shard_sets(r)[-1])
-
-
-def blend(shard: str, r: Run) -> list[tuple[str, float]]:
-    """A training blend of run r, (shard, weight) each: the kv shard, and the run's skip-bigram
-    text at weight r.lm beside it."""
-    kv = f"{shard}_train"
-    return [(kv, round(1 - r.lm, 6)), (f"{skip_name(r.lm_text)}_train", r.lm)] if r.lm else [(kv, 1.0)]
-
-
-def first_blend(r: Run) -> list[tuple[str, float]]:
-    """The blend of a run's first stage: what its export records as its data."""
-    return blend(first_shards(r), r)
-
-
-def trained_on(pairs: list[tuple[str, float]]) -> str:
-    """A training blend in words: its shards, each with its weight where there are several."""
-    return " + ".join(n if len(pairs) == 1 else f"{n} ({w:g})" for n, w in pairs)
 
 
 def blend_yaml(pairs: list[tuple[str, float]], shards: Path) -> str:
@@ -262,24 +220,13 @@ def collect(a) -> dict:
 
 
 def score(a) -> dict:
-    from experiments.nope_length.study import TEST_SEED
     from lenext_dist.eval.jobs import TasksJob
-
-    # what a finished run of the grid is (study.py's rule; study.py imports this module)
-    from .study import is_run, model_of, trained_blend
 
     out, grid = Path(a.out), GRIDS[a.grid]
     filler = {"uniform": kv_data() / "heldout/filler.jsonl", "zipf": zipf_filler(out / "filler-zipf.jsonl")}
-    models = exported(Path(a.models))
-    tags = {}
-    for f in models:
-        m, tags[f.name] = model_of(f)
-        trained, r = trained_blend(f), grid.get(m.name)
-        if not is_run(m, trained, tags[f.name], r):
-            want = (f"its {m.name}: {r.position}, {trained_on(first_blend(r))}, step_{r.steps:07d}" if r
-                    else f"it has no run {m.name}")
-            raise SystemExit(f"error: {f} ({m.position}, {trained}, {tags[f.name]}) is no finished run of "
-                             f"grid {a.grid} ({want}): score finished runs only (a folder of links to them)")
+    found = finished(Path(a.models), grid, f"grid {a.grid}",
+                     "score finished runs only (a folder of links to them)")
+    models, tags = [f for f, _, _ in found], {f.name: tag for f, _, tag in found}
     scores, cells, versions = {}, {}, set()
     for m in models:
         for fname, params, fill in FORMATS:

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from experiments.kv_regime import data, grids, study, sweep
+from experiments.kv_regime import data, exports, grids, study
 from experiments.nope_length.study import Model
 
 
@@ -27,8 +27,8 @@ def _export(root, name, position, window=None, tag="step_0006000", shards="kvmix
 
 
 def test_a_model_folder_names_its_position_seed_window_and_checkpoint(tmp_path):
-    assert study.model_of(_export(tmp_path, "rope-s2", "rope")) == (Model("rope-s2", "rope", 2), "step_0006000")
-    m, tag = study.model_of(_export(tmp_path, "window-s0", "nope", window=grids.L, tag="step_0005500"))
+    assert exports.model_of(_export(tmp_path, "rope-s2", "rope")) == (Model("rope-s2", "rope", 2), "step_0006000")
+    m, tag = exports.model_of(_export(tmp_path, "window-s0", "nope", window=grids.L, tag="step_0005500"))
     assert m == Model("window-s0", "nope", 0, (f"--attention.window={grids.L}",)) and tag == "step_0005500"
 
 
@@ -39,40 +39,40 @@ def test_a_folder_that_is_no_grid_export_is_one_error_line(tmp_path, name, cfg):
     (tmp_path / name).mkdir()
     (tmp_path / name / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(SystemExit, match=r"^error: .*" + name):
-        study.model_of(tmp_path / name)
+        exports.model_of(tmp_path / name)
 
 
 def test_a_run_of_the_grid_is_its_position_window_mixture_and_last_step():
-    window, trained = grids.OTHERS["window-s0"], f"{sweep.shard_name(grids.DISTRACT_MIX)}_train"
+    window, trained = grids.OTHERS["window-s0"], f"{exports.shard_name(grids.DISTRACT_MIX)}_train"
     m, last = Model("window-s0", "nope", 0, (f"--attention.window={grids.L}",)), "step_0006000"
-    assert study.is_run(m, trained, last, window)
-    assert not study.is_run(m, trained, "step_0005500", window)  # a run cut short
-    assert not study.is_run(Model("window-s0", "nope", 0), trained, last, window)  # no window
-    assert not study.is_run(Model("window-s0", "nope", 0, ("--attention.window=48",)), trained, last, window)
-    assert not study.is_run(m, "kvmix_train", last, window)  # another mixture
+    assert exports.is_run(m, trained, last, window)
+    assert not exports.is_run(m, trained, "step_0005500", window)  # a run cut short
+    assert not exports.is_run(Model("window-s0", "nope", 0), trained, last, window)  # no window
+    assert not exports.is_run(Model("window-s0", "nope", 0, ("--attention.window=48",)), trained, last, window)
+    assert not exports.is_run(m, "kvmix_train", last, window)  # another mixture
     nope = Model("nope-s0", "nope")
-    assert not study.is_run(nope, trained, last, None)  # no run of that name
-    assert study.is_run(nope, trained, last, grids.DISTRACT["nope-s0"])
-    assert not study.is_run(Model("nope-s0", "rope"), trained, last, grids.DISTRACT["nope-s0"])
-    with_bos = f"{sweep.shard_name(grids.DISTRACT_MIX, True)}_train"
-    assert study.is_run(nope, with_bos, last, grids.DISTRACT_BOS["nope-s0"])
-    assert not study.is_run(nope, trained, last, grids.DISTRACT_BOS["nope-s0"])
+    assert not exports.is_run(nope, trained, last, None)  # no run of that name
+    assert exports.is_run(nope, trained, last, grids.DISTRACT["nope-s0"])
+    assert not exports.is_run(Model("nope-s0", "rope"), trained, last, grids.DISTRACT["nope-s0"])
+    with_bos = f"{exports.shard_name(grids.DISTRACT_MIX, True)}_train"
+    assert exports.is_run(nope, with_bos, last, grids.DISTRACT_BOS["nope-s0"])
+    assert not exports.is_run(nope, trained, last, grids.DISTRACT_BOS["nope-s0"])
     # the long grid shares the distract grid's data: its last step tells them apart
-    assert study.is_run(nope, trained, "step_0012000", grids.DISTRACT_LONG["nope-s0"])
-    assert not study.is_run(nope, trained, last, grids.DISTRACT_LONG["nope-s0"])
+    assert exports.is_run(nope, trained, "step_0012000", grids.DISTRACT_LONG["nope-s0"])
+    assert not exports.is_run(nope, trained, last, grids.DISTRACT_LONG["nope-s0"])
     # a warm run's export records its first stage's shards (the short documents)
-    short = f"{sweep.shard_name(grids.WARM.mix, False, grids.WARM.length)}_train"
-    assert study.is_run(nope, short, last, grids.DISTRACT_WARM["nope-s0"])
-    assert not study.is_run(nope, trained, last, grids.DISTRACT_WARM["nope-s0"])
+    short = f"{exports.shard_name(grids.WARM.mix, False, grids.WARM.length)}_train"
+    assert exports.is_run(nope, short, last, grids.DISTRACT_WARM["nope-s0"])
+    assert not exports.is_run(nope, trained, last, grids.DISTRACT_WARM["nope-s0"])
     # the lm grids share the distract grid's kv shards: the text beside them tells them apart
     lm_all = grids.DISTRACT_LM_ALL["nope-s0"]
-    with_text = sweep.trained_on([(trained, 0.95), ("skipgram_all_train", 0.05)])
+    with_text = exports.trained_on([(trained, 0.95), ("skipgram_all_train", 0.05)])
     assert with_text == f"{trained} (0.95) + skipgram_all_train (0.05)"
-    assert study.is_run(nope, with_text, last, lm_all)
-    assert not study.is_run(nope, trained, last, lm_all)
-    assert not study.is_run(nope, with_text, last, grids.DISTRACT["nope-s0"])
-    assert not study.is_run(nope, with_text, last, grids.DISTRACT_LM["nope-s0"])  # the filler's text
-    assert not study.is_run(nope, with_text.replace("0.05", "0.1"), last, lm_all)  # another weight
+    assert exports.is_run(nope, with_text, last, lm_all)
+    assert not exports.is_run(nope, trained, last, lm_all)
+    assert not exports.is_run(nope, with_text, last, grids.DISTRACT["nope-s0"])
+    assert not exports.is_run(nope, with_text, last, grids.DISTRACT_LM["nope-s0"])  # the filler's text
+    assert not exports.is_run(nope, with_text.replace("0.05", "0.1"), last, lm_all)  # another weight
 
 
 def test_an_exports_training_data_is_its_first_stages_whole_blend(tmp_path):
@@ -81,10 +81,10 @@ def test_an_exports_training_data_is_its_first_stages_whole_blend(tmp_path):
     (f / "lenext_run_config.yaml").write_text(
         "data:\n  blend:\n  - {prefix: /s/kv_a_train, weight: 0.95, text: false}\n"
         "  - {prefix: /s/skipgram_all_train, weight: 0.05, text: false}\n")
-    assert study.trained_blend(f) == "kv_a_train (0.95) + skipgram_all_train (0.05)"
+    assert exports.trained_blend(f) == "kv_a_train (0.95) + skipgram_all_train (0.05)"
     (f / "lenext_run_config.yaml").write_text("data:\n  blend: []\n")
     with pytest.raises(SystemExit, match=r"^error: .*names no training data"):
-        study.trained_blend(f)
+        exports.trained_blend(f)
 
 
 def test_the_plan_is_nope_lengths_at_the_regimes_length(tmp_path):
@@ -115,15 +115,15 @@ def test_models_must_be_runs_of_the_grids_with_one_mixture(tmp_path):
     _export(tmp_path, "alibi-s0", "alibi")
     with pytest.raises(SystemExit,
                        match=r"^error: .*alibi-s0 \(alibi, trained on kvmix_train, checkpoint step_0006000\) "
-                             r"is no finished run of the grids seeds: pass --grids, or finish the run"):
+                             r"is no finished run of the grids seeds \(no run named alibi-s0\): pass --grids, or finish the run"):
         study.run(tmp_path, tmp_path / "out", ("seeds",))
     _export(tmp_path / "other", "window-s0", "rope")  # the name of a run, another position
     with pytest.raises(SystemExit, match=r"^error: .*window-s0 \(rope, .*\) is no finished run of the grids others"):
         study.run(tmp_path / "other", tmp_path / "out", ("others",))
-    _export(tmp_path / "nowindow", "window-s0", "nope", shards=sweep.shard_name(grids.DISTRACT_MIX))
+    _export(tmp_path / "nowindow", "window-s0", "nope", shards=exports.shard_name(grids.DISTRACT_MIX))
     with pytest.raises(SystemExit, match=r"^error: .*window-s0 \(nope, trained on .*\) is no finished run of the gr"):
         study.run(tmp_path / "nowindow", tmp_path / "out", ("others",))  # the run's name, no window
-    _provenance(tmp_path / "alibi-s0", shards=sweep.shard_name(grids.DISTRACT_MIX))  # others' alibi
+    _provenance(tmp_path / "alibi-s0", shards=exports.shard_name(grids.DISTRACT_MIX))  # others' alibi
     with pytest.raises(SystemExit, match=r"^error: the models .* different mixtures"):
         study.run(tmp_path, tmp_path / "out", ("seeds", "others"), partial=True)  # nope-s0 of seeds, alibi of others
     with pytest.raises(SystemExit, match=r"^error: .*nope-s0 \(nope, trained on kvmix_train, .*\) is no finished run"):
@@ -147,7 +147,7 @@ def test_the_study_runs_end_to_end_on_exported_models(tmp_path, monkeypatch):
     for name, position in (("nope-s0", "nope"), ("rope-s0", "rope")):
         save_tiny_lenext(str(models / name), tokenizer=str(data.kv_data() / "tokenizer.model"),
                          position=position, vocab_size=128, train_length=grids.L)
-        _provenance(models / name, f"step_{grids.STEPS:07d}", sweep.shard_name(TRAIN_MIX))
+        _provenance(models / name, f"step_{grids.STEPS:07d}", exports.shard_name(TRAIN_MIX))
     with pytest.raises(SystemExit, match=r"^error: .* lacks runs of the grids seeds: nope-s1, nope-s2, "
                                          r"rope-s1, rope-s2; the claims are over every seed"):
         study.run(models, tmp_path / "work", ("seeds",), docs=2)

@@ -8,7 +8,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from experiments.kv_regime import data, grids, sweep
+from experiments.kv_regime import data, exports, grids, sweep
 from experiments.kv_regime.analysis import FORMATS, TRAIN_MIX
 from lenext_dist.config import load_config
 from lenext_dist.prep.kv_corpus import alphabet
@@ -28,7 +28,7 @@ def test_every_run_of_every_grid_is_a_valid_config(grid, tmp_path):
         # the run's own mix at L: the whole run, or the stage after the warm one
         seq, blend = ((cfg.train.stages[-1].seq_length, cfg.train.stages[-1].blend) if spec.warm
                       else (cfg.model.seq_length, cfg.data.blend))
-        own = sweep.shard_name(spec.mix, spec.bos, fill=spec.fill)
+        own = exports.shard_name(spec.mix, spec.bos, fill=spec.fill)
         assert seq == grids.L and blend[0].prefix.endswith(f"/{own}_train")
         # the skip-bigram text beside the kv documents at weight lm; validation on kv alone
         assert [b.weight for b in blend] == ([1 - spec.lm, spec.lm] if spec.lm else [1.0])
@@ -37,7 +37,7 @@ def test_every_run_of_every_grid_is_a_valid_config(grid, tmp_path):
         if spec.warm:  # the first stage: the short documents, the same sequences a step
             assert cfg.model.seq_length == spec.warm.length and cfg.train.stages[0].start_step == spec.warm.steps
             assert cfg.data.blend[0].prefix.endswith(
-                f"/{sweep.shard_name(spec.warm.mix, spec.bos, spec.warm.length, spec.fill)}_train")
+                f"/{exports.shard_name(spec.warm.mix, spec.bos, spec.warm.length, spec.fill)}_train")
             assert cfg.train.stages[0].global_batch_size == cfg.train.global_batch_size
     assert len(grids.GRIDS[grid]) == {"pilot": 8, "seeds": 6, "distract": 6, "others": 3, "distract_bos": 6,  # <= 8:
                                       "distract_warm": 6, "distract_long": 6, "distract_lm": 6,
@@ -52,15 +52,15 @@ def test_shards_are_the_training_mixture_at_L(tmp_path, mix, bos):
     tokens is still exactly one document."""
     cmd = " ".join(sweep.shard_command(tmp_path, 2, mix, bos))
     assert all(f"--task-set kv.{p}" in cmd for p in mix) and f"kv.length={grids.L - bos} " in cmd
-    assert f"--name {sweep.shard_name(mix, bos)} " in cmd
-    assert sweep.shard_name(mix, bos) != sweep.shard_name(mix, not bos)
+    assert f"--name {exports.shard_name(mix, bos)} " in cmd
+    assert exports.shard_name(mix, bos) != exports.shard_name(mix, not bos)
     short = " ".join(sweep.shard_command(tmp_path, 2, mix, bos, 48))
-    assert f"kv.length={48 - bos} " in short and f"--name {sweep.shard_name(mix, bos, 48)} " in short
-    assert sweep.shard_name(mix, bos, 48) != sweep.shard_name(mix, bos)
+    assert f"kv.length={48 - bos} " in short and f"--name {exports.shard_name(mix, bos, 48)} " in short
+    assert exports.shard_name(mix, bos, 48) != exports.shard_name(mix, bos)
 
 
 def test_the_distract_grid_is_the_seeds_grid_with_a_distractor_in_every_document():
-    assert sweep.shard_name(TRAIN_MIX) == "kvmix"  # the seeds grid's shards keep their name
+    assert exports.shard_name(TRAIN_MIX) == "kvmix"  # the seeds grid's shards keep their name
     same = {n: r._replace(mix=TRAIN_MIX) for n, r in grids.DISTRACT.items() if n in grids.SEEDS}
     assert same == grids.SEEDS and set(grids.DISTRACT) == set(grids.SEEDS)
     assert all(r.mix == grids.DISTRACT_MIX for g in (grids.DISTRACT, grids.OTHERS) for r in g.values())
@@ -79,7 +79,7 @@ def test_the_distract_grid_is_the_seeds_grid_with_a_distractor_in_every_document
     assert {(r.lm, r.lm_text) for r in grids.OTHERS_LM_ALL.values()} == {(0.05, "all")}
     w = grids.WARM  # the plan as written: 2000 steps of 48-token documents the copy is worth <= 0.5 in
     assert (w.steps, w.length, w.mix) == (2000, 48, ("values=2:4", "distractors=1:2"))
-    assert [s[2] for s in sweep.shard_sets(grids.DISTRACT_WARM["nope-s0"])] == [grids.L, 48]
+    assert [s[2] for s in exports.shard_sets(grids.DISTRACT_WARM["nope-s0"])] == [grids.L, 48]
 
 
 @pytest.mark.parametrize("text, size", [("filler", 32), ("all", 99)])
@@ -125,10 +125,10 @@ def test_the_vary_grids_are_the_lm_all_grids_over_the_varying_filler(tmp_path):
         assert {n: r._replace(fill="uniform") for n, r in grids.GRIDS[vary].items()} == grids.GRIDS[base]
         assert all(r.fill == "vary" for r in grids.GRIDS[vary].values())
     r = grids.DISTRACT_VARY["nope-s2"]
-    assert sweep.first_shards(r) == sweep.shard_name(r.mix) + "_vary" != sweep.shard_name(r.mix)
+    assert exports.first_shards(r) == exports.shard_name(r.mix) + "_vary" != exports.shard_name(r.mix)
     cmd = sweep.shard_command(tmp_path, 2, r.mix, fill="vary")
     assert cmd[cmd.index("--input") + 1] == str(tmp_path / data.VARY / "*.jsonl")
-    assert cmd[cmd.index("--name") + 1] == sweep.first_shards(r)
+    assert cmd[cmd.index("--name") + 1] == exports.first_shards(r)
     uniform = sweep.shard_command(tmp_path, 2, r.mix)
     assert uniform[uniform.index("--input") + 1].endswith("/train/*.jsonl")
 
@@ -231,7 +231,7 @@ def _provenance(f, run, tag):
     cfg = json.loads((f / "config.json").read_text()) if (f / "config.json").exists() else {}
     (f / "config.json").write_text(json.dumps({**cfg, "position": run.position, "lenext_source": {"tag": tag}}))
     (f / "lenext_run_config.yaml").write_text("data:\n  blend:\n" + "".join(
-        f"  - {{prefix: /sh/{n}, weight: {w}}}\n" for n, w in sweep.first_blend(run)))
+        f"  - {{prefix: /sh/{n}, weight: {w}}}\n" for n, w in exports.first_blend(run)))
 
 
 def test_score_takes_finished_runs_of_its_grid_only(tmp_path):
@@ -241,12 +241,12 @@ def test_score_takes_finished_runs_of_its_grid_only(tmp_path):
     (tmp_path / "m" / "nope-s0").mkdir(parents=True)
     _provenance(tmp_path / "m" / "nope-s0", run, "step_0005123")
     argv = ["score", "--grid", "distract_vary", "--models", str(tmp_path / "m"), "--out", str(tmp_path / "out")]
-    blend = re.escape(sweep.trained_on(sweep.first_blend(run)))
-    with pytest.raises(SystemExit, match=rf"^error: .*nope-s0 \(nope, {blend}, step_0005123\) is no finished "
+    blend = re.escape(exports.trained_on(exports.first_blend(run)))
+    with pytest.raises(SystemExit, match=rf"^error: .*nope-s0 \(nope, trained on {blend}, checkpoint step_0005123\) is no finished "
                                          rf"run of grid distract_vary \(its nope-s0: nope, {blend}, step_0006000\)"):
         sweep.main(argv)
     _provenance(tmp_path / "m" / "nope-s0", run, "step_0006000")
-    with pytest.raises(SystemExit, match=r"^error: .*nope-s0 \(nope, .*, step_0006000\) is no finished run "
+    with pytest.raises(SystemExit, match=r"^error: .*nope-s0 \(nope, .*, checkpoint step_0006000\) is no finished run "
                                          r"of grid distract_lm_all \(its nope-s0: nope, .*skipgram"):  # other data
         sweep.main([*argv[:2], "distract_lm_all", *argv[3:]])
     assert not (tmp_path / "out" / "results.json").exists()
