@@ -80,7 +80,7 @@ def model_of(folder: Path) -> tuple[Model, str]:
 
 def trained_blend(folder: Path) -> str:
     """The shards a model was trained on, with their weights (its export's run config: its first
-    stage's data.blend), in sweep.trained_on's words."""
+    stage's data.blend), in trained_on's words."""
     import yaml
 
     try:
@@ -96,7 +96,7 @@ def trained_blend(folder: Path) -> str:
 
 def is_run(m: Model, trained: str, tag: str, r: Optional[Run]) -> bool:
     """Is the exported model `m`, trained on the shards `trained` (its first stage's blend, in
-    sweep.trained_on's words) to the checkpoint `tag`, the finished grid run `r`: its position, its
+    trained_on's words) to the checkpoint `tag`, the finished grid run `r`: its position, its
     window, its training data (the kv shards and any text beside them) and its last step (a run cut
     short is not the regime; grids may share everything but steps)?"""
     return (r is not None and r.position == m.position and trained == trained_on(first_blend(r))
