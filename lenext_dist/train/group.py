@@ -49,6 +49,24 @@ def one_process_env(environ=os.environ) -> bool:
     return True
 
 
+_ENV_RENDEZVOUS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+def bind_group(backend: str, device: torch.device) -> None:
+    """The env:// process group, its NCCL communicator bound to `device`, the one this rank chose.
+
+    DeepSpeed would bind it to cuda:$LOCAL_RANK (deepspeed/comm/torch.py, init_process_group's
+    device_id), which a task shown only its own GPU does not have: torch refuses "device_id cuda:3
+    is out of range". DeepSpeed adopts a group that exists (comm.init_distributed), with the same
+    arguments as its own otherwise: its timeout (DEEPSPEED_TIMEOUT), no device bound for one rank
+    (DeepSpeed #8248: a bound group splits every later new_group over NCCL, with no peer to reach).
+    """
+    from deepspeed.constants import default_pg_timeout
+
+    bound = {"device_id": device} if int(os.environ["WORLD_SIZE"]) != 1 else {}
+    dist.init_process_group(backend, init_method="env://", timeout=default_pg_timeout, **bound)
+
+
 def init_distributed(cfg: RunConfig) -> tuple[int, int]:
     """torch.distributed through DeepSpeed (env:// from any launcher, or MPI discovery)."""
     import deepspeed
@@ -65,11 +83,16 @@ def init_distributed(cfg: RunConfig) -> tuple[int, int]:
         local = next((int(os.environ[k]) for k in ("LOCAL_WORLD_SIZE", "LOCAL_SIZE",
                       "OMPI_COMM_WORLD_LOCAL_SIZE", "SLURM_NTASKS_PER_NODE") if k in os.environ), 1)
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // local))
+    device = None
     if acc.device_name() != "cpu":  # Slurm may show each task only its own GPU: index 0;
         # set before the process group so NCCL binds each rank to its own device
-        acc.set_device(visible_device_index(local_rank(), acc.device_count()))
+        index = visible_device_index(local_rank(), acc.device_count())
+        acc.set_device(index)
+        device = torch.device(acc.device_name(index))
     if not dist.is_initialized():
         one_process_env()
+        if device is not None and all(k in os.environ for k in _ENV_RENDEZVOUS):
+            bind_group(backend, device)
         # DeepSpeed's MPI discovery ignores MASTER_PORT unless it is passed as distributed_port
         deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=True, verbose=False,
                                    distributed_port=int(os.environ.get("MASTER_PORT", 29500)))

@@ -7,6 +7,7 @@ needs no scheduler state and cannot drift.
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 from typing import Optional
 
 import torch
@@ -77,6 +78,7 @@ def build_engine(model: torch.nn.Module, cfg: RunConfig, world: int, mpu=None):
     (ZeRO 1-3 finalize their gradient partitions in that call and keep it).
     """
     import deepspeed
+    from deepspeed.accelerator import get_accelerator
 
     from lenext_dist.config import deepspeed_config
 
@@ -90,7 +92,11 @@ def build_engine(model: torch.nn.Module, cfg: RunConfig, world: int, mpu=None):
     # parallelism built later in the same process reduces over the whole world again
     groups.mpu = None
     dp = cfg.parallel.data_parallel_size(world)
-    engine, *_ = deepspeed.initialize(model=model, optimizer=build_optimizer(model, cfg),
+    # the device init_distributed chose (index 0 for a task shown only its own GPU), where the
+    # engine would set cuda:$LOCAL_RANK (engine._set_distributed_vars: "invalid device ordinal")
+    acc = get_accelerator()
+    args = None if acc.device_name() == "cpu" else SimpleNamespace(device_rank=acc.current_device())
+    engine, *_ = deepspeed.initialize(args=args, model=model, optimizer=build_optimizer(model, cfg),
                                       config=deepspeed_config(cfg, dp), mpu=mpu)
     fp32_params.restore(engine, exact)
     if world == 1 and cfg.parallel.zero_stage == 0 and hasattr(engine, "enable_backward_allreduce"):
