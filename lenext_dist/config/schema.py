@@ -177,8 +177,9 @@ class TrainConfig:
     activation_checkpointing: bool = False
     """Recompute each transformer layer in the backward pass (memory for long HeadScale lengths)."""
     fused_kernels: bool = True
-    """On CUDA: megatron's torch.compile fusions (SwiGLU, bias-dropout-add, fused cross-entropy);
-    false turns them off. CPU runs never fuse."""
+    """On CUDA: megatron's torch.compile fusions (SwiGLU, bias-dropout-add; fused cross-entropy in
+    bf16 runs only: its backward rounds the gradient to bf16); false turns them off. CPU runs never
+    fuse."""
     nonfinite_patience: int = 0
     """Consecutive steps with a NaN/inf loss or grad norm (fp16: loss only, its loss scaler skips
     overflowing steps) tolerated before training stops with an error (exit 2, `latest` left on

@@ -38,7 +38,8 @@ CARRY_ANYWAY = {"huggingface-hub": "transformers 5.23 needs >= 1.31 (checked whe
                 "the node's transformers 5.17 asked only >= 1.5"}
 """Packages in the node's closure whose node version may be too old for what we carry."""
 NOT_NEEDED = {"pyarrow": "data prep reads parquet on a CPU machine; a 40 MB wheel",
-              "matplotlib": "plots are drawn from the results elsewhere"}
+              "matplotlib": "plots are drawn from the results elsewhere (a HeadScale run writes its "
+                            "head_scales.json without its heatmap there)"}
 """Dependencies of this package that the GPU check and training do not import."""
 PLATFORMS = ("manylinux2014_x86_64", "manylinux_2_17_x86_64", "manylinux_2_28_x86_64")
 BUILT = ("deepspeed",)

@@ -71,7 +71,9 @@ def transformer_config(cfg, *, device: Optional[str] = None):
         gradient_accumulation_fusion=False,
         apply_rope_fusion=False,
         bias_dropout_fusion=fuse,
-        cross_entropy_loss_fusion=fuse,
+        # its backward casts the logits' gradient to bf16 whatever their dtype
+        # (megatron/core/fusions/fused_cross_entropy.py, calculate_gradients): bf16 runs only
+        cross_entropy_loss_fusion=fuse and bf16,
         cross_entropy_fusion_impl="native",
     )
 

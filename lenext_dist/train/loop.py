@@ -454,8 +454,11 @@ def _write_head_scales(matrix: torch.Tensor, run_dir: str, rank: int) -> None:
 
     with open(os.path.join(run_dir, "head_scales.json"), "w") as f:
         json.dump({"head_scales": matrix.tolist(), "lambda": "m_h / sqrt(head_dim)"}, f, indent=1)
-    png = plot_head_scales(matrix, os.path.join(run_dir, "head_scales.png"))
-    _print0(f"[lenext] head scales: {run_dir}/head_scales.json, {png}")
+    try:  # a node set up from the wheelhouse has no matplotlib (gpu/wheelhouse.py): the JSON is the result
+        png = plot_head_scales(matrix, os.path.join(run_dir, "head_scales.png"))
+    except ImportError as e:
+        png = f"no heatmap ({e})"
+    print(f"[lenext] head scales: {run_dir}/head_scales.json, {png}", flush=True)  # rank 0 here
 
 
 def _progress(cfg: RunConfig, step: int, rank: int):

@@ -419,15 +419,18 @@ def test_variant_constants_are_copied_to_a_device_once():
 
 
 def test_megatron_fusions_only_on_cuda():
-    """CPU and the meta dry run keep the unfused ops; CUDA turns on the torch-only fusions unless
-    train.fused_kernels is false (their numerics were compared on CPU by hand: 5e-7 on the loss)."""
+    """CPU and the meta dry run keep the unfused ops; CUDA turns on the torch-only fusions (the
+    cross-entropy one in bf16 runs only) unless train.fused_kernels is false (their numerics were
+    compared on CPU by hand: 5e-7 on the loss)."""
     from lenext_dist.model.build import transformer_config
 
     def flags(device, *o):
         t = transformer_config(load_config(None, list(o)), device=device)
         return (t.bias_activation_fusion, t.bias_dropout_fusion, t.cross_entropy_loss_fusion)
 
-    assert flags("cuda") == (True, True, True)
+    assert flags("cuda", "train.precision=bf16") == (True, True, True)
+    # the fused cross-entropy's backward rounds the logits' gradient to bf16: not for fp32 / fp16
+    assert flags("cuda", "train.precision=fp32") == flags("cuda", "train.precision=fp16") == (True, True, False)
     assert flags("cpu") == flags("meta") == flags("cuda", "train.fused_kernels=false") == (False,) * 3
     t = transformer_config(load_config(None, []), device="cuda")
     assert t.cross_entropy_fusion_impl == "native" and not t.gradient_accumulation_fusion
@@ -530,3 +533,18 @@ def test_a_flex_failure_sends_only_its_own_signature_to_the_chunked_path(monkeyp
     assert len(paths._flex_shapes) == 1 and len(paths._flex_broken) == 1
     ref = paths.chunked_attention(q, k, v, torch.ones(4), mask=MaskSpec(window=64))
     torch.testing.assert_close(out, ref, atol=2e-5, rtol=1e-5)
+
+
+def test_a_headscale_run_without_matplotlib_keeps_its_scales(tmp_path, monkeypatch, capsys):
+    """A GPU node set up from the wheelhouse has no matplotlib (gpu/wheelhouse.py NOT_NEEDED): rank 0
+    died drawing the heatmap after the last checkpoint while the other ranks waited at the final
+    barrier. The JSON is the result; the heatmap is left out, said in the log."""
+    import json
+    import sys
+
+    from lenext_dist.train.loop import _write_head_scales
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib` raises ImportError
+    _write_head_scales(torch.ones(2, 4), str(tmp_path), rank=0)
+    assert json.loads((tmp_path / "head_scales.json").read_text())["head_scales"] == [[1.0] * 4] * 2
+    assert not (tmp_path / "head_scales.png").exists() and "no heatmap" in capsys.readouterr().out
