@@ -159,7 +159,7 @@ class RoPE(PositionVariant):
             pos = torch.arange(positions, positions + length, device=device)
         else:
             key, pos = None, positions.to(device)
-        angles = pos.to(torch.float32)[..., None] * self.inv_freq.to(device)  # [(b,) s, r/2]
+        angles = pos.to(torch.float32)[..., None] * self.const("inv_freq", device)  # [(b,) s, r/2]
         emb = torch.cat((angles, angles), dim=-1)  # [(b,) s, r] fp32
         if emb.dim() == 3:
             emb = emb.unsqueeze(1)  # [b, 1, s, r]: broadcast over heads
