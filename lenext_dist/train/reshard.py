@@ -101,11 +101,18 @@ def load_resharded(engine, step_dir: Path) -> dict:
         part.data.copy_(mine(full, part))
         states = [sd[BASE_OPTIMIZER_STATE]["state"].get(i, {}) for sd in saved]
         new = {}
+        # a fused (optim.fused, the default) or capturable AdamW reads its step on the parameter's
+        # device, fp32 (torch's Optimizer.load_state_dict moves it so; the CUDA kernel takes device
+        # pointers): the step was loaded to the CPU above and is assigned below without that policy
+        g = opt.optimizer.param_groups[i]
+        on_device = bool(g.get("fused") or g.get("capturable"))
         for key, value in states[0].items():
             if torch.is_tensor(value) and value.dim() > 0:  # partition-shaped: exp_avg, exp_avg_sq
                 pieces = [unpadded(s[key], sd[GROUP_PADDINGS][i]) for s, sd in zip(states, saved)]
                 new[key] = mine(torch.cat(pieces), part).clone()
-            else:  # the step count, the same on every rank
+            elif torch.is_tensor(value) and on_device:  # the step count, the same on every rank
+                new[key] = value.to(part.device, torch.float32, copy=True)
+            else:
                 new[key] = value.clone() if torch.is_tensor(value) else value
         if new:
             opt.optimizer.state[part] = new
