@@ -96,10 +96,11 @@ def score(model: nn.Module, ids: list[int], positions: Sequence[int], pad_to: in
     compiles once instead of per document (~30 s each for a window at 2K here)."""
     device = next(model.parameters()).device
     x = list(ids) + [pad_id] * max(0, pad_to - len(ids))
-    with torch.inference_mode():
-        logits = model(input_ids=torch.tensor([x], device=device)).logits[0].float().cpu()
     at = torch.tensor(positions, dtype=torch.long)
-    pred = logits[at - 1]                               # [n, vocab]: the logit before each token
+    with torch.inference_mode():  # no KV cache; only the scored rows leave the device (a whole
+        # [s, vocab] fp32 copy is 2 GiB at 16K tokens of a 32K vocabulary)
+        logits = model(input_ids=torch.tensor([x], device=device), use_cache=False).logits[0]
+        pred = logits[(at - 1).to(device)].float().cpu()  # [n, vocab]: the logit before each token
     target = torch.tensor(ids)[at]
     nll = torch.nn.functional.cross_entropy(pred, target, reduction="none")
     return (pred.argmax(-1) == target).numpy(), nll.numpy()

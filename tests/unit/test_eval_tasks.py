@@ -57,7 +57,7 @@ class _Peek(torch.nn.Module):
         self.shift, self.vocab = shift, vocab
         self.w = torch.nn.Parameter(torch.zeros(1))
 
-    def forward(self, input_ids):
+    def forward(self, input_ids, **kw):
         nxt = torch.roll(input_ids[0], -self.shift)
         return SimpleNamespace(logits=torch.nn.functional.one_hot(nxt, self.vocab).float()[None])
 
@@ -79,7 +79,7 @@ class _Emit(torch.nn.Module):
         self.tok, self.vocab = tok, vocab
         self.w = torch.nn.Parameter(torch.zeros(1))
 
-    def forward(self, input_ids):
+    def forward(self, input_ids, **kw):
         out = torch.full_like(input_ids[0], self.tok)
         return SimpleNamespace(logits=torch.nn.functional.one_hot(out, self.vocab).float()[None])
 
