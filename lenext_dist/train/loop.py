@@ -440,8 +440,9 @@ def _finite(x: float) -> bool:
 @torch.no_grad()
 def _weights_finite(engine, device) -> bool:
     """All ranks: every parameter this rank holds is finite (ZeRO-3: its partition, ds_tensor)."""
-    ok = all(bool(torch.isfinite(getattr(p, "ds_tensor", p)).all()) for p in engine.module.parameters())
-    t = torch.tensor([1.0 if ok else 0.0], device=device)
+    # one device sync for the whole model, not one per parameter
+    ok = [torch.isfinite(getattr(p, "ds_tensor", p)).all() for p in engine.module.parameters()]
+    t = torch.stack(ok).all().to(device=device, dtype=torch.float32).reshape(1)
     dist.all_reduce(t, op=dist.ReduceOp.MIN)
     return bool(t.item())
 
