@@ -28,6 +28,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 os.environ.setdefault("LOCAL_RANK", "0")
+ON_CUDA = os.environ["DS_ACCELERATOR"] == "cuda"
+"""Where the model runs (DeepSpeed's accelerator: the CPU unless DS_ACCELERATOR=cuda), whatever torch sees."""
 
 import torch  # noqa: E402
 
@@ -92,7 +94,7 @@ def memory_child(a, position: str, masked: bool) -> dict:
 
 
 def memory(a, position: str, step) -> dict:
-    if torch.cuda.is_available():
+    if ON_CUDA:
         out = {}
         for masked in (False, True):
             torch.cuda.synchronize()
@@ -170,7 +172,7 @@ def main(argv=None):
               f"+{mem['masked']['peak_increase_bytes'] / 2**20:.0f} MiB "
               f"(x{r['memory_ratio_masked_over_causal']:.2f})", flush=True)
     out = {"machine": {"cpu": platform.processor() or platform.machine(), "threads": a.threads,
-                       "torch": torch.__version__, "cuda": torch.cuda.is_available(),
+                       "torch": torch.__version__, "cuda": ON_CUDA,
                        "loadavg": os.getloadavg()},
            "shape": {k: v for k, v in vars(a).items() if not k.startswith("_") and k != "argv"},
            "results": results}
