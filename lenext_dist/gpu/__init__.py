@@ -13,5 +13,6 @@ One module per concern:
 - run_train.py, run_attention.py, run_export.py: the measurements on CUDA, one per case kind;
 - report.py: one JSON + a markdown table under benchmarks/results/gpu/;
 - wheelhouse.py: the wheels a node without network lacks (`make wheelhouse`);
-- launch_case.py: `--launch CONFIG`, a short multi-GPU training launched as `lenext train` does.
+- launch_case.py: `--launch CONFIG`, a short multi-GPU training launched as `lenext train` does, and
+  one rank as a Slurm task shown only its own GPU.
 """

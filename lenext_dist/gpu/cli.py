@@ -159,11 +159,12 @@ def main(argv=None) -> int:
         print(f"gpu-check: {case.name}: {'ok' if out.get('ok') else 'FAILED: ' + str(out.get('error', ''))}",
               flush=True)
     if args.launch:
-        from .launch_case import check_zero2
+        from .launch_case import check_gpu_per_task, check_zero2
 
-        print("gpu-check: launch/zero2 ...", flush=True)
-        out = check_zero2(Path("runs/gpu-check/launch").resolve(), args.launch)
-        result["cases"].append({"name": "launch/zero2", "kind": "launch", "ok": bool(out["ok"]), "result": out})
+        for name, check in (("launch/zero2", check_zero2), ("launch/gpu-per-task", check_gpu_per_task)):
+            print(f"gpu-check: {name} ...", flush=True)
+            out = check(Path("runs/gpu-check", name).resolve(), args.launch)
+            result["cases"].append({"name": name, "kind": "launch", "ok": bool(out["ok"]), "result": out})
     result["ok"] = all(c.get("ok") for c in result["cases"])
     path = report.write(result, args.out_dir)
     print(f"gpu-check: {'ok' if result['ok'] else 'FAILED'}; results in {path} and {path.with_suffix('.md')}")

@@ -136,3 +136,29 @@ def test_gpu_check_zero2_launches_like_lenext_train(monkeypatch, tmp_path):
     assert cmd[:len(cmd) - 11] == launch.launch_command(cfg, 2, int(port))
     assert "--parallel.zero_stage=2" in cmd and "--train.global_batch_size=16" in cmd
     assert "cwd" not in kw
+
+
+def test_gpu_check_runs_one_rank_as_a_task_shown_only_its_own_gpu(monkeypatch, tmp_path):
+    """launch/gpu-per-task: `python -m lenext_dist.train` alone, as local rank 3 of 4 that sees one
+    GPU (Slurm's --gpus-per-task=1), where DeepSpeed set cuda:3; a launcher's rank variables of the
+    check's own process are not passed on."""
+    from types import SimpleNamespace
+
+    from lenext_dist.gpu import launch_case as gpu_check
+    from lenext_dist.cluster import run_state
+
+    monkeypatch.chdir(tmp_path)
+    assert "not found" in gpu_check.check_gpu_per_task(tmp_path / "t", "missing.yaml")["error"]
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("data: {tokenizer: nowhere.model}\n")
+    runs = []
+    monkeypatch.setattr(run_state, "preflight", lambda c: [])
+    monkeypatch.setattr(gpu_check.subprocess, "run",
+                        lambda cmd, **kw: runs.append((cmd, kw)) or SimpleNamespace(returncode=0, stderr=""))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "5,6")
+    monkeypatch.setenv("RANK", "7")
+    assert gpu_check.check_gpu_per_task(tmp_path / "t", str(cfg))["ok"]
+    (cmd, kw), = runs
+    assert cmd[1:5] == ["-m", launch.MODULE, "--config", str(cfg)] and "--parallel.backend=nccl" in cmd
+    env = kw["env"]
+    assert (env["RANK"], env["WORLD_SIZE"], env["LOCAL_RANK"], env["CUDA_VISIBLE_DEVICES"]) == ("0", "1", "3", "5")
