@@ -17,7 +17,9 @@ RoPE (as this does, and as megatron's q_layernorm would); Llama 4 applies RoPE, 
 then its temperature (modeling_llama4 `Llama4TextAttention.forward`). For the weightless `l2`
 both orders are the same function: a RoPE rotation turns each pair (x_i, x_{i+d/2}) by an angle
 and keeps x_i^2 + x_{i+d/2}^2, so mean(x^2) and the norm commute with it (partial RoPE too: the
-unrotated dims are untouched); only fp32 rounding differs. A temperature or head scale m_h
+unrotated dims are untouched); only fp32 rounding differs. Not so with YaRN, whose attention
+factor scales cos and sin: a norm after the rotation divides it out (convert/ refuses Llama 4
+with RoPE scaling). A temperature or head scale m_h
 multiplies q after the norm on both (Llama 4's `query_states * attn_scales` after qk_norm).
 
 Which layers (`layers`): `all`, or `rope`, the layers running RoPE (Llama 4:

@@ -164,6 +164,11 @@ def _llama4(c: dict, where: Path) -> Reading:
                          "moe_layers [])")
     m = _common(c, "intermediate_size_mlp")
     rope, L = _rope(c, m["hidden_size"] // m["num_attention_heads"])
+    if rope["scaling"] != "none":  # as the export refuses it (convert/stock.py); YaRN's attention
+        # factor is in its cos/sin, which Llama 4's QK-norm after the rotation divides out again
+        # and ours (before it) keeps: logits mscale^2 too large on every RoPE layer
+        raise ValueError(f"RoPE scaling {rope['scaling']!r} (rope_parameters) with Llama 4 (its "
+                         "chunked layers, its QK-norm after the rotation) is not verified")
     flags = c.get("no_rope_layers") or [int((i + 1) % 4 != 0) for i in range(n)]
     types = c.get("layer_types") or ["chunked_attention" if f else "full_attention" for f in flags]
     specs = [("rope" if f else "nope", None,

@@ -203,6 +203,8 @@ def test_a_config_lacking_a_key_imports_as_transformers_reads_it(case, tmp_path,
 
 REFUSED = {
     "moe": (lambda: _llama4(moe_layers=[1]), "moe_layers"),
+    # YaRN's factor in cos/sin: Llama 4's QK-norm after the rotation divides it out, ours keeps it
+    "llama4-yarn": (lambda: _llama4(rope_parameters=ROPE_YARN), "RoPE scaling 'yarn'"),
     "qwen3-window": (lambda: _qwen3(use_sliding_window=True, sliding_window=8), "use_sliding_window"),
     "bias": (lambda: _llama(attention_bias=True), "attention_bias"),
     "mlp-bias": (lambda: _llama(mlp_bias=True), "mlp_bias"),
