@@ -144,6 +144,13 @@ def _smollm3(c: dict, where: Path) -> Reading:
     rope, L = _rope(c, m["hidden_size"] // m["num_attention_heads"])
     n, w = m["num_layers"], c.get("sliding_window")
     types = c.get("layer_types") or ["full_attention"] * n
+    if w is not None and not c.get("use_sliding_window") and "sliding_attention" in types:
+        # transformers' eager and SDPA paths window these layers through their mask
+        # (masking_utils.create_sliding_window_causal_mask reads sliding_window alone); its flash
+        # path does not (the layer's own sliding_window needs use_sliding_window): two models
+        raise ValueError(f"layer_types name sliding_attention layers and sliding_window={w}, but "
+                         "use_sliding_window is false: transformers windows them or not by its "
+                         "attention kernel; set use_sliding_window")
     flags = c.get("no_rope_layers") or [int((i + 1) % c.get("no_rope_layer_interval", 4) != 0)
                                         for i in range(n)]
     specs = [("rope" if f else "nope",

@@ -205,6 +205,10 @@ REFUSED = {
     "moe": (lambda: _llama4(moe_layers=[1]), "moe_layers"),
     # YaRN's factor in cos/sin: Llama 4's QK-norm after the rotation divides it out, ours keeps it
     "llama4-yarn": (lambda: _llama4(rope_parameters=ROPE_YARN), "RoPE scaling 'yarn'"),
+    # transformers' SDPA windows these layers (its mask reads sliding_window), its flash path not
+    "smollm3-window-off": (lambda: _smollm3(no_rope_layers=[1, 1, 1, 0], sliding_window=8,
+                                            layer_types=["sliding_attention"] * 3 + ["full_attention"]),
+                           "use_sliding_window is false"),
     "qwen3-window": (lambda: _qwen3(use_sliding_window=True, sliding_window=8), "use_sliding_window"),
     "bias": (lambda: _llama(attention_bias=True), "attention_bias"),
     "mlp-bias": (lambda: _llama(mlp_bias=True), "mlp_bias"),
