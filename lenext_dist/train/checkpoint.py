@@ -26,7 +26,8 @@ import torch
 import torch.distributed as dist
 
 from lenext_dist.atomic import atomic_write
-from lenext_dist.checkpoint.layout import COMPLETE, CONFIG, LATEST, latest_tag_name, resolve, saved_config, tag_for
+from lenext_dist.checkpoint.layout import (COMPLETE, CONFIG, LATEST, latest_tag_name, resolve, saved_config, step_of,
+                                           tag_for)
 from lenext_dist.checkpoint.safe_load import weights_only_loads
 from lenext_dist.checkpoint.weights import read_weights, unreadable
 from lenext_dist.config import RunConfig, save_config
@@ -172,7 +173,8 @@ def _prune(root: Path, keep: int, newest: str) -> None:
 # on purpose, so it is only reported.
 _MODEL_KEYS = ("model", "attention", "train.mode")
 _DATA_KEYS = ("data.blend", "data.seed", "train.global_batch_size", "train.steps", "model.seq_length",
-              "data.bos", "data.document_mask", "data.task_loss")  # the last three: what the samples / loss mask are
+              "data.bos", "data.document_mask", "data.task_loss",  # what the samples / loss mask are
+              "train.stages")  # the plan (each stage's model is compared alone, in check_resume)
 _FREE_KEYS = ("model.name", "model.init_method_std", "attention.impl", "attention.chunk_size")
 """Same network either way: a label, the initialization, the kernel choice."""
 
@@ -187,27 +189,46 @@ def _flat(d: dict, prefix: str = "") -> dict:
 def check_resume(cfg: RunConfig, step_dir: str | os.PathLike) -> list[str]:
     """Compare this run's config with the checkpoint's: raise CheckpointError naming the keys
     when the model or attention differ; return notes on changed data-order keys."""
-    from lenext_dist.config import to_dict
+    from lenext_dist.config import stages, to_dict
 
     old = saved_config(step_dir)  # the whole run's, stages included
-    now, then = _flat(to_dict(cfg)), _flat(to_dict(old))
-    # L, the pretrained context, sets XPOS blocks, YaRN's original length and the temperature
-    # schedules' L: model.train_length, resolved when read (null = seq_length), so a null that
-    # only moved with seq_length is a changed model too
-    changed = sorted(k for k in now.keys() | then.keys() if now.get(k) != then.get(k))
-
-    def under(k, roots):
-        return any(k == r or k.startswith(r + ".") for r in roots)
-
-    bad = [k for k in changed if under(k, _MODEL_KEYS) and not under(k, _DATA_KEYS + _FREE_KEYS)]
+    # the model of stage 0, and under train.stages that of the stage the weights were trained in
+    # (step N holds steps 0..N-1) and of the one step N trains in, each under both configs: a
+    # stage's RoPE base edited, or its start moved past the checkpoint, trains these weights as
+    # another model
+    step = step_of(Path(step_dir).name)
+    at = sorted({max(step - 1, 0), step}) if step is not None and (cfg.train.stages or old.train.stages) else []
+    pairs = [("", cfg, old)] + [(f" (at step {s})", stages.stage_config(cfg, stages.index_at(cfg, s)),
+                                 stages.stage_config(old, stages.index_at(old, s))) for s in at]
+    bad = [d for where, a, b in pairs for d in _model_changes(a, b, where)]
     if bad:
-        diff = "; ".join(f"{k}: {then.get(k)!r} -> {now.get(k)!r}" for k in bad[:6])
         raise CheckpointError(
-            f"{step_dir} was trained with another model or attention ({diff}); restore these "
+            f"{step_dir} was trained with another model or attention ({'; '.join(bad[:6])}); restore these "
             f"keys (model.train_length: null means model.seq_length; set it to the old L) to resume it, "
             f"or start a new run (another run_dir, or checkpoint.start_over=true to move this one "
             f"aside; checkpoint.init_from={step_dir} starts it from these weights)")
-    return [f"{k}: {then.get(k)!r} -> {now.get(k)!r}" for k in changed if under(k, _DATA_KEYS)]
+    now, then = _flat(to_dict(cfg)), _flat(to_dict(old))
+    return [f"{k}: {then.get(k)!r} -> {now.get(k)!r}" for k in _changed(now, then) if _under(k, _DATA_KEYS)]
+
+
+def _under(k: str, roots) -> bool:
+    return any(k == r or k.startswith(r + ".") for r in roots)
+
+
+def _changed(now: dict, then: dict) -> list[str]:
+    return sorted(k for k in now.keys() | then.keys() if now.get(k) != then.get(k))
+
+
+def _model_changes(cfg: RunConfig, old: RunConfig, where: str) -> list[str]:
+    """`key: old -> new` for each model key in which the two configs differ. L, the pretrained
+    context, sets XPOS blocks, YaRN's original length and the temperature schedules' L:
+    model.train_length, resolved when read (null = seq_length), so a null that only moved with
+    seq_length is a changed model too."""
+    from lenext_dist.config import to_dict
+
+    now, then = _flat(to_dict(cfg)), _flat(to_dict(old))
+    return [f"{k}: {then.get(k)!r} -> {now.get(k)!r}{where}" for k in _changed(now, then)
+            if _under(k, _MODEL_KEYS) and not _under(k, _DATA_KEYS + _FREE_KEYS)]
 
 
 def load(engine, root: str, tag: str, reshard: bool = False) -> dict:

@@ -120,3 +120,36 @@ def test_a_later_stage_that_cannot_run_is_refused_before_stage_0_trains(tmp_path
     with pytest.raises(ConfigError) as e:
         _check_later_stages(cfg, 0, world)
     assert re.search(key, str(e.value)) and "\n" not in str(e.value), str(e.value)
+
+
+def test_a_resume_compares_the_model_of_the_stage_its_weights_and_its_next_step_are_in(tmp_path):
+    """train.stages was neither compared nor reported on resume: a stage's RoPE base edited, or its
+    start moved past the checkpoint (stage 0's base on weights trained at stage 1's), resumed as
+    another model in silence. Later stages may change: a note, as for the data order."""
+    from lenext_dist.checkpoint.layout import tag_for
+    from lenext_dist.config import save_config
+    from lenext_dist.errors import CheckpointError
+    from lenext_dist.train.checkpoint import check_resume
+
+    plan = [{"start_step": 4, "seq_length": 256, "rope_base": 1.0e5}, {"start_step": 7, "seq_length": 512}]
+    rope = {"attention": {"position": "rope"}}
+    step = tmp_path / "ck" / tag_for(5)  # weights of steps 0..4: stage 1's
+    step.mkdir(parents=True)
+    save_config(_staged(tmp_path, plan, rope), step / "config.yaml")
+    assert check_resume(_staged(tmp_path, plan, rope), step) == []
+    edited = [{**plan[0], "rope_base": 2.0e5}, plan[1]]
+    with pytest.raises(CheckpointError, match=r"attention\.rope\.base: 100000\.0 -> 200000\.0 \(at step 4\)"):
+        check_resume(_staged(tmp_path, edited, rope), step)
+    moved = [{**plan[0], "start_step": 6}, plan[1]]  # step 5 back in stage 0: its base, 10000
+    with pytest.raises(CheckpointError, match=r"attention\.rope\.base: 100000\.0 -> 10000\.0 \(at step 4\)"):
+        check_resume(_staged(tmp_path, moved, rope), step)
+    later = [plan[0], {**plan[1], "seq_length": 128}]  # a stage yet to come: the plan changed
+    notes = check_resume(_staged(tmp_path, later, rope), step)
+    assert len(notes) == 1 and notes[0].startswith("train.stages: ")
+
+
+def _staged(tmp_path, train_stages, extra):
+    p = tmp_path / "r.yaml"
+    p.write_text(yaml.safe_dump({"train": {"steps": 10, "micro_batch_size": 2, "global_batch_size": 8,
+                                           "stages": train_stages}, **extra}))
+    return load_config(p)

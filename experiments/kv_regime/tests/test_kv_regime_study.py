@@ -115,7 +115,8 @@ def test_models_must_be_runs_of_the_grids_with_one_mixture(tmp_path):
     _export(tmp_path, "alibi-s0", "alibi")
     with pytest.raises(SystemExit,
                        match=r"^error: .*alibi-s0 \(alibi, trained on kvmix_train, checkpoint step_0006000\) "
-                             r"is no finished run of the grids seeds \(no run named alibi-s0\): pass --grids, or finish the run"):
+                             r"is no finished run of the grids seeds \(no run named alibi-s0\): "
+                             r"pass --grids, or finish the run"):
         study.run(tmp_path, tmp_path / "out", ("seeds",))
     _export(tmp_path / "other", "window-s0", "rope")  # the name of a run, another position
     with pytest.raises(SystemExit, match=r"^error: .*window-s0 \(rope, .*\) is no finished run of the grids others"):

@@ -242,8 +242,9 @@ def test_score_takes_finished_runs_of_its_grid_only(tmp_path):
     _provenance(tmp_path / "m" / "nope-s0", run, "step_0005123")
     argv = ["score", "--grid", "distract_vary", "--models", str(tmp_path / "m"), "--out", str(tmp_path / "out")]
     blend = re.escape(exports.trained_on(exports.first_blend(run)))
-    with pytest.raises(SystemExit, match=rf"^error: .*nope-s0 \(nope, trained on {blend}, checkpoint step_0005123\) is no finished "
-                                         rf"run of grid distract_vary \(its nope-s0: nope, {blend}, step_0006000\)"):
+    with pytest.raises(SystemExit, match=rf"^error: .*nope-s0 \(nope, trained on {blend}, checkpoint step_0005123\) "
+                                         rf"is no finished run of grid distract_vary "
+                                         rf"\(its nope-s0: nope, {blend}, step_0006000\)"):
         sweep.main(argv)
     _provenance(tmp_path / "m" / "nope-s0", run, "step_0006000")
     with pytest.raises(SystemExit, match=r"^error: .*nope-s0 \(nope, .*, checkpoint step_0006000\) is no finished run "
