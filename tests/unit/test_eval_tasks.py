@@ -241,6 +241,10 @@ def test_right_padding_changes_no_scored_logit(position, options):
     (r1, n1), (r2, n2) = score(model, ids[0].tolist(), pos), score(model, ids[0].tolist(), pos,
                                                                      pad_to=64, pad_id=2)
     assert (r1 == r2).all() and abs(n1 - n2).max() < 1e-5
+    # the LM head on the scored rows only (logits_to_keep): the rows of the whole forward
+    at = torch.tensor(pos)
+    whole = torch.nn.functional.cross_entropy(a[0, at - 1], ids[0, at], reduction="none")
+    assert abs(n1 - whole.numpy()).max() < 1e-5
 
 
 def test_task_set_reaches_the_generator_and_bad_ones_are_refused(sp, texts):
