@@ -197,8 +197,11 @@ def build_hf_config(cfg, *, scale_c: float, head_scale_source: str, tok: Optiona
 
     m, a = cfg.model, cfg.attention
     tok = tok or {}
+    # not the kernel training chose (attention.impl, chunk_size): the same function at any length,
+    # and `auto` picks for the length evaluated (sdpa_mask, fine at a training L, builds [h, s, s]:
+    # 256 GiB at 64K x 32 heads)
     options = {k: v for k, v in dataclasses.asdict(a).items()
-               if k not in ("position", "rope", "scale_c", "head_scale")}
+               if k not in ("position", "rope", "scale_c", "head_scale", "impl", "chunk_size")}
     return LenextConfig(
         architectures=["LenextForCausalLM"],
         auto_map={"AutoConfig": "configuration_lenext.LenextConfig",
