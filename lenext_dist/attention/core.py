@@ -33,6 +33,7 @@ from typing import Callable, Iterator, Optional, Union
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention.bias import causal_lower_right
 from torch import Tensor
 
 from .backends import note_impl
@@ -72,9 +73,11 @@ def causal_attention(q: Tensor, k: Tensor, v: Tensor, m: Tensor,
     _check_shapes(q, k, v, m)
     sq, sk = q.shape[2], k.shape[2]
     qs, scale = query_and_scale(q, m, q_scale)  # a float m: SDPA's scale=, q untouched
-    # KV-cache decoding: SDPA's is_causal is top-left aligned, so pass the [sq, sk] mask instead
-    # (sq is small here; for sq == 1 every key is visible and no mask is needed).
-    mask = None if sq in (1, sk) else _causal_mask(sq, sk, q.device)
+    # fewer queries than keys (KV-cache decoding, the last layer's scored rows): SDPA's is_causal
+    # is top-left aligned; a lower-right CausalBias (torch.nn.attention.bias) runs CUDA's flash /
+    # memory-efficient kernels without an [sq, sk] mask (2 GiB at 32K x 64K), and materializes
+    # the same boolean mask where they cannot run (the CPU). sq == 1 sees every key: no mask.
+    mask = None if sq in (1, sk) else causal_lower_right(sq, sk)
     k, v, gqa = sdpa_kv(q, k, v, masked=mask is not None)  # repeat KV where flash cannot run
     if sq == sk:
         return F.scaled_dot_product_attention(qs, k, v, is_causal=True, enable_gqa=gqa,
