@@ -30,7 +30,7 @@ from lenext_dist.checkpoint.layout import (COMPLETE, CONFIG, LATEST, latest_tag_
                                            tag_for)
 from lenext_dist.checkpoint.safe_load import weights_only_loads
 from lenext_dist.checkpoint.weights import read_weights, unreadable
-from lenext_dist.config import RunConfig, save_config
+from lenext_dist.config import RunConfig, save_config, stages, to_dict
 from lenext_dist.errors import CheckpointError
 from lenext_dist.model.megatron_env import on_cpu
 
@@ -189,8 +189,6 @@ def _flat(d: dict, prefix: str = "") -> dict:
 def check_resume(cfg: RunConfig, step_dir: str | os.PathLike) -> list[str]:
     """Compare this run's config with the checkpoint's: raise CheckpointError naming the keys
     when the model or attention differ; return notes on changed data-order keys."""
-    from lenext_dist.config import stages, to_dict
-
     old = saved_config(step_dir)  # the whole run's, stages included
     # the model of stage 0, and under train.stages that of the stage the weights were trained in
     # (step N holds steps 0..N-1) and of the one step N trains in, each under both configs: a
@@ -224,8 +222,6 @@ def _model_changes(cfg: RunConfig, old: RunConfig, where: str) -> list[str]:
     context, sets XPOS blocks, YaRN's original length and the temperature schedules' L:
     model.train_length, resolved when read (null = seq_length), so a null that only moved with
     seq_length is a changed model too."""
-    from lenext_dist.config import to_dict
-
     now, then = _flat(to_dict(cfg)), _flat(to_dict(old))
     return [f"{k}: {then.get(k)!r} -> {now.get(k)!r}{where}" for k in _changed(now, then)
             if _under(k, _MODEL_KEYS) and not _under(k, _DATA_KEYS + _FREE_KEYS)]
