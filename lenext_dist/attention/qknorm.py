@@ -19,8 +19,8 @@ both orders are the same function: a RoPE rotation turns each pair (x_i, x_{i+d/
 and keeps x_i^2 + x_{i+d/2}^2, so mean(x^2) and the norm commute with it (partial RoPE too: the
 unrotated dims are untouched); only fp32 rounding differs. Not so with YaRN, whose attention
 factor scales cos and sin: a norm after the rotation divides it out (convert/ refuses Llama 4
-with RoPE scaling). A temperature or head scale m_h
-multiplies q after the norm on both (Llama 4's `query_states * attn_scales` after qk_norm).
+with RoPE scaling). A temperature or head scale m_h multiplies q after the norm on both
+(Llama 4's `query_states * attn_scales` after qk_norm).
 
 Which layers (`layers`): `all`, or `rope`, the layers running RoPE (Llama 4:
 `use_qk_norm and not is_nope_layer` in meta-llama's model.py, `config.use_qk_norm and

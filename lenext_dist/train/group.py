@@ -49,7 +49,9 @@ def one_process_env(environ=os.environ) -> bool:
     return True
 
 
-_ENV_RENDEZVOUS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+_ENV_RENDEZVOUS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK")
+"""DeepSpeed's own test for an env:// launch (comm.init_distributed's required_env); without one of
+them it runs its MPI discovery, which sets them, and binds the group itself."""
 
 
 def bind_group(backend: str, device: torch.device) -> None:
