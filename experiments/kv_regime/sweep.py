@@ -32,7 +32,7 @@ from typing import Optional
 from experiments.nope_length.study import TEST_SEED
 
 from .analysis import FORMATS, TRAIN_MIX, gate, passes
-from .data import DATA, SKIP_TEXTS, VARY, kv_data, skip_name, skip_text, vary_filler, zipf_filler
+from .data import SKIP_TEXTS, VARY, kv_data, skip_name, skip_text, vary_filler, zipf_filler
 from .exports import blend, finished, first_blend, shard_name, shard_sets
 from .grids import GRIDS, L, Run
 from lenext_dist.flags import Parser
@@ -61,7 +61,7 @@ model: {{num_layers: {layers}, hidden_size: {hidden}, num_attention_heads: {head
          train_length: {L}}}
 attention: {{position: {pos}{f", window: {window}" if window else ""}}}
 data:
-  tokenizer: {DATA / "tokenizer.model"}
+  tokenizer: {kv_data() / "tokenizer.model"}
   blend: {blend_yaml(first_blend(spec), shards)}
   valid_blend: [{{prefix: {shards}/{shard}_valid, weight: 1.0}}]
   seed: {1234 + seed}{bos_line}
@@ -77,9 +77,10 @@ parallel: {{backend: {backend}}}
 def shard_command(shards: Path, workers: int, mix: tuple[str, ...] = TRAIN_MIX,
                   bos: bool = False, length: int = L, fill: str = "uniform") -> list[str]:
     sets = [a for p in mix for a in ("--task-set", f"kv.{p}")]
-    filler = kv_data() / "train" if fill == "uniform" else vary_filler(shards / VARY)
+    data = kv_data()  # made here on a clean checkout: the vary filler needs its tokenizer too
+    filler = data / "train" if fill == "uniform" else vary_filler(shards / VARY)
     return [sys.executable, str(REPO / "data_prep/shard.py"), "--format", "tasks", "--tasks", "kv",
-            "--input", str(filler / "*.jsonl"), "--tokenizer", str(DATA / "tokenizer.model"),
+            "--input", str(filler / "*.jsonl"), "--tokenizer", str(data / "tokenizer.model"),
             "--out", str(shards), "--name", shard_name(mix, bos, length, fill), "--task-passes", "32",
             "--valid-fraction", "0.01", "--workers", str(workers), *sets,
             "--task-set", f"kv.length={length - bos}", "--no-progress"]

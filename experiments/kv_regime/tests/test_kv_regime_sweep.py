@@ -3,6 +3,7 @@ load and validate as `lenext train` loads them, the shard command asks for the t
 the skewed filler is skewed, and the table marks passing cells and reports the gate."""
 import json
 import re
+from pathlib import Path
 from collections import Counter
 
 import numpy as np
@@ -131,6 +132,15 @@ def test_the_vary_grids_are_the_lm_all_grids_over_the_varying_filler(tmp_path):
     assert cmd[cmd.index("--name") + 1] == exports.first_shards(r)
     uniform = sweep.shard_command(tmp_path, 2, r.mix)
     assert uniform[uniform.index("--input") + 1].endswith("/train/*.jsonl")
+
+
+def test_the_vary_shards_make_the_kv_data_on_a_clean_checkout(tmp_path, monkeypatch):
+    # a clean checkout has no data/kv: the vary filler's shard command must make it, as the
+    # uniform one does (its tokenizer was named before it existed: shard.py refused, 29 Nov)
+    monkeypatch.setattr(data, "DATA", tmp_path / "kv")
+    cmd = sweep.shard_command(tmp_path / "shards", 2, grids.DISTRACT_VARY["nope-s2"].mix, fill="vary")
+    tokenizer = cmd[cmd.index("--tokenizer") + 1]
+    assert tokenizer == str(tmp_path / "kv" / "tokenizer.model") and Path(tokenizer).is_file()
 
 
 def _entropy(counts) -> float:
