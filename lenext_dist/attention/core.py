@@ -146,7 +146,7 @@ def eager_causal_attention(q: Tensor, k: Tensor, v: Tensor, m: Tensor, *,
 
 def attend(q: Tensor, k: Tensor, v: Tensor, m: Tensor, variant,
            positions: Union[Tensor, int, None] = None, *, eager: bool = False,
-           documents: Optional[Documents] = None) -> Tensor:
+           documents: Optional[Documents] = None, keys_rotated: bool = False) -> Tensor:
     """The whole attention function of a variant: rotate, scale, causal softmax, weight values.
 
     q [b, h, sq, d], k/v [b, g, sk, d] (not yet rotated), m [h] fp32 -> [b, h, sq, d] in q.dtype.
@@ -154,8 +154,9 @@ def attend(q: Tensor, k: Tensor, v: Tensor, m: Tensor, variant,
     module for `PositionVariant.forward`, and imports run one way).
     positions: absolute positions of the queries, which are also those of the last sq keys: a
     tensor [sq] or an int start; default sk - sq (0..s-1 without a cache).
-    With a KV cache (sq < sk), the cached part k[:, :, :sk - sq] must be rotated already:
-    `rotate` is applied to the new tokens only, so callers rotate before caching.
+    keys_rotated: k is rotated already (a KV cache's keys: callers rotate the new ones before
+    caching them), so only the queries turn here and decoding copies no key; required when
+    sq < sk.
     `eager=True` forces the explicit-softmax reference path (tests).
     documents: packed documents of the batch (ids [b, s]; no KV cache): each document attends
     within itself, with positions counted from its start (`positions` must then be None).
@@ -172,11 +173,13 @@ def attend(q: Tensor, k: Tensor, v: Tensor, m: Tensor, variant,
             positions = documents.positions  # [b, s]
     if positions is None:
         positions = sk - sq
-    if sq == sk:
+    if keys_rotated:  # the new keys' second rotation is dropped: [b, g, sq, d], no cache copy
+        q, _ = variant.rotate(q, k[:, :, sk - sq:], positions)
+    elif sq == sk:
         q, k = variant.rotate(q, k, positions)
     else:
-        q, k_new = variant.rotate(q, k[:, :, sk - sq:], positions)
-        k = torch.cat((k[:, :, :sk - sq], k_new), dim=2)
+        raise ValueError(f"{sq} queries for {sk} keys: pass the keys rotated (keys_rotated=True), "
+                         "as a KV cache holds them")
     pos = (torch.arange(positions, positions + sq, device=q.device)
            if isinstance(positions, int) else positions)
     q_scale = variant.query_scale(pos)

@@ -171,14 +171,13 @@ class LenextAttention(nn.Module):
         elif past_key_values is None and not query_from:
             out = attend(q, k, v, self.head_scale, self.position, positions)
         else:
-            # attend rotates the keys of its sq queries itself; the keys before them (cached, or
-            # without a query here) are passed rotated (RoPE/XPOS rotate k independently of q)
+            # the keys rotated once, before the cache (RoPE/XPOS rotate k independently of q);
+            # attend then turns the queries only
             _, k_rot = self.position.rotate(k, k, positions)
             k_all, v_all = (k_rot, v) if past_key_values is None else \
                 past_key_values.update(k_rot, v, self.layer_idx)
-            k_in = torch.cat((k_all[:, :, :k_all.shape[2] - sq], k[:, :, query_from:]), dim=2)
             q_pos = positions[query_from:] if isinstance(positions, Tensor) else positions + query_from
-            out = attend(q, k_in, v_all, self.head_scale, self.position, q_pos)
+            out = attend(q, k_all, v_all, self.head_scale, self.position, q_pos, keys_rotated=True)
         return self.o_proj(out.transpose(1, 2).reshape(b, sq, self.num_heads * self.head_dim))
 
     def extra_repr(self) -> str:

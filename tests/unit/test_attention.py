@@ -90,10 +90,11 @@ def test_kv_cache_decoding_matches_full(name):
     full = attend(q, k, v, m, var)
     for new in (1, 3):  # decode one token / prefill a few with a cache
         past = S - new
-        _, k_past = var.rotate(q[:, :, :past], k[:, :, :past], torch.arange(past))  # cached rotated
-        k_all = torch.cat((k_past, k[:, :, past:]), dim=2)
-        out = attend(q[:, :, past:], k_all, v, m, var)
+        _, k_all = var.rotate(q, k, torch.arange(S))  # the cache's keys and the new ones, rotated
+        out = attend(q[:, :, past:], k_all, v, m, var, keys_rotated=True)
         torch.testing.assert_close(out, full[:, :, past:], atol=2e-6, rtol=1e-5)
+        with pytest.raises(ValueError, match="keys_rotated"):  # which keys are turned: never a guess
+            attend(q[:, :, past:], k_all, v, m, var)
 
 
 def test_attention_probs_by_chunks():

@@ -274,9 +274,8 @@ def test_kv_cache_decoding_matches_full(name, window):
     full = attend(q, k, v, m, var)
     for new in (1, 5):
         past = s - new
-        _, k_past = var.rotate(q[:, :, :past], k[:, :, :past], torch.arange(past))
-        k_all = torch.cat((k_past, k[:, :, past:]), dim=2)
-        out = attend(q[:, :, past:], k_all, v, m, var, positions=past)
+        _, k_all = var.rotate(q, k, torch.arange(s))  # the cache's keys and the new ones, rotated
+        out = attend(q[:, :, past:], k_all, v, m, var, positions=past, keys_rotated=True)
         torch.testing.assert_close(out, full[:, :, past:], atol=3e-6, rtol=1e-5)
 
 
