@@ -104,13 +104,11 @@ def save_tiny_lenext(out_dir: str, tokenizer: Optional[str] = None, **kw) -> str
     `AutoModelForCausalLM.from_pretrained(out_dir, trust_remote_code=True)`."""
     from pathlib import Path
 
-    from lenext_dist.convert.export import HF_DIR, SHIPPED, write_attention_copy
+    from lenext_dist.convert.export import ship_code
 
     model = tiny_lenext(**kw)
     model.save_pretrained(out_dir)
-    for f in SHIPPED:
-        shutil.copyfile(HF_DIR / f, os.path.join(out_dir, f))
-    write_attention_copy(Path(out_dir))
+    ship_code(Path(out_dir))
     shutil.copy(tokenizer or SAMPLE_TOKENIZER, os.path.join(out_dir, "tokenizer.model"))
     return out_dir
 

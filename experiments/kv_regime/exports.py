@@ -104,19 +104,31 @@ def is_run(m: Model, trained: str, tag: str, r: Optional[Run]) -> bool:
             and m.overrides == ((f"--attention.window={r.window}",) if r.window else ()))
 
 
+def finished_run(f: Path, runs: dict[str, Run], grids: str, hint: str) -> tuple[Model, str]:
+    """(Model, checkpoint tag) of the exported model in folder f, a finished run of `runs` (grids:
+    their name, hint: what to do, for the error): a sitting cut short exports its latest
+    checkpoint into the run's folder, which, scored, studied or kept, would stand for the run."""
+    m, tag = model_of(f)
+    trained, r = trained_blend(f), runs.get(m.name)  # grids share run names: the data tells
+    if not is_run(m, trained, tag, r):
+        window = f", window {m.overrides[0].split('=')[1]}" if m.overrides else ""
+        want = (f"its {m.name}: {r.position}, {trained_on(first_blend(r))}, step_{r.steps:07d}" if r
+                else f"no run named {m.name}")
+        raise SystemExit(f"error: {f} ({m.position}{window}, trained on {trained}, checkpoint {tag}) "
+                         f"is no finished run of {grids} ({want}): {hint}")
+    return m, tag
+
+
 def finished(models: Path, runs: dict[str, Run], grids: str, hint: str) -> list[tuple[Path, Model, str]]:
     """(folder, Model, checkpoint tag) of every exported model under `models`, each a finished run
-    of `runs` (grids: their name, hint: what to do, for the error): a sitting cut short exports its
-    latest checkpoint into the run's folder, which, scored or studied, would stand for the run."""
+    (finished_run). A kept model (`sweep keep`: weights and config only) gets its modeling code
+    back from lenext_dist here, before anything loads it."""
+    from lenext_dist.convert.export import ship_code
+
     found = []
     for f in exported(models):
-        m, tag = model_of(f)
-        trained, r = trained_blend(f), runs.get(m.name)  # grids share run names: the data tells
-        if not is_run(m, trained, tag, r):
-            window = f", window {m.overrides[0].split('=')[1]}" if m.overrides else ""
-            want = (f"its {m.name}: {r.position}, {trained_on(first_blend(r))}, step_{r.steps:07d}" if r
-                    else f"no run named {m.name}")
-            raise SystemExit(f"error: {f} ({m.position}{window}, trained on {trained}, checkpoint {tag}) "
-                             f"is no finished run of {grids} ({want}): {hint}")
+        m, tag = finished_run(f, runs, grids, hint)
+        if not (f / "modeling_lenext.py").is_file():
+            ship_code(f)
         found.append((f, m, tag))
     return found

@@ -11,6 +11,8 @@ gate of analysis.py on the held-out formats, scored at home on the CPU.
           unpacked under --into (models/, logs/), every call's summary.json in train-summary.json
   score   (anywhere) each exported model on every format of analysis.FORMATS at L and 2L, the
           no-retrieval baseline beside; the gate per position; results.json + REGIME.md
+  keep    (here) finished runs' exports, without their code, into a folder kept in git
+          (models/vary: the study's grids), which score and the study read like any export
 
   python -m experiments.kv_regime.sweep train --shards /tmp/sh --work /tmp/w --out $OUT --grid seeds
   python -m experiments.kv_regime.sweep score --models DIR --out experiments/kv_regime/results/NAME
@@ -22,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -33,7 +36,7 @@ from experiments.nope_length.study import TEST_SEED
 
 from .analysis import FORMATS, TRAIN_MIX, gate, passes
 from .data import SKIP_TEXTS, VARY, kv_data, skip_name, skip_text, vary_filler, zipf_filler
-from .exports import blend, finished, first_blend, shard_name, shard_sets
+from .exports import blend, finished, finished_run, first_blend, shard_name, shard_sets
 from .grids import GRIDS, L, Run
 from lenext_dist.flags import Parser
 
@@ -220,6 +223,27 @@ def collect(a) -> dict:
     return record
 
 
+def keep(a) -> dict:
+    """Finished runs' exports -> <into>/<run>: weights, config, tokenizer, run config and the run's
+    metrics.jsonl, not the modeling code (a copy of lenext_dist's, written back when the folder is
+    scored or studied: exports.finished). What is kept in git outlives the work folder, which a
+    new machine does not bring (29 Nov: three finished NoPE runs, ~7 h of CPU, lost with it)."""
+    grid, work, into = GRIDS[a.grid], Path(a.work), Path(a.into)
+    kept = {}
+    for n in [n for n in a.only.split(",") if n]:
+        src, dst = work / "hf" / n, into / n
+        if not (src / "config.json").is_file():
+            raise SystemExit(f"error: {src} holds no export (config.json): is --work the train step's?")
+        _, kept[n] = finished_run(src, grid, f"grid {a.grid}", "keep finished runs only")
+        if dst.exists():
+            raise SystemExit(f"error: {dst} exists: a kept run is never overwritten (remove it first)")
+        shutil.copytree(src, dst, ignore=shutil.ignore_patterns("*.py", "__pycache__"))
+        metrics = work / "runs" / n / "metrics.jsonl"
+        if metrics.is_file():
+            shutil.copyfile(metrics, dst / "metrics.jsonl")
+    return {"runs": kept}
+
+
 def score(a) -> dict:
     from lenext_dist.eval.jobs import TasksJob
 
@@ -329,8 +353,13 @@ def main(argv=None) -> int:
     s.add_argument("--logs", help="folder of <model>/metrics.jsonl (the train step's logs.tar.gz)")
     s.add_argument("--docs", type=int, default=128)
     s.add_argument("--note", default="")
+    k = sub.add_parser("keep", help="copy finished runs' exports into a folder kept in git (no code)")
+    k.add_argument("--grid", choices=sorted(GRIDS), required=True)
+    k.add_argument("--work", required=True, help="the train step's work folder (hf/<run>, runs/<run>)")
+    k.add_argument("--only", required=True, help="the runs to keep, comma-separated")
+    k.add_argument("--into", required=True, help="e.g. experiments/kv_regime/models/vary")
     a = ap.parse_args(argv)
-    res = {"train": train, "collect": collect, "score": score}[a.cmd](a)
+    res = {"train": train, "collect": collect, "score": score, "keep": keep}[a.cmd](a)
     print(json.dumps(res.get("gate", res.get("runs", res.get("calls"))), indent=1))
     return 0
 

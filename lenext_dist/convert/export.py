@@ -149,6 +149,15 @@ _REL_IMPORT = re.compile(r"^(\s*from\s+)\.(\w+)(\s+import\b)", re.MULTILINE)
 _BAD_REL = re.compile(r"^\s*(from\s+\.(\s|\.|\w+\.)|import\s+\.)", re.MULTILINE)
 
 
+def ship_code(out: Path) -> None:
+    """The modeling code a custom export loads with (trust_remote_code): lenext_dist/hf's classes
+    and the flattened attention copy. Also what a kept model (weights and config only, as
+    experiments keep finished runs in git) gets back before it loads."""
+    for f in SHIPPED:
+        shutil.copyfile(HF_DIR / f, out / f)
+    write_attention_copy(out)
+
+
 def write_attention_copy(out: Path, src: Path = ATTENTION_DIR) -> list[str]:
     """Flatten the attention package into out/lenext_attention.py (its __init__) and
     out/lenext_attention_<module>.py, rewriting `from .x import` to `from .lenext_attention_x
@@ -342,9 +351,7 @@ def _custom_payload(out: Path, cfg, hf_state: dict, scales: Tensor, tok_path: Op
                for k, v in hf_state.items()}
     tok = _tokenizer_info(_tokenizer_files(out, tok_path, bos=cfg.data.bos) if tok_path else None,
                           cfg.model.vocab_size)
-    for f in SHIPPED:
-        shutil.copyfile(HF_DIR / f, out / f)
-    write_attention_copy(out)
+    ship_code(out)
     return build_hf_config(cfg, scale_c=scale_c, head_scale_source=head_scale_source, tok=tok,
                            source=source, dtype=TORCH_NAMES[dtype]), tensors
 
@@ -432,5 +439,5 @@ def verify(out: Union[str, Path], *, tokens: Optional[Tensor] = None, seed: int 
     return (a - b).abs().max().item()
 
 
-__all__ = ["ExportError", "export", "verify", "megatron_reference", "head_scales_from", "write_attention_copy",
-           "build_hf_config"]
+__all__ = ["ExportError", "export", "verify", "megatron_reference", "head_scales_from", "ship_code",
+           "write_attention_copy", "build_hf_config"]

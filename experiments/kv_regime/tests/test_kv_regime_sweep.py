@@ -263,20 +263,46 @@ def test_score_takes_finished_runs_of_its_grid_only(tmp_path):
     assert not (tmp_path / "out" / "results.json").exists()
 
 
+def test_keep_takes_finished_runs_and_never_overwrites(tmp_path):
+    run = grids.GRIDS["distract_vary"]["nope-s0"]
+    f = tmp_path / "w" / "hf" / "nope-s0"
+    f.mkdir(parents=True)
+    _provenance(f, run, "step_0005123")
+    argv = ["keep", "--grid", "distract_vary", "--work", str(tmp_path / "w"), "--only", "nope-s0",
+            "--into", str(tmp_path / "kept")]
+    with pytest.raises(SystemExit, match=r"^error: .*checkpoint step_0005123\) is no finished run .*: "
+                                         r"keep finished runs only$"):
+        sweep.main(argv)
+    assert not (tmp_path / "kept").exists()
+    _provenance(f, run, "step_0006000")
+    sweep.main(argv)
+    with pytest.raises(SystemExit, match=r"^error: .*kept/nope-s0 exists: a kept run is never overwritten"):
+        sweep.main(argv)
+
+
 @pytest.mark.e2e
 def test_score_records_each_models_checkpoint_and_the_eval_protocol(tmp_path):
-    """A random export as a finished run, 2 documents a cell (never checks an outcome): the eval
-    folders and results.json name the checkpoint, REGIME.md the grid, checkpoints and protocol."""
+    """A random export as a finished run, kept (weights and config, no code) and scored from
+    there, 2 documents a cell (never checks an outcome): the eval folders and results.json name
+    the checkpoint, REGIME.md the grid, checkpoints and protocol, and the kept metrics."""
     from tiny_models import save_tiny_lenext
 
     run = grids.GRIDS["distract_vary"]["nope-s0"]
-    f = tmp_path / "m" / "nope-s0"
+    f = tmp_path / "w" / "hf" / "nope-s0"
     save_tiny_lenext(str(f), tokenizer=str(data.kv_data() / "tokenizer.model"), position="nope",
                      vocab_size=128, train_length=grids.L)
     _provenance(f, run, "step_0006000")
+    (tmp_path / "w" / "runs" / "nope-s0").mkdir(parents=True)
+    (tmp_path / "w" / "runs" / "nope-s0" / "metrics.jsonl").write_text('{"step": 6000, "valid_loss": 0.5}\n')
+    kept = tmp_path / "kept"
+    sweep.main(["keep", "--grid", "distract_vary", "--work", str(tmp_path / "w"), "--only", "nope-s0",
+                "--into", str(kept)])
+    assert not list(kept.rglob("*.py")) and (kept / "nope-s0" / "model.safetensors").is_file()
     out = tmp_path / "out"
-    rec = sweep.main(["score", "--grid", "distract_vary", "--models", str(tmp_path / "m"), "--out", str(out),
-                      "--docs", "2"]) or json.loads((out / "results.json").read_text())
+    rec = sweep.main(["score", "--grid", "distract_vary", "--models", str(kept), "--logs", str(kept),
+                      "--out", str(out), "--docs", "2"]) or json.loads((out / "results.json").read_text())
+    assert (kept / "nope-s0" / "modeling_lenext.py").is_file()  # the code written back to load it
+    assert rec["valid_loss"] == {"nope-s0": [[6000, 0.5]]}
     assert rec["checkpoints"] == {"nope-s0": "step_0006000"} and rec["tasks_protocol_version"] == 1
     assert rec["grid"] == "distract_vary" and set(rec["cells"]["nope-s0"]) == {f[0] for f in FORMATS}
     assert len(list((out / "eval" / "nope-s0" / "step_0006000").glob("*/tasks*.json"))) == len(FORMATS)
