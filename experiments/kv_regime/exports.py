@@ -119,14 +119,19 @@ def finished_run(f: Path, runs: dict[str, Run], grids: str, hint: str) -> tuple[
     return m, tag
 
 
-def finished(models: Path, runs: dict[str, Run], grids: str, hint: str) -> list[tuple[Path, Model, str]]:
+def finished(models: Path, runs: dict[str, Run], grids: str, hint: str,
+             named: bool = False) -> list[tuple[Path, Model, str]]:
     """(folder, Model, checkpoint tag) of every exported model under `models`, each a finished run
-    (finished_run). A kept model (`sweep keep`: weights and config only) gets its modeling code
-    back from lenext_dist here, before anything loads it."""
+    (finished_run); named: only the folders named as runs of `runs` (a folder that keeps the runs
+    of a grid and of its others grid, scored one grid at a time). A kept model (`sweep keep`:
+    weights and config only) gets its modeling code back from lenext_dist here, before anything
+    loads it."""
     from lenext_dist.convert.export import ship_code
 
     found = []
     for f in exported(models):
+        if named and f.name not in runs:
+            continue
         m, tag = finished_run(f, runs, grids, hint)
         if not (f / "modeling_lenext.py").is_file():
             ship_code(f)

@@ -250,7 +250,9 @@ def score(a) -> dict:
     out, grid = Path(a.out), GRIDS[a.grid]
     filler = {"uniform": kv_data() / "heldout/filler.jsonl", "zipf": zipf_filler(out / "filler-zipf.jsonl")}
     found = finished(Path(a.models), grid, f"grid {a.grid}",
-                     "score finished runs only (a folder of links to them)")
+                     "score finished runs only (a folder of them: sweep keep)", named=True)
+    if not found:
+        raise SystemExit(f"error: {a.models} holds no run of grid {a.grid} ({', '.join(grid)})")
     models, tags = [f for f, _, _ in found], {f.name: tag for f, _, tag in found}
     scores, cells, versions = {}, {}, set()
     for m in models:

@@ -261,6 +261,12 @@ def test_score_takes_finished_runs_of_its_grid_only(tmp_path):
                                          r"of grid distract_lm_all \(its nope-s0: nope, .*skipgram"):  # other data
         sweep.main([*argv[:2], "distract_lm_all", *argv[3:]])
     assert not (tmp_path / "out" / "results.json").exists()
+    # a folder keeping the others grid's runs too is scored one grid at a time
+    other = tmp_path / "o" / "alibi-s0"
+    other.mkdir(parents=True)
+    _provenance(other, grids.GRIDS["others_vary"]["alibi-s0"], "step_0006000")
+    with pytest.raises(SystemExit, match=r"^error: .*/o holds no run of grid distract_vary \(nope-s0, "):
+        sweep.main([*argv[:4], str(tmp_path / "o"), *argv[5:]])
 
 
 def test_keep_takes_finished_runs_and_never_overwrites(tmp_path):
