@@ -15,6 +15,10 @@ from .data import skip_name
 from .grids import L, Run
 
 
+KEPT = "kept.json"
+"""What `sweep keep` writes into a kept run's folder: which run, checkpoint and work folder it is."""
+
+
 def exported(models: Path) -> list[Path]:
     """The exported models under `models` (one folder each, <name>/config.json); none is an error."""
     found = sorted(p.parent for p in Path(models).glob("*/config.json"))
@@ -124,8 +128,8 @@ def finished(models: Path, runs: dict[str, Run], grids: str, hint: str,
     """(folder, Model, checkpoint tag) of every exported model under `models`, each a finished run
     (finished_run); named: only the folders named as runs of `runs` (a folder that keeps the runs
     of a grid and of its others grid, scored one grid at a time). A kept model (`sweep keep`:
-    weights and config only) gets its modeling code back from lenext_dist here, before anything
-    loads it."""
+    weights and config, KEPT) gets this checkout's modeling code here, before anything loads it
+    (written each time: code written back by an older checkout would stand for this one's)."""
     from lenext_dist.convert.export import ship_code
 
     found = []
@@ -133,7 +137,7 @@ def finished(models: Path, runs: dict[str, Run], grids: str, hint: str,
         if named and f.name not in runs:
             continue
         m, tag = finished_run(f, runs, grids, hint)
-        if not (f / "modeling_lenext.py").is_file():
+        if (f / KEPT).is_file():
             ship_code(f)
         found.append((f, m, tag))
     return found

@@ -36,7 +36,7 @@ from experiments.nope_length.study import TEST_SEED
 
 from .analysis import FORMATS, TRAIN_MIX, gate, passes
 from .data import SKIP_TEXTS, VARY, kv_data, skip_name, skip_text, vary_filler, zipf_filler
-from .exports import blend, finished, finished_run, first_blend, shard_name, shard_sets
+from .exports import KEPT, blend, finished, finished_run, first_blend, shard_name, shard_sets
 from .grids import GRIDS, L, Run
 from lenext_dist.flags import Parser
 
@@ -241,6 +241,9 @@ def keep(a) -> dict:
         metrics = work / "runs" / n / "metrics.jsonl"
         if metrics.is_file():
             shutil.copyfile(metrics, dst / "metrics.jsonl")
+        (dst / KEPT).write_text(json.dumps({"grid": a.grid, "run": n, "checkpoint": kept[n],
+                                            "from": str(src.resolve()),
+                                            "kept": time.strftime("%Y-%m-%dT%H:%M:%S")}, indent=1))
     return {"runs": kept}
 
 

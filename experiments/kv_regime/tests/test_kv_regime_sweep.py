@@ -304,10 +304,12 @@ def test_score_records_each_models_checkpoint_and_the_eval_protocol(tmp_path):
     sweep.main(["keep", "--grid", "distract_vary", "--work", str(tmp_path / "w"), "--only", "nope-s0",
                 "--into", str(kept)])
     assert not list(kept.rglob("*.py")) and (kept / "nope-s0" / "model.safetensors").is_file()
+    assert json.loads((kept / "nope-s0" / "kept.json").read_text())["checkpoint"] == "step_0006000"
+    (kept / "nope-s0" / "modeling_lenext.py").write_text("raise ImportError('an older checkout')\n")
     out = tmp_path / "out"
     rec = sweep.main(["score", "--grid", "distract_vary", "--models", str(kept), "--logs", str(kept),
                       "--out", str(out), "--docs", "2"]) or json.loads((out / "results.json").read_text())
-    assert (kept / "nope-s0" / "modeling_lenext.py").is_file()  # the code written back to load it
+    assert "raise ImportError" not in (kept / "nope-s0" / "modeling_lenext.py").read_text()  # this checkout's
     assert rec["valid_loss"] == {"nope-s0": [[6000, 0.5]]}
     assert rec["checkpoints"] == {"nope-s0": "step_0006000"} and rec["tasks_protocol_version"] == 1
     assert rec["grid"] == "distract_vary" and set(rec["cells"]["nope-s0"]) == {f[0] for f in FORMATS}
