@@ -243,8 +243,18 @@ def keep(a) -> dict:
             shutil.copyfile(metrics, dst / "metrics.jsonl")
         (dst / KEPT).write_text(json.dumps({"grid": a.grid, "run": n, "checkpoint": kept[n],
                                             "from": str(src.resolve()),
-                                            "kept": time.strftime("%Y-%m-%dT%H:%M:%S")}, indent=1))
+                                            "kept": time.strftime("%Y-%m-%dT%H:%M:%S"),
+                                            "sittings": _sittings(work, n)}, indent=1))
     return {"runs": kept}
+
+
+def _sittings(work: Path, name: str) -> list[dict]:
+    """When a run trained what: each sitting of the work folder that trained it (write_summary's
+    record), as {start, end, checkpoints: [before, after]}."""
+    f = work / "summary.json"
+    sittings = json.loads(f.read_text()).get("sittings", []) if f.exists() else []
+    return [{"start": s["start"], "end": s["end"], "checkpoints": s["runs"][name]}
+            for s in sittings if name in s.get("runs", {})]
 
 
 def score(a) -> dict:

@@ -2,6 +2,7 @@
 load and validate as `lenext train` loads them, the shard command asks for the training mixture,
 the skewed filler is skewed, and the table marks passing cells and reports the gate."""
 import json
+import os
 import re
 from pathlib import Path
 from collections import Counter
@@ -281,7 +282,14 @@ def test_keep_takes_finished_runs_and_never_overwrites(tmp_path):
         sweep.main(argv)
     assert not (tmp_path / "kept").exists()
     _provenance(f, run, "step_0006000")
+    one = {"start": "2026-11-29T20:15:00", "end": "2026-11-29T22:52:00", "runs": {"nope-s0": [None, "step_0005600"]}}
+    two = {"start": "2026-11-30T08:00:00", "end": "2026-11-30T08:20:00",
+           "runs": {"nope-s0": ["step_0005600", "step_0006000"], "nope-s1": [None, "step_0000500"]}}
+    (tmp_path / "w" / "summary.json").write_text(json.dumps({"sittings": [one, two]}))
     sweep.main(argv)
+    rec = json.loads((tmp_path / "kept" / "nope-s0" / "kept.json").read_text())
+    assert rec["checkpoint"] == "step_0006000" and [s["checkpoints"] for s in rec["sittings"]] == [
+        [None, "step_0005600"], ["step_0005600", "step_0006000"]]  # when it trained what
     with pytest.raises(SystemExit, match=r"^error: .*kept/nope-s0 exists: a kept run is never overwritten"):
         sweep.main(argv)
 
@@ -324,3 +332,22 @@ def test_an_unknown_only_run_is_one_error_line_before_any_work(tmp_path):
         sweep.main(["train", "--shards", str(tmp_path / "s"), "--work", str(tmp_path / "w"), "--out",
                     str(tmp_path / "o"), "--grid", "distract_long", "--only", "nope-s0,nope-s9"])
     assert not (tmp_path / "w").exists()
+
+
+def test_cpu_sh_skips_kept_runs_and_starts_none_at_its_deadline(tmp_path):
+    """cpu.sh (the CPU recipe, one run at a time): a kept run is never trained again, and no run
+    starts in the deadline's last 5 minutes (both before any work: no shards, no work folder)."""
+    import subprocess
+    import time
+
+    script = str(Path(sweep.__file__).parent / "cpu.sh")
+    (tmp_path / "kept" / "rope-s1").mkdir(parents=True)
+    env = {**os.environ, "KEPT": str(tmp_path / "kept"), "WORK": str(tmp_path / "w")}
+    run = subprocess.run(["bash", script, str(int(time.time()) + 60), "distract_vary", "rope-s1", "rope-s2"],
+                         env=env, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.splitlines() == [f"[cpu.sh] rope-s1: kept already ({tmp_path}/kept/rope-s1)",
+                                       "[cpu.sh] deadline: rope-s2 not started"]
+    assert not (tmp_path / "w").exists()
+    bad = subprocess.run(["bash", script, "0", "distract_vary"], env=env, capture_output=True, text=True)
+    assert bad.returncode == 2 and bad.stderr.startswith("error: name the runs")
