@@ -149,7 +149,8 @@ def attend(q: Tensor, k: Tensor, v: Tensor, m: Tensor, variant,
            documents: Optional[Documents] = None, keys_rotated: bool = False) -> Tensor:
     """The whole attention function of a variant: rotate, scale, causal softmax, weight values.
 
-    q [b, h, sq, d], k/v [b, g, sk, d] (not yet rotated), m [h] fp32 -> [b, h, sq, d] in q.dtype.
+    q [b, h, sq, d], k/v [b, g, sk, d] (k not yet rotated unless keys_rotated), m [h] fp32 ->
+    [b, h, sq, d] in q.dtype.
     variant: a `position.PositionVariant` (its hooks; not imported here: position.py imports this
     module for `PositionVariant.forward`, and imports run one way).
     positions: absolute positions of the queries, which are also those of the last sq keys: a
