@@ -24,8 +24,8 @@ for run in "$@"; do
   "$PY" -m experiments.kv_regime.sweep train --grid "$GRID" --only "$run" --backend gloo \
     --threads "$CORES" --workers "$CORES" --seconds 1e9 --until "$DEADLINE" \
     --shards "$WORK/shards" --work "$WORK/work" --out "$WORK/out"
-  if ! "$PY" -m experiments.kv_regime.sweep keep --grid "$GRID" --work "$WORK/work" --only "$run" \
-      --into "$KEPT"; then
+  if ! "$PY" -m experiments.kv_regime.sweep keep --grid "$GRID" --models "$WORK/work/hf" \
+      --logs "$WORK/work/runs" --summary "$WORK/work/summary.json" --only "$run" --into "$KEPT"; then
     echo "[cpu.sh] $run stopped short of its last step (checkpoint $(cat "$WORK/work/runs/$run/checkpoints/latest")); rerun to resume"
     break
   fi

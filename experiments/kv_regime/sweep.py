@@ -224,35 +224,37 @@ def collect(a) -> dict:
 
 
 def keep(a) -> dict:
-    """Finished runs' exports -> <into>/<run>: weights, config, tokenizer, run config and the run's
-    metrics.jsonl, not the modeling code (a copy of lenext_dist's, written back when the folder is
-    scored or studied: exports.finished). What is kept in git outlives the work folder, which a
-    new machine does not bring (29 Nov: three finished NoPE runs, ~7 h of CPU, lost with it)."""
-    grid, work, into = GRIDS[a.grid], Path(a.work), Path(a.into)
+    """Finished runs' exports (<models>/<run>) -> <into>/<run>: weights, config, tokenizer, run
+    config and the run's <logs>/<run>/metrics.jsonl, not the modeling code (a copy of lenext_dist's,
+    written back when the folder is scored or studied: exports.finished). What is kept in git
+    outlives the work folder, which a new machine does not bring (29 Nov: three finished NoPE runs,
+    ~7 h of CPU, lost with it). --models/--logs: a CPU work folder's hf/ and runs/, or what `collect`
+    unpacked (models/, logs/)."""
+    grid, models, into = GRIDS[a.grid], Path(a.models), Path(a.into)
     kept = {}
     for n in [n for n in a.only.split(",") if n]:
-        src, dst = work / "hf" / n, into / n
+        src, dst = models / n, into / n
         if not (src / "config.json").is_file():
-            raise SystemExit(f"error: {src} holds no export (config.json): is --work the train step's?")
+            raise SystemExit(f"error: {src} holds no export (config.json): is --models the exports' folder?")
         _, kept[n] = finished_run(src, grid, f"grid {a.grid}", "keep finished runs only")
         if dst.exists():
             raise SystemExit(f"error: {dst} exists: a kept run is never overwritten (remove it first)")
         shutil.copytree(src, dst, ignore=shutil.ignore_patterns("*.py", "__pycache__"))
-        metrics = work / "runs" / n / "metrics.jsonl"
-        if metrics.is_file():
+        metrics = Path(a.logs) / n / "metrics.jsonl" if a.logs else None
+        if metrics and metrics.is_file():
             shutil.copyfile(metrics, dst / "metrics.jsonl")
         (dst / KEPT).write_text(json.dumps({"grid": a.grid, "run": n, "checkpoint": kept[n],
                                             "from": str(src.resolve()),
                                             "kept": time.strftime("%Y-%m-%dT%H:%M:%S"),
-                                            "sittings": _sittings(work, n)}, indent=1))
+                                            "sittings": _sittings(a.summary, n)}, indent=1))
     return {"runs": kept}
 
 
-def _sittings(work: Path, name: str) -> list[dict]:
-    """When a run trained what: each sitting of the work folder that trained it (write_summary's
-    record), as {start, end, checkpoints: [before, after]}."""
-    f = work / "summary.json"
-    sittings = json.loads(f.read_text()).get("sittings", []) if f.exists() else []
+def _sittings(summary: Optional[str], name: str) -> list[dict]:
+    """When a run trained what: each sitting of a work folder's summary.json (write_summary's
+    record) that trained it, as {start, end, checkpoints: [before, after]}."""
+    f = Path(summary) if summary else None
+    sittings = json.loads(f.read_text()).get("sittings", []) if f and f.is_file() else []
     return [{"start": s["start"], "end": s["end"], "checkpoints": s["runs"][name]}
             for s in sittings if name in s.get("runs", {})]
 
@@ -370,7 +372,9 @@ def main(argv=None) -> int:
     s.add_argument("--note", default="")
     k = sub.add_parser("keep", help="copy finished runs' exports into a folder kept in git (no code)")
     k.add_argument("--grid", choices=sorted(GRIDS), required=True)
-    k.add_argument("--work", required=True, help="the train step's work folder (hf/<run>, runs/<run>)")
+    k.add_argument("--models", required=True, help="folder of exports, <run>/ each (a work folder's hf/)")
+    k.add_argument("--logs", help="folder of <run>/metrics.jsonl (a work folder's runs/)")
+    k.add_argument("--summary", help="the work folder's summary.json (the sittings that trained each run)")
     k.add_argument("--only", required=True, help="the runs to keep, comma-separated")
     k.add_argument("--into", required=True, help="e.g. experiments/kv_regime/models/vary")
     a = ap.parse_args(argv)

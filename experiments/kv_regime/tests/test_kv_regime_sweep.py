@@ -275,8 +275,8 @@ def test_keep_takes_finished_runs_and_never_overwrites(tmp_path):
     f = tmp_path / "w" / "hf" / "nope-s0"
     f.mkdir(parents=True)
     _provenance(f, run, "step_0005123")
-    argv = ["keep", "--grid", "distract_vary", "--work", str(tmp_path / "w"), "--only", "nope-s0",
-            "--into", str(tmp_path / "kept")]
+    argv = ["keep", "--grid", "distract_vary", "--models", str(tmp_path / "w" / "hf"), "--only", "nope-s0",
+            "--summary", str(tmp_path / "w" / "summary.json"), "--into", str(tmp_path / "kept")]
     with pytest.raises(SystemExit, match=r"^error: .*checkpoint step_0005123\) is no finished run .*: "
                                          r"keep finished runs only$"):
         sweep.main(argv)
@@ -309,8 +309,8 @@ def test_score_records_each_models_checkpoint_and_the_eval_protocol(tmp_path):
     (tmp_path / "w" / "runs" / "nope-s0").mkdir(parents=True)
     (tmp_path / "w" / "runs" / "nope-s0" / "metrics.jsonl").write_text('{"step": 6000, "valid_loss": 0.5}\n')
     kept = tmp_path / "kept"
-    sweep.main(["keep", "--grid", "distract_vary", "--work", str(tmp_path / "w"), "--only", "nope-s0",
-                "--into", str(kept)])
+    sweep.main(["keep", "--grid", "distract_vary", "--models", str(tmp_path / "w" / "hf"),
+                "--logs", str(tmp_path / "w" / "runs"), "--only", "nope-s0", "--into", str(kept)])
     assert not list(kept.rglob("*.py")) and (kept / "nope-s0" / "model.safetensors").is_file()
     assert json.loads((kept / "nope-s0" / "kept.json").read_text())["checkpoint"] == "step_0006000"
     (kept / "nope-s0" / "modeling_lenext.py").write_text("raise ImportError('an older checkout')\n")
