@@ -26,7 +26,7 @@ for run in "$@"; do
     --shards "$WORK/shards" --work "$WORK/work" --out "$WORK/out"
   if ! "$PY" -m experiments.kv_regime.sweep keep --grid "$GRID" --models "$WORK/work/hf" \
       --logs "$WORK/work/runs" --summary "$WORK/work/summary.json" --only "$run" --into "$KEPT"; then
-    echo "[cpu.sh] $run stopped short of its last step (checkpoint $(cat "$WORK/work/runs/$run/checkpoints/latest")); rerun to resume"
+    echo "[cpu.sh] $run not kept (see the line above; its checkpoint: $(cat "$WORK/work/runs/$run/checkpoints/latest" 2>/dev/null)); rerun to resume"
     break
   fi
   echo "[cpu.sh] kept $run: commit $KEPT/$run"
