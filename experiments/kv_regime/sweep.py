@@ -245,6 +245,7 @@ def keep(a) -> dict:
             shutil.copyfile(metrics, dst / "metrics.jsonl")
         (dst / KEPT).write_text(json.dumps({"grid": a.grid, "run": n, "checkpoint": kept[n],
                                             "from": str(src.resolve()),
+                                            **({"device": a.device} if a.device else {}),
                                             "kept": time.strftime("%Y-%m-%dT%H:%M:%S"),
                                             "sittings": _sittings(a.summary, n)}, indent=1))
     return {"runs": kept}
@@ -377,6 +378,8 @@ def main(argv=None) -> int:
     k.add_argument("--summary", help="the work folder's summary.json (the sittings that trained each run)")
     k.add_argument("--only", required=True, help="the runs to keep, comma-separated")
     k.add_argument("--into", required=True, help="e.g. experiments/kv_regime/models/vary")
+    k.add_argument("--device", default="", help="where the runs trained, if not this machine's CPU "
+                   "(collect's --device; the run config's parallel.backend says gloo or nccl)")
     a = ap.parse_args(argv)
     res = {"train": train, "collect": collect, "score": score, "keep": keep}[a.cmd](a)
     print(json.dumps(res.get("gate", res.get("runs", res.get("calls"))), indent=1))

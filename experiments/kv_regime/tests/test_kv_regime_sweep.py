@@ -4,6 +4,7 @@ the skewed filler is skewed, and the table marks passing cells and reports the g
 import json
 import os
 import re
+import shutil
 from pathlib import Path
 from collections import Counter
 
@@ -290,6 +291,10 @@ def test_keep_takes_finished_runs_and_never_overwrites(tmp_path):
     rec = json.loads((tmp_path / "kept" / "nope-s0" / "kept.json").read_text())
     assert rec["checkpoint"] == "step_0006000" and [s["checkpoints"] for s in rec["sittings"]] == [
         [None, "step_0005600"], ["step_0005600", "step_0006000"]]  # when it trained what
+    assert "device" not in rec  # this machine's CPU: the run config's backend says so
+    shutil.rmtree(tmp_path / "kept")
+    sweep.main([*argv, "--device", "NVIDIA H200"])
+    assert json.loads((tmp_path / "kept" / "nope-s0" / "kept.json").read_text())["device"] == "NVIDIA H200"
     with pytest.raises(SystemExit, match=r"^error: .*kept/nope-s0 exists: a kept run is never overwritten"):
         sweep.main(argv)
 
