@@ -36,6 +36,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import signal
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -366,15 +367,47 @@ def collate(dataset, indices, document_mask: bool = False) -> dict[str, torch.Te
     return batch
 
 
-def train_batches(dataset, cfg: RunConfig, rank: int, world: int, start_step: int
+class StepBatches(torch.utils.data.Dataset):
+    """Item i: this rank's list of micro-batches of optimizer step `start_step` + i."""
+
+    def __init__(self, dataset, cfg: RunConfig, rank: int, world: int, start_step: int):
+        self.dataset, self.cfg, self.rank, self.world, self.start = dataset, cfg, rank, world, start_step
+
+    def __len__(self) -> int:
+        return max(0, self.cfg.train.steps - self.start)
+
+    def __getitem__(self, i: int) -> list[dict[str, torch.Tensor]]:
+        t, step = self.cfg.train, self.start + i
+        return [collate(self.dataset, sample_indices(step, m, self.rank, self.world, t.micro_batch_size,
+                                                     t.global_batch_size), self.cfg.data.document_mask)
+                for m in range(t.accum_steps(self.world))]
+
+
+def loader_workers(cfg: RunConfig, device: str) -> int:
+    """data.loader_workers, or its default for `device` (e.g. "cuda:0"): 1 on an accelerator, 0 on
+    the CPU."""
+    w = cfg.data.loader_workers
+    return w if w is not None else int(not device.startswith("cpu"))
+
+
+def _worker_init(_worker_id: int) -> None:
+    # a stop signal is the training process's (StopSignal, a checkpoint at the next step): a
+    # worker that got it too, from a signal to the whole process group, keeps building batches
+    for s in (signal.SIGTERM, signal.SIGUSR1):
+        signal.signal(s, signal.SIG_IGN)
+
+
+def train_batches(dataset, cfg: RunConfig, rank: int, world: int, start_step: int, workers: int = 0
                   ) -> Iterator[list[dict[str, torch.Tensor]]]:
-    """Yield, per optimizer step from `start_step`, this rank's list of micro-batches."""
-    t = cfg.train
-    accum = t.accum_steps(world)
-    for step in range(start_step, t.steps):
-        yield [collate(dataset, sample_indices(step, m, rank, world, t.micro_batch_size,
-                                               t.global_batch_size), cfg.data.document_mask)
-               for m in range(accum)]
+    """Yield, per optimizer step from `start_step`, this rank's list of micro-batches; `workers` > 0
+    builds them in that many processes ahead of the step that takes them (in order, two each)."""
+    steps = StepBatches(dataset, cfg, rank, world, start_step)
+    if not workers:
+        return (steps[i] for i in range(len(steps)))
+    # fork: the workers inherit the dataset (megatron's, over memory-mapped shards) as it is;
+    # batch_size=None: each item is already a step's batches
+    return iter(torch.utils.data.DataLoader(steps, batch_size=None, num_workers=workers,
+                                            worker_init_fn=_worker_init, multiprocessing_context="fork"))
 
 
 def valid_batches(dataset, cfg: RunConfig, rank: int, world: int, eval_index: int

@@ -21,7 +21,8 @@ import torch.distributed as dist
 
 from lenext_dist.checkpoint.layout import CONFIG, latest_tag, latest_tag_name, step_of
 from lenext_dist.config import ConfigError, RunConfig, deepspeed_config, save_config, stages, to_dict
-from lenext_dist.data.gpt_data import build_datasets, check_prefixes, train_batches, valid_batches
+from lenext_dist.data.gpt_data import (build_datasets, check_prefixes, loader_workers, train_batches,
+                                       valid_batches)
 from lenext_dist.errors import UserError
 from lenext_dist.model import ulysses
 from lenext_dist.train import checkpoint, fp32_params, optim
@@ -297,7 +298,7 @@ def _step_loop(run: _Run, stop: StopSignal, step: int, consumed: int,
     loss_sum, n_loss = 0.0, 0  # the mean loss over the steps since the last log line
     bad_steps = 0  # consecutive non-finite steps
     micro_step = _micro_steps(run)
-    batches = train_batches(run.train_ds, cfg, run.dp_rank, run.dp, step)
+    batches = train_batches(run.train_ds, cfg, run.dp_rank, run.dp, step, loader_workers(cfg, device))
     while step < end:
         t0 = time.perf_counter()
         micro_batches = next(batches)

@@ -22,9 +22,11 @@ LENEXT = [sys.executable, "-m", "lenext_dist", "train"]
 def test_lenext_train_two_ranks_stop_on_a_signal_then_resume_in_one_process(sample_shards, tmp_path,
                                                                            send, sig):
     """SIGUSR1 to the whole group (Slurm), or SIGTERM to `lenext train` (issue 40: it returned
-    143 at once while DeepSpeed's launcher SIGKILLed the ranks 30 s later): both save, exit 0."""
+    143 at once while DeepSpeed's launcher SIGKILLed the ranks 30 s later): both save, exit 0.
+    The group's signal also reaches each rank's batch worker (data.loader_workers, the default on
+    a GPU), which goes on building batches: the rank's next step still gets one."""
     cfg = write_config(tmp_path, sample_shards, "front", train={"steps": 400, "eval_interval": 0},
-                       checkpoint={"interval": 0})
+                       checkpoint={"interval": 0}, data={"loader_workers": int(send is os.killpg)})
     run_dir = tmp_path / "front"
     metrics = run_dir / "metrics.jsonl"
     log = tmp_path / "train.log"

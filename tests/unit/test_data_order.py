@@ -57,3 +57,32 @@ def test_valid_batches_are_fresh_per_evaluation():
         assert sorted(ids) == list(range(e * per, (e + 1) * per))
         firsts.append(ids[0])
     assert len(set(firsts)) == 3
+
+
+def test_loader_workers_build_the_same_batches_in_order_and_ignore_stop_signals():
+    """data.loader_workers > 0: the same steps' batches in the same order, from the resume step;
+    a stop signal to a worker (Slurm signals every process of a step) does not end it: the
+    training process alone checkpoints, and its next batch still comes."""
+    import os
+    import signal
+
+    cfg = load_config(None, ["train.steps=7", "train.micro_batch_size=2", "train.global_batch_size=4"])
+    for start in (0, 3):
+        want = list(train_batches(IndexDataset(), cfg, 1, 2, start))
+        it = train_batches(IndexDataset(), cfg, 1, 2, start, workers=2)
+        got = [next(it)]
+        for w in it._workers:
+            os.kill(w.pid, signal.SIGTERM)
+        got += list(it)
+        assert [[mb["tokens"].tolist() for mb in s] for s in got] == \
+            [[mb["tokens"].tolist() for mb in s] for s in want]
+        assert len(got) == 7 - start
+
+
+def test_loader_workers_default_to_one_on_an_accelerator_and_none_on_the_cpu():
+    from lenext_dist.data.gpt_data import loader_workers
+
+    cfg = load_config(None, [])
+    assert [loader_workers(cfg, d) for d in ("cpu", "cuda:0", "npu:1")] == [0, 1, 1]
+    assert loader_workers(load_config(None, ["data.loader_workers=3"]), "cpu") == 3
+    assert loader_workers(load_config(None, ["data.loader_workers=0"]), "cuda:0") == 0
