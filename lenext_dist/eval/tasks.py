@@ -109,11 +109,13 @@ def score(model: nn.Module, ids: list[int], positions: Sequence[int], pad_to: in
     return (pred.argmax(-1) == target).numpy(), nll.numpy()
 
 
-def answer_entropy(model: nn.Module, ids: Sequence[int], positions: Sequence[int]) -> np.ndarray:
+def answer_entropy(model: nn.Module, ids: Sequence[int], positions: Sequence[int], pad_to: int = 0,
+                   pad_id: int = 0) -> np.ndarray:
     """[layers, heads, 2]: attention entropy H / ln(n) (n: keys the query sees) of the query that
     predicts the first answer token (the question's last token), and mean over the queries that
     predict the others. The paper's mechanism: past L a NoPE head's attention spreads (H rises)
-    and a temperature c > 1 sharpens it; the model's head scales are applied."""
+    and a temperature c > 1 sharpens it; the model's head scales are applied. pad_to, pad_id: as
+    score's (one shape a length, one compile; causal, so no scored row sees the padding)."""
     from .adapter import attention_layers, capture_qk, layout
     from .entropy import _position_hooks, entropy_by_position
 
@@ -136,7 +138,8 @@ def answer_entropy(model: nn.Module, ids: Sequence[int], positions: Sequence[int
         out[i, :, 1] = h[:, 1:].mean(1).numpy() if h.shape[1] > 1 else h[:, 0].numpy()
 
     device = next(model.parameters()).device
-    capture_qk(model, torch.tensor([list(ids)], device=device), on_layer)
+    x = list(ids) + [pad_id] * max(0, pad_to - len(ids))
+    capture_qk(model, torch.tensor([x], device=device), on_layer)
     return out
 
 
@@ -227,7 +230,7 @@ def run_tasks(model: nn.Module, sp, texts: Sequence[str], lengths: Sequence[int]
             for ids, pos, doc in scored:
                 r, nll = score(model, ids, pos, pad_to=length, pad_id=sp.eos_id())
                 if entropy:
-                    ents.append(answer_entropy(model, ids, pos))
+                    ents.append(answer_entropy(model, ids, pos, pad_to=length, pad_id=sp.eos_id()))
                 rights.append(r)
                 nlls.append(nll)
                 base.append(most_frequent_baseline(ids, pos, candidates))

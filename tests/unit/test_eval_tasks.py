@@ -305,3 +305,6 @@ def test_answer_entropy_scores_the_answer_rows_as_the_full_matrix_does(sp, texts
     got = answer_entropy(model, doc.ids, pos)
     want = torch.stack([torch.stack([h[:, 0], h[:, 1:].mean(1)], -1) for h in full]).numpy()
     assert got.shape == want.shape and abs(got - want).max() < 1e-6
+    # right-padded to the cell's length (one shape a length, as score's), the same rows
+    padded = answer_entropy(model, doc.ids, pos, pad_to=len(doc.ids) + 37, pad_id=sp.eos_id())
+    assert abs(padded - want).max() < 1e-6
