@@ -106,7 +106,7 @@ class DataConfig:
     """Processes that build the next steps' batches while this one trains (torch DataLoader,
     same batches in the same order); null: 1 on an accelerator, 0 on the CPU. Why: the batch is
     built in Python, sample by sample (~20 ms for 256 kv samples): on an H200 it was 24-40% of a
-    small model's step (29 Nov, kv runs); on the CPU it is ~2% and a worker would take a core from
+    small model's step (the kv runs' logs); on the CPU it is ~2% and a worker would take a core from
     the compute."""
 
     def __post_init__(self):
