@@ -30,6 +30,12 @@ cannot run code and ranks or runs sharing a cache never read a file in the makin
 Document masking (`data.document_mask`): each micro-batch also carries `document_ids` [b, s]
 (split after EOS and at BOS, lenext_dist.attention.document_ids), handed to the model as its
 attention mask.
+
+Loader workers (`data.loader_workers`, default 1 on an accelerator, 0 on the CPU): a torch
+DataLoader over `StepBatches` builds the next steps' micro-batches in forked processes while the
+device computes (on a GPU the batch was otherwise built in the step's own time); the order is the
+generator's, so resume stays exact. Workers ignore SIGTERM/SIGUSR1: a signal to the whole process
+group (Slurm) is the training process's to act on, at a step boundary.
 """
 from __future__ import annotations
 
