@@ -122,6 +122,9 @@ def shard_parser(prog: str = "lenext prep") -> argparse.ArgumentParser:
     p.add_argument("--valid-fraction", type=float, default=0.0,
                    help="fraction of documents (by a stable hash of the text) written to "
                         "<name>_valid, e.g. 0.01 (default 0: train only)")
+    p.add_argument("--min-tokens", type=int, default=0, metavar="N",
+                   help="keep only documents of at least N tokens (a long-context stage's shard, "
+                        "e.g. 32768; the rest counted as `short`; default 0: all)")
     p.add_argument("--skip-bad", action="store_true",
                    help="skip bad documents/files and count them in the manifest instead of stopping")
     # None: from the Slurm array's environment, read only then (shard_main)
@@ -214,7 +217,7 @@ def shard_main(argv: Optional[Sequence[str]] = None, prog: str = "lenext prep") 
             name=args.name, workers=args.workers, threads=args.threads, text_key=args.text_key,
             include_sets=args.include_sets, exclude_sets=args.exclude_sets,
             languages=args.languages, valid_fraction=args.valid_fraction,
-            skip_bad=args.skip_bad, task_index=args.task_index, num_tasks=args.num_tasks,
+            min_tokens=args.min_tokens, skip_bad=args.skip_bad, task_index=args.task_index, num_tasks=args.num_tasks,
             progress=not args.no_progress, remove_parts=args.remove_parts,
             tasks=tasks,
             # the task comes from the environment under Slurm: record it with the command

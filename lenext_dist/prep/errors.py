@@ -28,6 +28,8 @@ BAD_REASONS = {
 # Reasons that are not errors: counted as skipped, never fatal.
 EMPTY = "empty"  # no non-whitespace character: carries no tokens worth training on
 EXCLUDED_SET = "excluded_set"  # dropped on purpose by --exclude-sets / --include-sets
+SHORT = "short"  # fewer tokens than --min-tokens: dropped on purpose (a long-document shard)
+NOT_ERRORS = frozenset({EMPTY, EXCLUDED_SET, SHORT})
 
 SKIP_BAD_HINT = "rerun with --skip-bad to skip and count such documents in the manifest"
 

@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
-from .errors import EMPTY, EXCLUDED_SET, PrepError
+from .errors import NOT_ERRORS, PrepError
 from .lock import RunLock
 from .manifest import check_name, load_done, make_plan, parts_dir, read_json, plan_path, \
     write_or_check_plan
@@ -39,6 +39,7 @@ class ShardJob:
     exclude_sets: Sequence[str] = ()
     languages: Sequence[str] = ()
     valid_fraction: float = 0.0
+    min_tokens: int = 0
     skip_bad: bool = False
     task_index: int = 0
     num_tasks: int = 1
@@ -50,6 +51,8 @@ class ShardJob:
     def __post_init__(self):
         if not 0.0 <= self.valid_fraction < 1.0:
             raise PrepError(f"--valid-fraction must be in [0, 1), got {self.valid_fraction}")
+        if self.min_tokens < 0:
+            raise PrepError(f"--min-tokens must be >= 0, got {self.min_tokens}")
         if self.workers < 1 or self.threads < 1:
             raise PrepError("--workers and --threads must be >= 1")
         if self.num_tasks < 1 or not 0 <= self.task_index < self.num_tasks:
@@ -77,6 +80,7 @@ def _settings(job: ShardJob, tok: SpmTokenizer) -> dict:
         "threads": job.threads,
         # only when set, so the fingerprint of every other run stays what it was
         **({"tasks": job.tasks} if job.tasks else {}),
+        **({"min_tokens": job.min_tokens} if job.min_tokens else {}),
     }
 
 
@@ -91,7 +95,7 @@ def _fingerprinted(settings: dict) -> dict:
 def _finished(job: ShardJob, unit: dict, fingerprint: str) -> bool:
     """The unit is done under this plan, and without skipping bad input unless --skip-bad."""
     rec = load_done(job.out, job.name, unit, fingerprint)
-    return rec is not None and (job.skip_bad or not set(rec.get("skipped", {})) - {EMPTY, EXCLUDED_SET})
+    return rec is not None and (job.skip_bad or not set(rec.get("skipped", {})) - NOT_ERRORS)
 
 
 LOG_EVERY = 60.0

@@ -21,7 +21,7 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from .errors import EMPTY, EXCLUDED_SET, Bad, PrepError
+from .errors import EMPTY, EXCLUDED_SET, SHORT, Bad, PrepError
 from .manifest import answers_prefix, done_path, partial_prefix, parts_dir, temp_suffix, write_json_atomic
 from .readers import open_reader
 from .task_source import TaskReader
@@ -151,6 +151,7 @@ def _process_unit(unit, entry, out_dir, name, settings, fingerprint, command, pr
     exclude = set(settings["exclude_sets"] or ())
     filtering = bool(include or exclude)
     valid_fraction = settings["valid_fraction"]
+    min_tokens = settings.get("min_tokens", 0)  # absent from plans made before --min-tokens
     skip_bad = settings["skip_bad"]
 
     stats_read = 0
@@ -179,7 +180,11 @@ def _process_unit(unit, entry, out_dir, name, settings, fingerprint, command, pr
         if batch_texts:
             for split, ids, answers in zip(batch_splits, tok.encode_batch(batch_texts),
                                            batch_answers):
+                if len(ids) < min_tokens:
+                    skipped[SHORT] += 1
+                    continue
                 writers.add(split, ids, answers)
+                written[split] += 1
                 tokens[split] += len(ids)
                 n_tok += len(ids)
         if progress is not None:
@@ -222,7 +227,6 @@ def _process_unit(unit, entry, out_dir, name, settings, fingerprint, command, pr
             batch_texts.append(text)
             batch_splits.append(split)
             batch_answers.append(rec.answers)
-            written[split] += 1
             batch_chars += len(text)
             if batch_chars >= BATCH_CHARS or len(batch_texts) >= BATCH_DOCS:
                 flush()

@@ -124,6 +124,38 @@ def test_empty_documents_are_always_counted(tmp_path):
     assert m["documents"]["written"] == {"train": 2} and m["documents"]["read"] == 4
 
 
+def test_min_tokens_keeps_the_long_documents_and_counts_the_rest(tmp_path, capsys):
+    """--min-tokens (a long-context stage's shard): documents with fewer tokens are skipped as
+    `short` in both splits, the kept ones are the whole documents of a run without it, a rerun
+    resumes without redoing them (`short` is no error), and another N under the same --out is
+    refused as other settings."""
+    lines = [json.dumps({"text": ("word " * n).strip()}).encode() for n in (3, 40, 5, 60, 80, 2)]
+    path = write_zst(str(tmp_path / "a.jsonl.zst"), lines)
+    every = shard([path], tmp_path / "all", fmt="jsonl", valid_fraction=0.3)["manifest"]
+    full = load_docs(tmp_path / "all" / "t_train") + load_docs(tmp_path / "all" / "t_valid")
+    n = 20
+    m = shard([path], tmp_path / "out", fmt="jsonl", valid_fraction=0.3, min_tokens=n)["manifest"]
+    kept = load_docs(tmp_path / "out" / "t_train") + load_docs(tmp_path / "out" / "t_valid")
+    assert sorted(map(len, kept)) == sorted(len(d) for d in full if len(d) >= n) and len(kept) == 3
+    assert m["documents"]["skipped"] == {"short": 3} and m["documents"]["read"] == 6
+    assert sum(m["documents"]["written"].values()) == 3 and min(m["documents"]["written"].values()) >= 1
+    assert m["settings"]["min_tokens"] == n and "min_tokens" not in every["settings"]
+    assert shard([path], tmp_path / "out", fmt="jsonl", valid_fraction=0.3,
+                 min_tokens=n)["inputs_done_now"] == 0
+    with pytest.raises(PrepError, match="different settings"):
+        shard([path], tmp_path / "out", fmt="jsonl", valid_fraction=0.3, min_tokens=n + 1)
+    from prep_helpers import TOKENIZER
+    from lenext_dist.prep.cli import shard_main
+
+    argv = ["--input", path, "--format", "jsonl", "--tokenizer", TOKENIZER, "--out", str(tmp_path / "out"),
+            "--name", "t", "--valid-fraction", "0.3", "--no-progress", "--min-tokens"]
+    assert shard_main([*argv, str(n)]) == 0  # the flag is the same setting: a finished run
+    capsys.readouterr()
+    assert shard_main([*argv, "-1"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --min-tokens must be >= 0") and len(err.strip().splitlines()) == 1
+
+
 def test_set_filter_needs_set_names(tmp_path):
     """No set name, or one that is not a string (a list was a traceback, a number a failed sort of
     the counts at the end): missing_set_name."""
