@@ -103,7 +103,7 @@ def run(models: Path, out: Path, grids: tuple[str, ...] = GRIDS_STUDIED, docs: i
     study = GridStudy(p, out, models, mix)
     results = [study.measure_last(m, tag) for m, tag in specs]
     summary = {**summarize(asdict(p), results, []), "documents": study.task_set,
-               "timings_s": study.timings, "missing_runs": missing}
+               **study.record(), "missing_runs": missing}
     summary["claims"]["headscale_vs_uniform"]["reason"] = (
         "the search trains from the training checkpoint, which the device does not bring back: "
         "experiments/sizes")

@@ -16,6 +16,8 @@ from typing import Optional
 
 import numpy as np
 
+from experiments.nope_length.analysis import scored_with
+
 GAP = 0.1
 """A difference in mean whole-answer accuracy that counts (three seeds of 128 documents each: the
 sampling sd of a mean is <= 0.026)."""
@@ -104,7 +106,8 @@ def render(summary: dict) -> str:
            "Generated from summary.json by experiments/nope_layouts (see its study.py for the "
            "design, analysis.py for the rules). Whole-answer accuracy of the kv task at the "
            f"chosen checkpoint, L = {L}, mean (min..max) over seeds; schedules act on the NoPE "
-           "layers only; only seeds that reached the gate count (seeds: trained (at the gate)).",
+           "layers only; only seeds that reached the gate count (seeds: trained (at the gate)). "
+           + scored_with(summary),
            "", f"| layout | schedule | seeds | {head} |",
            "|---|---|---|" + "---|" * len(lengths)]
     for t in summary["table"]:

@@ -152,7 +152,7 @@ def main(argv=None) -> int:
     if a.train_only:
         return 0
     results = [measure(study, m, rules[m.name]) for m in plan.models if m.name in rules]
-    summary = {**summarize(asdict(plan), results), "timings_s": study.timings}
+    summary = {**summarize(asdict(plan), results), **study.record()}
     (out / "results.json").write_text(json.dumps(results, indent=1))
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     (out / "LAYOUTS.md").write_text(render(summary))

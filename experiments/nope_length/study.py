@@ -108,6 +108,14 @@ class Study:
             self.timings = json.loads(self._timings_path.read_text())
         self._claim_folder()
 
+    def record(self) -> dict:
+        """What a summary.json records of how its numbers were made: the time of each step, and the
+        `lenext eval tasks` protocol that scored every evaluation (one of another version is
+        neither reused nor overwritten: eval's own check)."""
+        from lenext_dist.eval.jobs import TasksJob
+
+        return {"timings_s": self.timings, "tasks_protocol_version": TasksJob.protocol_version}
+
     def _claim_folder(self) -> None:
         """One plan per work folder: resuming in a folder of another plan (another budget, seeds
         or checkpoint interval) would go on from its checkpoints under the new settings. A plan
@@ -346,8 +354,7 @@ class Study:
         return self._save(results, headscale)
 
     def _save(self, results: list, headscale: list) -> dict:
-        summary = summarize(asdict(self.plan), results, headscale)
-        summary["timings_s"] = self.timings
+        summary = {**summarize(asdict(self.plan), results, headscale), **self.record()}
         (self.out / "results.json").write_text(json.dumps(results, indent=1))
         (self.out / "summary.json").write_text(json.dumps(summary, indent=1))
         (self.out / "STUDY.md").write_text(render(summary))

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from experiments.nope_length.analysis import GAP, _acc, _spread, best_c, fit_log
+from experiments.nope_length.analysis import GAP, _acc, _spread, best_c, fit_log, scored_with
 
 MIN_SEEDS = 3
 MIN_SIZES = 3
@@ -131,7 +131,7 @@ def render(summary: dict) -> str:
            "Generated from summary.json by experiments/sizes (study.py: the design; analysis.py: "
            f"the rules, fixed before the runs). NoPE in the kv regime, L = {p['L']}, head dimension "
            "16 at every size; only seeds at the gate count. Fit: c(s) = 1 + a ln s through the "
-           "best uniform c at s = 2..16 (where it retrieves).", "",
+           "best uniform c at s = 2..16 (where it retrieves). " + scored_with(summary), "",
            "| size | params (non-embedding) | seeds (at the gate) | a (all seeds) | R^2 | a per seed | gate steps |",
            "|---|---|---|---|---|---|---|"]
     for r in summary["sizes"]:

@@ -116,7 +116,7 @@ def main(argv=None) -> int:
         if r["size"] == sizes[-1] and r["rule"]["chosen"]:
             m = next(x for x in plan.models if x.name == r["model"]["name"])
             headscale += [{**h, "model": m.name} for h in study.headscale(m, r["rule"], fits[sizes[-1]])]
-    summary = {**summarize(asdict(plan), results, headscale, params), "timings_s": study.timings}
+    summary = {**summarize(asdict(plan), results, headscale, params), **study.record()}
     (out / "results.json").write_text(json.dumps(results, indent=1))
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     (out / "SIZES.md").write_text(render(summary))

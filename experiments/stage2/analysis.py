@@ -24,6 +24,8 @@ from typing import Optional
 
 import numpy as np
 
+from experiments.nope_length.analysis import scored_with
+
 GAP = 0.1
 """A difference in whole-answer accuracy that counts, per seed (128 test documents a cell: the
 sampling sd of one accuracy is <= 0.044, of a difference <= 0.063, less on shared documents)."""
@@ -164,7 +166,7 @@ def render(summary: dict) -> str:
             "by the rule, with each zero-shot method (temperature schedules on the NoPE layers, "
             "YaRN at s = length / L on the RoPE layers). `stage 2`: the base continued "
             f"{p['stage2_steps']} steps at {p['stage2_factor']}L (RoPE theta x{p['theta_factor']:g} "
-            "where the layout has RoPE layers), scored with no schedule.", "",
+            "where the layout has RoPE layers), scored with no schedule. " + scored_with(summary), "",
             f"| layout | model | seeds | {head} |", "|---|---|---|" + "---|" * len(lengths)]
     for t in summary["table"]:
         who = t["method"] if t["method"] == STAGE2 else f"base, {t['method']}"

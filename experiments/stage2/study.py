@@ -201,7 +201,7 @@ def main(argv=None) -> int:
         (out / "results" / f"{m.name}.json").write_text(json.dumps(r, indent=1))
         results.append(r)
         summary = {**summarize(asdict(plan), results, expected=len(plan.models)),
-                   "timings_s": runner.study.timings}
+                   **runner.study.record()}
         (out / "summary.json").write_text(json.dumps(summary, indent=1))
         (out / "STAGE2.md").write_text(render(summary))
     print(f"[stage2] wrote {out / 'STAGE2.md'}")

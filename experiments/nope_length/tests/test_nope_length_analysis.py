@@ -1,7 +1,9 @@
 """The kv study's judgement (experiments/nope_length/analysis.py): the log fit is the paper's form,
 the best c is chosen by accuracy then NLL, and each verdict follows its pre-registered threshold
 from the numbers (a made-up result set where NoPE extends and RoPE does not, and its reverse)."""
+import json
 import math
+from pathlib import Path
 
 from experiments.nope_length.analysis import ENTROPY_RISE, FIT_R2, GAP, best_c, fit_log, render, summarize
 
@@ -73,6 +75,30 @@ def test_render_shows_every_claim_and_the_baseline():
     md = render(summary)
     assert all(c["claim"] in md for c in summary["claims"].values())
     assert "| no retrieval (baseline) | - | - | 0.00 | 0.00 | 0.00 | 0.00 |" in md
+
+
+def test_a_results_page_names_the_eval_protocol_that_scored_it(tmp_path):
+    """Study.record() puts the current `lenext eval tasks` protocol in summary.json and every
+    study's page says it; a summary from before it was recorded is version 0, said with what
+    differs (the published pages of nope_length, layouts, sizes and stage2)."""
+    import importlib
+
+    from experiments.nope_length.study import Plan, Study
+    from lenext_dist.eval.jobs import TasksJob
+
+    rec = Study(Plan(models=(), steps=10), tmp_path).record()
+    assert rec["tasks_protocol_version"] == TasksJob.protocol_version >= 1 and "timings_s" in rec
+    now = {**summarize(PLAN, [_model("nope-s0", "nope", {1.0: [1, 0.5, 0, 0]})], []), **rec}
+    old = {k: v for k, v in now.items() if k != "tasks_protocol_version"}
+    assert f"protocol version {TasksJob.protocol_version}." in render(now)
+    assert "protocol version 0: a cell's documents seeded by its place" in render(old)
+    for exp, page in (("nope_length", "STUDY.md"), ("nope_layouts", "LAYOUTS.md"), ("sizes", "SIZES.md"),
+                      ("stage2", "STAGE2.md")):
+        results = Path(__file__).parents[2] / exp / "results"
+        summary = json.loads((results / "summary.json").read_text())
+        md = importlib.import_module(f"experiments.{exp}.analysis").render(summary)
+        assert md == (results / page).read_text(), f"{exp}/results/{page} is not render(summary.json)"
+        assert f"protocol version {summary.get('tasks_protocol_version', 0)}" in md
 
 
 # Each claim's condition pinned (issue 43): a change of any threshold, or of "every seed" into
