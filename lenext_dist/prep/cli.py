@@ -124,7 +124,7 @@ def shard_parser(prog: str = "lenext prep") -> argparse.ArgumentParser:
                         "<name>_valid, e.g. 0.01 (default 0: train only)")
     p.add_argument("--min-tokens", type=int, default=0, metavar="N",
                    help="keep only documents of at least N tokens (a long-context stage's shard, "
-                        "e.g. 32768; the rest counted as `short`; default 0: all)")
+                        "e.g. 8192; the rest counted as `short`; default 0: all)")
     p.add_argument("--skip-bad", action="store_true",
                    help="skip bad documents/files and count them in the manifest instead of stopping")
     # None: from the Slurm array's environment, read only then (shard_main)
