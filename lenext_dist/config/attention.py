@@ -4,7 +4,7 @@ it imports nothing from here, so these checks import it late)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal, Optional
+from typing import ClassVar, Literal, Optional
 
 from .checks import ConfigError, _check
 
@@ -206,6 +206,10 @@ class TemperatureConfig:
 @dataclass
 class AttentionConfig:
     """Attention variant (a registry entry, see lenext_dist/attention) and its softmax scale."""
+
+    KERNEL_FIELDS: ClassVar[tuple[str, ...]] = ("impl", "chunk_size", "sdpa_backends")
+    """The fields that choose how attention is computed (kernels, for a machine and a length),
+    never what: exports leave them behind and a stock form never depends on them."""
 
     position: str = "nope"
     """Position handling, a name in the attention registry: `nope`, `rope`, `alibi`, `kerple_log`,

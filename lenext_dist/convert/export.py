@@ -60,6 +60,18 @@ class ExportError(CheckpointError):
 # ------------------------------------------------------------------ reading checkpoints
 
 
+def checked_head_scales(t: Tensor, num_layers: int, num_heads: int, where: str = "") -> Tensor:
+    """Head scales given to an export (a tensor, or read by head_scales_from from `where`) as the
+    [layers, heads] fp32 CPU tensor it writes, or ExportError."""
+    t = t.detach().float().cpu()
+    if tuple(t.shape) != (num_layers, num_heads):
+        raise ExportError(f"{where}head scales have shape {tuple(t.shape)}, the model needs "
+                          f"[{num_layers}, {num_heads}]")
+    if not torch.isfinite(t).all() or (t <= 0).any():
+        raise ExportError(f"{where}head scales must be finite and > 0")
+    return t
+
+
 def head_scales_from(path: Union[str, Path], num_layers: int, num_heads: int) -> Tensor:
     """[layers, heads] fp32 from a checkpoint (folder or step_*; its learned head scales), a .pt
     file (a tensor, or a dict with 'head_scales') or a .json file (a list of lists)."""
@@ -80,27 +92,29 @@ def head_scales_from(path: Union[str, Path], num_layers: int, num_heads: int) ->
                               'JSON list [layers][heads] of numbers, or {"head_scales": that list}') from None
     elif p.suffix in (".pt", ".pth"):
         data = safe_load.load(p)
-        t = (data["head_scales"] if isinstance(data, dict) else data).float()
+        t = data.get("head_scales") if isinstance(data, dict) else data
+        if not isinstance(t, Tensor):
+            what = (f"a {type(data).__name__}" if not isinstance(data, dict) else
+                    f"its 'head_scales' is a {type(t).__name__}" if "head_scales" in data else
+                    f"a dict without 'head_scales' (keys: {', '.join(map(str, list(data)[:5]))})")
+            raise ExportError(f"{p}: not head scales ({what}); torch.save a tensor [layers, heads], "
+                              "or {'head_scales': that tensor}")
     else:
         raise ExportError(f"{p}: head scales must be a checkpoint folder, .json or .pt")
-    if tuple(t.shape) != (num_layers, num_heads):
-        raise ExportError(f"{p}: head scales have shape {tuple(t.shape)}, the model needs "
-                          f"[{num_layers}, {num_heads}]")
-    if not torch.isfinite(t).all() or (t <= 0).any():
-        raise ExportError(f"{p}: head scales must be finite and > 0")
-    return t
+    return checked_head_scales(t, num_layers, num_heads, f"{p}: ")
 
 
 _LAYER = re.compile(r"^decoder\.layers\.(\d+)\.")
 
 
-def qk_norm_keys(cfg, state: dict) -> list[str]:
+def qk_norm_keys(cfg, state, template: str = MEGATRON_QK_NORM) -> list[str]:
     """The learned QK-norm weights the run's config gives its layers (attention.qk_norm `rms`)
-    that `state` lacks (a norm left at its init would be exported silently otherwise)."""
+    that `state` lacks (a norm left at its init would be exported, or imported, silently
+    otherwise), named by `template` (megatron's keys, or keymap.HF_QK_NORM for an HF folder)."""
     from lenext_dist.attention.qknorm import LEARNED, layer_kinds
 
     kinds = layer_kinds(cfg.attention, cfg.model.num_layers)
-    want = [MEGATRON_QK_NORM.format(i=i, qk=qk) for i, kind in enumerate(kinds) if kind in LEARNED
+    want = [template.format(i=i, qk=qk) for i, kind in enumerate(kinds) if kind in LEARNED
             for qk in "qk"]
     return [k for k in want if k not in state]
 
@@ -206,11 +220,10 @@ def build_hf_config(cfg, *, scale_c: float, head_scale_source: str, tok: Optiona
 
     m, a = cfg.model, cfg.attention
     tok = tok or {}
-    # not the kernel training chose (attention.impl, chunk_size): the same function at any length,
-    # and `auto` picks for the length evaluated (sdpa_mask, fine at a training L, builds [h, s, s]:
-    # 256 GiB at 64K x 32 heads)
+    # not the kernels training chose: `auto` picks for the length evaluated (sdpa_mask, fine at a
+    # training L, builds [h, s, s]: 256 GiB at 64K x 32 heads), and whoever loads it for their GPU
     options = {k: v for k, v in dataclasses.asdict(a).items()
-               if k not in ("position", "rope", "scale_c", "head_scale", "impl", "chunk_size")}
+               if k not in ("position", "rope", "scale_c", "head_scale", *a.KERNEL_FIELDS)}
     return LenextConfig(
         architectures=["LenextForCausalLM"],
         auto_map={"AutoConfig": "configuration_lenext.LenextConfig",
@@ -283,11 +296,9 @@ def export(checkpoint: Union[str, Path], out: Union[str, Path], *, tag: Optional
 
     learned = HF_HEAD_SCALE.format(i=0) in hf_state
     if head_scales is not None:
-        scales = (head_scales.float() if isinstance(head_scales, Tensor)
+        scales = (checked_head_scales(head_scales, m.num_layers, m.num_attention_heads)
+                  if isinstance(head_scales, Tensor)
                   else head_scales_from(head_scales, m.num_layers, m.num_attention_heads))
-        if tuple(scales.shape) != (m.num_layers, m.num_attention_heads):
-            raise ExportError(f"head scales shape {tuple(scales.shape)} != "
-                              f"[{m.num_layers}, {m.num_attention_heads}]")
         hs_source, c = "file", float(cfg.attention.scale_c)
     elif scale_c is not None:
         scales = torch.full((m.num_layers, m.num_attention_heads), float(scale_c))
@@ -439,5 +450,5 @@ def verify(out: Union[str, Path], *, tokens: Optional[Tensor] = None, seed: int 
     return (a - b).abs().max().item()
 
 
-__all__ = ["ExportError", "export", "verify", "megatron_reference", "head_scales_from", "ship_code",
-           "write_attention_copy", "build_hf_config"]
+__all__ = ["ExportError", "export", "verify", "megatron_reference", "head_scales_from",
+           "checked_head_scales", "qk_norm_keys", "ship_code", "write_attention_copy", "build_hf_config"]

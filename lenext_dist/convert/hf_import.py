@@ -37,11 +37,12 @@ import yaml
 from lenext_dist.attention.names import HEAD_SCALE_KEY
 from lenext_dist.attention.temperature import LLAMA4_DEFAULTS
 from lenext_dist.checkpoint.layout import COMPLETE, CONFIG, LATEST, tag_for
-from lenext_dist.config import RopeConfig
+from lenext_dist.config import AttentionConfig, RopeConfig
 from lenext_dist.errors import CheckpointError
 
 from . import stock
-from .keymap import HF_HEAD_SCALE, HF_Q_PROJ, Shape, expected_shapes, hf_to_megatron
+from .export import qk_norm_keys
+from .keymap import HF_HEAD_SCALE, HF_Q_PROJ, HF_QK_NORM, Shape, expected_shapes, hf_to_megatron
 from .outdir import check_out, staged
 
 TOKENIZER_FILES = ("tokenizer.model", "tokenizer.json", "tokenizer_config.json",
@@ -181,9 +182,11 @@ def _llama4(c: dict, where: Path) -> Reading:
     specs = [("rope" if f else "nope", None,
               c.get("attention_chunk_size") if t == "chunked_attention" else None)
              for f, t in zip(flags, types)]
+    # transformers tunes the NoPE layers' temperature only (modeling_llama4: `not self.use_rope`),
+    # and has it on by default: without a NoPE layer it tunes nothing
     temp = ({"kind": "llama4", "layers": "nope",
              **{k: float(c.get(k, v)) for k, v in LLAMA4_DEFAULTS.items()}}
-            if c.get("attn_temperature_tuning", True) else {"kind": "none"})
+            if c.get("attn_temperature_tuning", True) and not all(flags) else {"kind": "none"})
     positions = [x for x, *_ in specs]
     model = {**m, "seq_length": L}
     theirs, ours = stock.LLAMA4_MLP[1], stock.LLAMA4_MLP[0]
@@ -211,11 +214,19 @@ def _qwen3(c: dict, where: Path) -> Reading:
 
 
 def _lenext(c: dict, where: Path) -> Reading:
-    """Our custom export: every attention option is in config.json (attention_options)."""
+    """Our custom export: every attention option is in config.json (attention_options) but the
+    head scales (_fold_head_scales); the kernel choices an older export kept there are left
+    behind (they were the training machine's)."""
     m = _common(c)
-    attn = {"position": c["position"], "rope": c["rope"], **(c.get("attention_options") or {})}
+    options = {k: v for k, v in (c.get("attention_options") or {}).items()
+               if k not in AttentionConfig.KERNEL_FIELDS}
+    attn = {"position": c["position"], "rope": c["rope"], **options}
+    if (options.get("temperature") or {}).get("kind") == "ssmax":
+        # SSMax's learned m_h are the export's head scales, folded into the weights: the head
+        # scale it needs starts at 1
+        attn["head_scale"] = {"enabled": True, "init": 1.0}
     model = {**m, "seq_length": int(c["train_length"])}
-    return Reading(model, attn, [])  # head scales: _fold_head_scales
+    return Reading(model, attn, [])
 
 
 READERS: dict[str, Callable[[dict, Path], Reading]] = {
@@ -373,14 +384,17 @@ def _as_transformers_reads(c: dict, f: Path) -> dict:
     what the class derives from the rest (Mistral's window of 4096, SmolLM3's windowed NoPE
     layers, YaRN's original length = max_position_embeddings, SmolLM3's tied embeddings), so the
     import computes what transformers would compute from the same folder."""
+    from huggingface_hub.errors import StrictDataclassError
     from transformers import CONFIG_MAPPING
 
     if c.get("model_type") not in CONFIG_MAPPING:
         return c
     try:
         full = CONFIG_MAPPING[c["model_type"]](**c).to_dict()
-    except (TypeError, ValueError, KeyError, AttributeError) as e:
-        raise _refuse(f, f"transformers cannot read it ({type(e).__name__}: {e})") from None
+    # StrictDataclassError: its config classes are strict dataclasses (a float for an int field)
+    except (TypeError, ValueError, KeyError, AttributeError, StrictDataclassError) as e:
+        said = " ".join(str(e).split())  # the strict dataclass's message spans lines
+        raise _refuse(f, f"transformers cannot read it ({type(e).__name__}: {said})") from None
     return {**full, "architectures": c.get("architectures")}
 
 
@@ -442,7 +456,8 @@ def import_hf(folder, out, *, overrides: list[str] = (), name: Optional[str] = N
         cfg = run_config(c, reading, tmp, name or folder.resolve().name, overrides)
         m = cfg.model
         shape = Shape.from_run_config(cfg)
-        why = _unknown_names(weights, shape, cfg.attention.qk_norm.kind == "rms")
+        why = (_unknown_names(weights, shape, cfg.attention.qk_norm.kind == "rms")
+               or _lacking_qk_norm(weights, cfg))
         if why:
             raise _refuse(folder, why)
         if arch == "LenextForCausalLM":  # learned/uniform scales: fold, keep scale_c = 1
@@ -474,6 +489,17 @@ def import_hf(folder, out, *, overrides: list[str] = (), name: Optional[str] = N
     return summary
 
 
+def _lacking_qk_norm(weights: LazyWeights, cfg) -> Optional[str]:
+    """The learned QK-norm weights the config gives its layers that the folder lacks (by name,
+    before a scale is folded into them): training would start from norms of 1."""
+    lacking = qk_norm_keys(cfg, weights, HF_QK_NORM)
+    if not lacking:
+        return None
+    more = f" (and {len(lacking) - 1} more)" if len(lacking) > 1 else ""
+    return (f"no weight for {lacking[0]}{more}: its config normalizes q and k with learned "
+            "weights (attention.qk_norm 'rms')")
+
+
 def _misfit(state: dict, m) -> Optional[str]:
     """What in the converted weights does not fit the config read from config.json (a weight
     missing, or of another shape), or None: found here rather than when training starts."""
@@ -498,11 +524,11 @@ def _relocated(cfg, tmp: Path, final: Path):
 
 
 def _fold_head_scales(weights: LazyWeights, cfg) -> None:
-    """Our custom export's per-head scales [h] per layer: a uniform c stays attention.scale_c;
-    anything else is folded as the stock export folds it (stock_weights): into q_norm.weight on a
-    layer with a learned QK-norm whose heads share one scale (the norm would undo a scaled
-    q_proj), else into q_proj's rows, with scale_c 1; what no weight can carry is refused."""
-    from .keymap import HF_QK_NORM
+    """Our custom export's per-head scales [h] per layer: a uniform c stays attention.scale_c
+    (unless the config has a head scale, SSMax's m_h, which starts at 1 instead); anything else
+    is folded as the stock export folds it (stock_weights): into q_norm.weight on a layer with a
+    learned QK-norm whose heads share one scale (the norm would undo a scaled q_proj), else into
+    q_proj's rows, with scale_c 1; what no weight can carry is refused."""
     from .stock_weights import fold_into_qk_norm
 
     m = cfg.model
@@ -512,7 +538,7 @@ def _fold_head_scales(weights: LazyWeights, cfg) -> None:
     scales = torch.stack([weights[k].float() for k in keys])  # [layers, heads]
     for k in keys:
         del weights.names[k]
-    if bool((scales == scales.flatten()[0]).all()):
+    if not cfg.attention.head_scale.enabled and bool((scales == scales.flatten()[0]).all()):
         cfg.attention.scale_c = float(scales.flatten()[0])
         return
     cfg.attention.scale_c = 1.0

@@ -278,8 +278,11 @@ def _glm_config(cfg, common: dict):
     a, m = cfg.attention, cfg.model
     params, common = with_scaling(cfg, common)
     common = {k: v for k, v in common.items() if k != "mlp_bias"}  # GLM has no such field
-    return GlmConfig(**common, head_dim=m.head_dim,
-                     rope_parameters={**params, "partial_rotary_factor": float(a.rope.fraction)})
+    config = GlmConfig(**common, head_dim=m.head_dim,
+                       rope_parameters={**params, "partial_rotary_factor": float(a.rope.fraction)})
+    # its __post_init__ puts GLM's own eos ids (151329, ...: outside a small vocabulary) for a None
+    config.eos_token_id = common["eos_token_id"]
+    return config
 
 
 _LLAMA4 = StockForm("Llama4ForCausalLM", _llama4_config, _llama4_refuse, claims=_llama4_claims,
@@ -309,9 +312,10 @@ def stock_form(cfg) -> Optional[StockForm]:
     return next((f for f in forms if f.claims(cfg)), None)
 
 
-_INFERENCE_IRRELEVANT = ("impl", "chunk_size", "kerple", "sandwich", "xpos")
-"""Attention fields that do not change the function of a NoPE/RoPE model: kernel choices, and
-the option sections of variants that have no stock form (refused by name first)."""
+_INFERENCE_IRRELEVANT = ("kerple", "sandwich", "xpos")
+"""Attention fields that do not change the function of a NoPE/RoPE model besides the kernel
+choices (AttentionConfig.KERNEL_FIELDS): the option sections of variants that have no stock form
+(refused by name first)."""
 _HANDLED = ("position", "scale_c", "head_scale", "rope", "window", "chunked", "temperature",
             "layout", "qk_norm")
 
@@ -342,7 +346,7 @@ def refusal(cfg) -> Optional[str]:
         return why + hint
     default = AttentionConfig(position=a.position)
     for f in dataclasses.fields(a):
-        if f.name in _HANDLED + _INFERENCE_IRRELEVANT:
+        if f.name in _HANDLED + _INFERENCE_IRRELEVANT + AttentionConfig.KERNEL_FIELDS:
             continue
         if getattr(a, f.name) != getattr(default, f.name):
             return (f"attention.{f.name}={getattr(a, f.name)!r} is not known to have a stock "

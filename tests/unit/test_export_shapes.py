@@ -125,12 +125,16 @@ def test_a_bad_export_flag_is_refused_before_anything_is_written(step_dir, tmp_p
     ({"scale_c": float("inf")}, "scale_c must be finite and > 0, got inf"),
     ({"scale_c": float("nan")}, "scale_c must be finite and > 0, got nan"),
     ({"tag": ""}, "tag is empty"),
+    # head scales handed over as a tensor get the checks of a file's
+    ({"head_scales": torch.full((2, 4), float("nan"))}, "head scales must be finite and > 0"),
+    ({"head_scales": torch.zeros(2, 4)}, "head scales must be finite and > 0"),
+    ({"head_scales": torch.ones(4, 2)}, r"head scales have shape \(4, 2\), the model needs \[2, 4\]"),
 ])
 def test_export_in_code_refuses_what_the_flags_refuse(step_dir, tmp_path, kwargs, says):
     from lenext_dist.convert.export import ExportError, export
 
     with pytest.raises(ExportError, match=says):
-        export(step_dir.parent, tmp_path / "hf", tokenizer="", **kwargs)
+        export(step_dir, tmp_path / "hf", tokenizer="", **kwargs)
     assert not (tmp_path / "hf").exists()
 
 

@@ -68,6 +68,8 @@ CASES = {
         layer_types=["sliding_attention"] * 3 + ["full_attention"]),
     "llama4-irope": lambda: _llama4(),
     "llama4-qk-norm": lambda: _llama4(use_qk_norm=True),  # its real layout: L2 on the RoPE layers
+    # temperature tuning on (transformers' default) scales NoPE layers only: here none
+    "llama4-all-rope": lambda: _llama4(no_rope_layers=[1, 1, 1, 1]),
     "qwen3-qk-norm": lambda: _qwen3(),
 }
 
@@ -128,8 +130,12 @@ def test_import_equals_transformers_and_round_trips(case, tmp_path, megatron_1ra
 
 def test_custom_export_imports_with_its_head_scales(tmp_path, megatron_1rank):
     """Our custom export (learned per-head scales, a window): imported with the scales folded
-    into q_proj equals its logits; a uniform c comes back as attention.scale_c, bit for bit."""
+    into q_proj equals its logits; a uniform c comes back as attention.scale_c, bit for bit. The
+    kernel choices an older export carried in attention_options (sdpa_backends: the GPU kernels
+    of the machine it trained on) are left behind."""
     from transformers import AutoModelForCausalLM
+
+    from lenext_dist.checkpoint.layout import run_config
 
     hf_dir = tmp_path / "hf"
     make_hf(hf_dir, _smollm3(no_rope_layers=[0, 0, 0, 0], use_sliding_window=True,
@@ -139,7 +145,12 @@ def test_custom_export_imports_with_its_head_scales(tmp_path, megatron_1rank):
     for name, kw in (("learned", {"head_scales": scales}), ("uniform", {"scale_c": 1.25})):
         custom = tmp_path / f"custom-{name}"
         export(tmp_path / "run" / "checkpoints", custom, tokenizer="", **kw)
+        c = json.loads((custom / "config.json").read_text())
+        c["attention_options"].update(impl="sdpa_mask", chunk_size=64, sdpa_backends=["cudnn", "flash"])
+        (custom / "config.json").write_text(json.dumps(c))
         import_hf(custom, tmp_path / f"run-{name}")
+        a = run_config(tmp_path / f"run-{name}" / "checkpoints" / "step_0000000").attention
+        assert (a.impl, a.chunk_size, a.sdpa_backends) == ("auto", 256, [])
         hf = AutoModelForCausalLM.from_pretrained(custom, trust_remote_code=True,
                                                   dtype=torch.float32).eval()
         logits_equal(hf, tmp_path / f"run-{name}" / "checkpoints" / "step_0000000")
@@ -168,6 +179,43 @@ def test_custom_export_with_qk_norm_folds_its_scales_into_q_norm_or_refuses(tmp_
     with pytest.raises(ImportRefused, match=r"layer 0's head scales .* one q_norm weight shared by the heads"):
         import_hf(tmp_path / "custom-heads", tmp_path / "run-heads")
     assert not (tmp_path / "run-heads").exists()
+
+    # a q_norm weight lost from the export (the scale of its layer goes there): named, no KeyError
+    from safetensors.torch import load_file, save_file
+    state = load_file(custom / "model.safetensors")
+    save_file({k: v for k, v in state.items() if k != "model.layers.1.self_attn.q_norm.weight"},
+              custom / "model.safetensors")
+    with pytest.raises(ImportRefused, match=r"no weight for model.layers.1.self_attn.q_norm.weight") as e:
+        import_hf(custom, tmp_path / "run-lost")
+    assert "\n" not in str(e.value) and not (tmp_path / "run-lost").exists()
+
+
+SSMAX = ["attention.temperature.kind=ssmax", "attention.head_scale.enabled=true"]
+
+
+def test_custom_export_of_ssmax_imports_with_its_scales_folded(tmp_path, megatron_1rank):
+    """SSMax's learned m_h are the head scales of the custom export, which leaves head_scale out
+    of attention_options (its import was refused: ssmax needs head_scale): imported with
+    head_scale enabled at m_h = 1 and the scales (per head, or a uniform c) folded into q_proj,
+    it equals the export's logits."""
+    from transformers import AutoModelForCausalLM
+
+    from lenext_dist.checkpoint.layout import run_config
+
+    make_hf(tmp_path / "hf", _smollm3(no_rope_layers=[1, 0, 1, 0]))
+    import_hf(tmp_path / "hf", tmp_path / "run", overrides=SSMAX)
+    scales = 0.8 + torch.rand(4, 4, generator=torch.Generator().manual_seed(3))
+    for name, kw in (("learned", {"head_scales": scales}), ("uniform", {"scale_c": 1.25})):
+        custom = tmp_path / f"custom-{name}"
+        export(tmp_path / "run" / "checkpoints", custom, tokenizer="", **kw)
+        import_hf(custom, tmp_path / f"run-{name}")
+        step = tmp_path / f"run-{name}" / "checkpoints" / "step_0000000"
+        cfg = run_config(step)
+        assert cfg.attention.temperature.kind == "ssmax" and cfg.attention.head_scale.enabled
+        assert cfg.head_scale_init == 1.0
+        hf = AutoModelForCausalLM.from_pretrained(custom, trust_remote_code=True,
+                                                  dtype=torch.float32).eval()
+        logits_equal(hf, step)
 
 
 LACKING = {  # a config.json without a key transformers has a default for, or derives
@@ -238,6 +286,23 @@ def test_refused_by_name_before_any_weight(case, tmp_path):
     assert named in msg and "\n" not in msg and not (tmp_path / "run").exists(), msg
 
 
+@pytest.mark.parametrize("field,value", [("num_key_value_heads", 8.0), ("hidden_size", "2048")])
+def test_a_wrongly_typed_field_is_refused_in_one_line(tmp_path, field, value):
+    """transformers' config classes are strict dataclasses: a float where an int belongs, or a
+    string, raised huggingface_hub's StrictDataclassFieldValidationError (a traceback)."""
+    hf_dir = tmp_path / "hf"
+    hf_dir.mkdir()
+    cfg = _llama()
+    cfg.architectures = ["LlamaForCausalLM"]
+    cfg.save_pretrained(hf_dir)
+    c = json.loads((hf_dir / "config.json").read_text())
+    (hf_dir / "config.json").write_text(json.dumps({**c, field: value}))
+    with pytest.raises(ImportRefused, match=rf"config.json: cannot import: transformers cannot read "
+                                            rf"it .*'{field}' .*; nothing written$") as e:
+        import_hf(hf_dir, tmp_path / "run")
+    assert "\n" not in str(e.value) and not (tmp_path / "run").exists()
+
+
 def test_refuses_pickles_unknown_architectures_and_unknown_weights(tmp_path):
     hf_dir = tmp_path / "hf"
     make_hf(hf_dir, _llama())
@@ -298,6 +363,14 @@ def test_a_partial_or_mismatched_folder_is_named_before_anything_is_written(tmp_
     save_file(state, st)
     (one / "config.json").write_text(json.dumps({**cfg, "vocab_size": 300}))
     refused(one, r"embedding.word_embeddings.weight has shape \(256, 64\), but config.json gives \(300, 64\)")
+
+    # Qwen3 without its q_norm / k_norm (the config announces them): it trained from norms of 1
+    qwen = tmp_path / "qwen"
+    make_hf(qwen, _qwen3())
+    state = load_file(qwen / "model.safetensors")
+    save_file({k: v for k, v in state.items() if not k.endswith(("q_norm.weight", "k_norm.weight"))},
+              qwen / "model.safetensors")
+    refused(qwen, r"no weight for model.layers.0.self_attn.q_norm.weight \(and 7 more\)")
 
     (one / "config.json").write_text(json.dumps(cfg))
     (tmp_path / "taken").mkdir()

@@ -287,13 +287,15 @@ def test_every_registered_variant_converts_exactly(megatron_1rank, position):
 def test_an_export_leaves_the_training_kernel_behind():
     """attention.impl / chunk_size chose training's kernel at its length; carried into the export
     they ran every evaluation with it (sdpa_mask: an [h, s, s] mask, 256 GiB at 64K x 32 heads),
-    while `auto` picks for the length evaluated. The function is the same either way."""
+    while `auto` picks for the length evaluated; sdpa_backends, the training machine's GPU
+    kernels, reached an import of the export. The function is the same either way."""
     from lenext_dist.convert.export import build_hf_config
 
     cfg = RunConfig(model=ModelConfig(num_layers=2, hidden_size=64, num_attention_heads=4,
                                       num_query_groups=2, ffn_hidden_size=96, vocab_size=97, seq_length=16),
-                    attention=AttentionConfig(position="alibi", impl="sdpa_mask", chunk_size=64, window=8))
+                    attention=AttentionConfig(position="alibi", impl="sdpa_mask", chunk_size=64, window=8,
+                                              sdpa_backends=["cudnn", "flash"]))
     hf = build_hf_config(cfg, scale_c=1.0, head_scale_source="uniform", tok=None, source={}, dtype="float32")
     assert hf.attention_options["window"] == 8
-    assert "impl" not in hf.attention_options and "chunk_size" not in hf.attention_options
+    assert not {"impl", "chunk_size", "sdpa_backends"} & set(hf.attention_options), hf.attention_options
     assert LenextForCausalLM(hf).model.layers[0].self_attn.position.impl == "auto"

@@ -78,6 +78,15 @@ def test_verify_stock_against_megatron(exports, name):
     assert verify(exports[name][1], tokens=x) <= 1e-4
 
 
+def test_a_glm_export_without_a_tokenizer_keeps_its_token_ids_unset(exports, tmp_path):
+    """GlmConfig puts GLM's own eos ids (151329, ...) in place of a None: ids outside this
+    vocabulary of 4096 in config.json and generation_config.json. None, as the other forms."""
+    export(exports["glm_partial"][0], tmp_path / "glm", fmt="stock", tokenizer="")
+    for f in ("config.json", "generation_config.json"):
+        c = json.loads((tmp_path / "glm" / f).read_text())
+        assert [c.get(f"{k}_token_id") for k in ("bos", "eos", "pad")] == [None] * 3, (f, c)
+
+
 def test_llama4_without_its_qk_norm_is_another_function(exports, tmp_path):
     """The stock Llama 4 export's use_qk_norm is the trained one: forcing it off changes the
     logits (so the flag is not decorative)."""

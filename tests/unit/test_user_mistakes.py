@@ -238,6 +238,21 @@ def test_head_scales_that_are_not_numbers_are_an_export_error(content, says, tmp
         head_scales_from(tmp_path / "hs.json", 1, 1)
 
 
+@pytest.mark.parametrize("content, says", [({"scales": [[1.0]]}, "a dict without 'head_scales'"),
+                                           ([[1.0]], "a list"),
+                                           ({"head_scales": [[1.0]]}, "its 'head_scales' is a list")])
+def test_a_head_scales_pt_that_holds_no_tensor_is_an_export_error(content, says, tmp_path):
+    """A .pt of a dict without head_scales, or of a list, raised KeyError / AttributeError."""
+    import torch
+
+    from lenext_dist.convert.export import ExportError, head_scales_from
+
+    torch.save(content, tmp_path / "hs.pt")
+    with pytest.raises(ExportError, match=f"hs.pt: not head scales \\({says}") as e:
+        head_scales_from(tmp_path / "hs.pt", 1, 1)
+    assert "\n" not in str(e.value)
+
+
 def test_eval_with_a_damaged_tokenizer_config_names_it(hf, tmp_path, capsys):
     model = _copy(hf, tmp_path)
     (model / "tokenizer_config.json").write_bytes(GARBAGE)  # read for add_bos_token
