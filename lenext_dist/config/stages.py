@@ -16,14 +16,17 @@ sets it changes the tokens per step, and the header, the log and the dry run say
 LR schedule: a pure function of the optimizer step over train.steps (train/optim.py), so it
 runs on across boundaries untouched.
 
-Data order (the rule, exact across and inside stages, at any world size): stage k reads its own
-megatron GPTDataset at its sequence length S_k and blend, sized as a whole run at those settings
-would be (T x G_k samples), and optimizer step t reads its samples [t x G_k, (t + 1) x G_k) — the
-samples a run at stage k's settings would read at step t. The offset is thus derived from the
-step alone (the samples stage k skips, [0, s_k x G_k), are never read at that length), so a
-resume anywhere needs only the step, and stage k equals "stop at s_k and resume the run with
-stage k's settings" (tests/distributed/test_stages_train.py checks exactly that). The checkpoint's
-consumed_samples counts the samples actually read, summed over the stages.
+Data order (the rule, exact across and inside stages, at any world size): stage k reads a megatron
+GPTDataset of its own, at its sequence length S_k and blend, sized for its own steps ((e_k - s_k) x
+G_k samples, e_k the next stage's start or T), and optimizer step t reads its samples
+[(t - s_k) x G_k, (t - s_k + 1) x G_k): a stage reads its blend from the start, as a run of its
+steps alone would, so no sample is read twice while the blend holds the stage's samples. (A dataset
+sized for the whole run, T x G_k, and read from s_k x G_k, the earlier rule, draws the stage's samples
+from megatron's shuffle of several epochs as soon as the blend holds fewer than T x G_k samples: a
+long-document blend of a late stage repeated some samples and never showed others;
+tests/unit/test_stages_data.py.) The offset derives from the step alone, so a resume anywhere
+needs only the step; a run without stages is the one stage [0, T), read as always. The
+checkpoint's consumed_samples counts the samples actually read, summed over the stages.
 
 Boundaries: the loop saves a checkpoint at every s_k and builds the next stage's model, data and
 engine from it in the same process (weights, optimizer state and RNG carried by the ordinary

@@ -5,7 +5,9 @@ global sample `n` is read by index, so a run that has consumed `n` samples conti
 Batch layout: optimizer step t owns the global samples [t*G, (t+1)*G), G = global batch; inside
 it, micro-batch m of data-parallel rank r reads [t*G + (m*W + r)*B, ... + B) (B = micro batch, W =
 world size). Any world size with the same G therefore sees the same samples in each step, which is
-what makes loss curves comparable across rank counts and resumable at another rank count.
+what makes loss curves comparable across rank counts and resumable at another rank count. A
+length stage of train.stages has a dataset of its own, sized for its steps, and counts t from its
+first step (config/stages.py).
 
 BOS (`data.bos`): added when samples are built, not in the shards. `BosDocuments` shows megatron
 each shard document as [BOS] + tokens (its sequence lengths + 1), so GPTDataset packs, shuffles and
@@ -271,18 +273,35 @@ def _blend(items: list[BlendItem]) -> Optional[tuple[list[str], Optional[list[fl
     return [i.prefix for i in items], ([i.weight for i in items] if len(items) > 1 else None)
 
 
-def build_datasets(cfg: RunConfig, world_size: int, record: bool = False):
-    """(train, valid or None) megatron datasets sized for the whole run; call on every rank.
-    `record` (rank 0 of a run): write <run_dir>/data_inputs.json, the blends and the sha256 of
-    the answer masks read."""
+def check_shards(d, blend_key: str = "data.blend") -> dict[str, dict]:
+    """What megatron would fail on, or train wrongly on, in the shards of the data config `d`
+    (data.blend, data.valid_blend; `blend_key` names the blend in errors, e.g. a stage's): each
+    shard whole, and under data.task_loss 'answers' each answer mask (_check_answers) and at
+    least one. Returns {mask prefix: sha256 of its .bin and .idx} (empty without answers)."""
+    if not d.blend:
+        raise ConfigError(f"{blend_key}: no training shards configured")
+    check_prefixes(d.blend, blend_key)
+    check_prefixes(d.valid_blend, "data.valid_blend")
+    if d.task_loss != "answers":
+        return {}
+    masks = {**_check_answers(d.blend, blend_key), **_check_answers(d.valid_blend, "data.valid_blend")}
+    if not any(answers_prefix(b.prefix) in masks for b in d.blend):
+        raise ConfigError(f"data.task_loss: 'answers', but no shard of {blend_key} has an answer mask "
+                          f"beside it (<prefix>{ANSWERS_SUFFIX}.bin/.idx, written by `lenext prep "
+                          "--format tasks`): remake the task shards (`make task-shards`) or set 'all'")
+    return masks
+
+
+def build_datasets(cfg: RunConfig, world_size: int, record: bool = False, steps: Optional[int] = None):
+    """(train, valid or None) megatron datasets, the training one sized for `steps` optimizer steps
+    (default train.steps: the whole run; a length stage: its own steps, config/stages.py); call on
+    every rank. `record` (rank 0 of a run): write <run_dir>/data_inputs.json, the blends and the
+    sha256 of the answer masks read."""
     from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
     from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
 
     d, t = cfg.data, cfg.train
-    if not d.blend:
-        raise ConfigError("data.blend: no training shards configured")
-    check_prefixes(d.blend, "data.blend")
-    check_prefixes(d.valid_blend, "data.valid_blend")
+    masks = check_shards(d)
     tok = ShardTokenizer.from_sentencepiece(d.tokenizer, bos=d.bos)
     if tok.vocab_size > cfg.model.vocab_size:
         raise ConfigError(f"model.vocab_size: {cfg.model.vocab_size} < tokenizer vocabulary "
@@ -302,14 +321,8 @@ def build_datasets(cfg: RunConfig, world_size: int, record: bool = False):
         create_attention_mask=False,  # causal masking happens inside attention (4x-20x faster)
         mid_level_dataset_surplus=0.05,
     )
-    sizes = [t.steps * t.global_batch_size, valid_samples, None]
+    sizes = [(t.steps if steps is None else steps) * t.global_batch_size, valid_samples, None]
     answer_loss = d.task_loss == "answers"
-    masks = ({**_check_answers(d.blend, "data.blend"), **_check_answers(d.valid_blend, "data.valid_blend")}
-             if answer_loss else {})
-    if answer_loss and not any(answers_prefix(b.prefix) in masks for b in d.blend):
-        raise ConfigError("data.task_loss: 'answers', but no shard of data.blend has an answer mask "
-                          f"beside it (<prefix>{ANSWERS_SUFFIX}.bin/.idx, written by `lenext prep "
-                          "--format tasks`): remake the task shards (`make task-shards`) or set 'all'")
     # plain runs: megatron's own class (its name is part of the sample-index cache names)
     cls = _gpt_dataset_class(answer_loss) if d.bos or answer_loss else GPTDataset
     try:  # megatron's own failure to write there is a bare Exception (a traceback)
@@ -374,16 +387,20 @@ def collate(dataset, indices, document_mask: bool = False) -> dict[str, torch.Te
 
 
 class StepBatches(torch.utils.data.Dataset):
-    """Item i: this rank's list of micro-batches of optimizer step `start_step` + i."""
+    """Item i: this rank's list of micro-batches of optimizer step `start_step` + i, up to the end
+    of `span` (the steps [first, end) whose samples `dataset` holds: step t reads its samples
+    [(t - first) G, (t - first + 1) G); default the whole run)."""
 
-    def __init__(self, dataset, cfg: RunConfig, rank: int, world: int, start_step: int):
+    def __init__(self, dataset, cfg: RunConfig, rank: int, world: int, start_step: int,
+                 span: Optional[tuple[int, int]] = None):
         self.dataset, self.cfg, self.rank, self.world, self.start = dataset, cfg, rank, world, start_step
+        self.first, self.end = span or (0, cfg.train.steps)
 
     def __len__(self) -> int:
-        return max(0, self.cfg.train.steps - self.start)
+        return max(0, self.end - self.start)
 
     def __getitem__(self, i: int) -> list[dict[str, torch.Tensor]]:
-        t, step = self.cfg.train, self.start + i
+        t, step = self.cfg.train, self.start + i - self.first
         return [collate(self.dataset, sample_indices(step, m, self.rank, self.world, t.micro_batch_size,
                                                      t.global_batch_size), self.cfg.data.document_mask)
                 for m in range(t.accum_steps(self.world))]
@@ -403,11 +420,12 @@ def _worker_init(_worker_id: int) -> None:
         signal.signal(s, signal.SIG_IGN)
 
 
-def train_batches(dataset, cfg: RunConfig, rank: int, world: int, start_step: int, workers: int = 0
-                  ) -> Iterator[list[dict[str, torch.Tensor]]]:
-    """Yield, per optimizer step from `start_step`, this rank's list of micro-batches; `workers` > 0
-    builds them in that many processes ahead of the step that takes them (in order, two each)."""
-    steps = StepBatches(dataset, cfg, rank, world, start_step)
+def train_batches(dataset, cfg: RunConfig, rank: int, world: int, start_step: int, workers: int = 0,
+                  span: Optional[tuple[int, int]] = None) -> Iterator[list[dict[str, torch.Tensor]]]:
+    """Yield, per optimizer step from `start_step` to the end of `span` (StepBatches), this rank's
+    list of micro-batches; `workers` > 0 builds them in that many processes ahead of the step that
+    takes them (in order, two each)."""
+    steps = StepBatches(dataset, cfg, rank, world, start_step, span)
     if not workers:
         return (steps[i] for i in range(len(steps)))
     # fork: the workers inherit the dataset (megatron's, over memory-mapped shards) as it is;

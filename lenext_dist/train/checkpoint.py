@@ -30,7 +30,7 @@ from lenext_dist.checkpoint.layout import (COMPLETE, CONFIG, LATEST, latest_tag_
                                            tag_for)
 from lenext_dist.checkpoint.safe_load import weights_only_loads
 from lenext_dist.checkpoint.weights import read_weights, unreadable
-from lenext_dist.config import RunConfig, save_config, stages, to_dict
+from lenext_dist.config import AttentionConfig, RunConfig, save_config, stages, to_dict
 from lenext_dist.errors import CheckpointError
 from lenext_dist.model.megatron_env import on_cpu
 
@@ -147,15 +147,19 @@ def _no_space(engine, root: Path, tag: str, e: Exception, full: bool) -> str:
 
 
 def _retire(root: Path, tag: str) -> None:
-    """Unmark `tag` before it is overwritten; if `latest` names it, move `latest` to the newest other
-    complete step first (or remove it), so a kill during the save never leaves `latest` on a partial."""
+    """Clear `tag` before it is written again; if `latest` names it, move `latest` to the newest other
+    complete step first (or remove it), so a kill during the save never leaves `latest` on a partial.
+    The folder goes whole, not only its COMPLETE: an unfinished save at another rank count leaves
+    partitions this one does not overwrite, and they would make the step look saved by that many
+    ranks (reshard.saved_dp_size) and its resume fail."""
     if latest_tag_name(root) == tag:
         others = sorted(p.name for p in root.glob("step_*") if p.name != tag and (p / COMPLETE).exists())
         if others:
             _atomic_write(root / LATEST, others[-1] + "\n")
         else:
             (root / LATEST).unlink()
-    (root / tag / COMPLETE).unlink(missing_ok=True)
+    (root / tag / COMPLETE).unlink(missing_ok=True)  # first: a kill inside rmtree leaves no marker
+    shutil.rmtree(root / tag, ignore_errors=True)
 
 
 def _prune(root: Path, keep: int, newest: str) -> None:
@@ -175,8 +179,9 @@ _MODEL_KEYS = ("model", "attention", "train.mode")
 _DATA_KEYS = ("data.blend", "data.seed", "train.global_batch_size", "train.steps", "model.seq_length",
               "data.bos", "data.document_mask", "data.task_loss",  # what the samples / loss mask are
               "train.stages")  # the plan (each stage's model is compared alone, in check_resume)
-_FREE_KEYS = ("model.name", "model.init_method_std", "attention.impl", "attention.chunk_size")
-"""Same network either way: a label, the initialization, the kernel choice."""
+_FREE_KEYS = ("model.name", "model.init_method_std", *(f"attention.{k}" for k in AttentionConfig.KERNEL_FIELDS))
+"""Same network either way: a label, the initialization, the kernel choices (a resume on another
+machine may pick its own)."""
 
 
 def _flat(d: dict, prefix: str = "") -> dict:
@@ -205,6 +210,12 @@ def check_resume(cfg: RunConfig, step_dir: str | os.PathLike) -> list[str]:
             f"keys (model.train_length: null means model.seq_length; set it to the old L) to resume it, "
             f"or start a new run (another run_dir, or checkpoint.start_over=true to move this one "
             f"aside; checkpoint.init_from={step_dir} starts it from these weights)")
+    if cfg.parallel.zero_stage != old.parallel.zero_stage:  # DeepSpeed would fail inside its load
+        raise CheckpointError(
+            f"{step_dir} holds the optimizer state of ZeRO-{old.parallel.zero_stage}; this run has "
+            f"parallel.zero_stage={cfg.parallel.zero_stage}: resume with parallel.zero_stage="
+            f"{old.parallel.zero_stage}, or start a new run from its weights "
+            f"(checkpoint.init_from={step_dir}; the optimizer state starts afresh)")
     now, then = _flat(to_dict(cfg)), _flat(to_dict(old))
     return [f"{k}: {then.get(k)!r} -> {now.get(k)!r}" for k in _changed(now, then) if _under(k, _DATA_KEYS)]
 

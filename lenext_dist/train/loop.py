@@ -21,7 +21,7 @@ import torch.distributed as dist
 
 from lenext_dist.checkpoint.layout import CONFIG, latest_tag, latest_tag_name, step_of
 from lenext_dist.config import ConfigError, RunConfig, deepspeed_config, save_config, stages, to_dict
-from lenext_dist.data.gpt_data import (build_datasets, check_prefixes, loader_workers, train_batches,
+from lenext_dist.data.gpt_data import (build_datasets, check_shards, loader_workers, train_batches,
                                        valid_batches)
 from lenext_dist.errors import UserError
 from lenext_dist.model import ulysses
@@ -168,7 +168,7 @@ def _check_later_stages(cfg: RunConfig, first: int, world: int) -> None:
         except ConfigError as e:
             raise ConfigError(f"{where}: {e}") from None
         if cfg.train.stages[k - 1].blend:
-            check_prefixes(s.data.blend, f"{where}.blend")
+            check_shards(s.data, f"{where}.blend")
 
 
 def _resume_step(cfg: RunConfig) -> int:
@@ -213,6 +213,11 @@ class _Run:
     stage: int  # the stage `cfg` is of (0 without train.stages)
 
     @property
+    def span(self) -> tuple[int, int]:
+        """The optimizer steps [first, end) of the stage: the steps train_ds holds samples for."""
+        return stages.bounds(self.base)[self.stage]
+
+    @property
     def trainable_scales(self) -> bool:
         hs = self.cfg.attention.head_scale
         return hs.enabled and hs.trainable
@@ -231,7 +236,8 @@ def _set_up(cfg: RunConfig, rank: int, world: int, base: RunConfig, stage: int, 
     dp_rank, dp = ulysses.data_parallel(rank, world)  # every rank of a group reads the same samples
     accum = cfg.train.accum_steps(dp)  # raises on batch sizes that do not divide
     ds_config = deepspeed_config(cfg, dp)
-    train_ds, valid_ds = build_datasets(cfg, dp, record=rank == 0)  # bad shards fail here, before the model
+    first, end = stages.bounds(base)[stage]  # a stage reads a dataset of its own steps (config/stages.py)
+    train_ds, valid_ds = build_datasets(cfg, dp, record=rank == 0, steps=end - first)  # bad shards fail here
     device = get_accelerator().current_device_name()
     init_megatron(cfg.train.seed)
     model = build_model(cfg)
@@ -298,7 +304,8 @@ def _step_loop(run: _Run, stop: StopSignal, step: int, consumed: int,
     loss_sum, n_loss = 0.0, 0  # the mean loss over the steps since the last log line
     bad_steps = 0  # consecutive non-finite steps
     micro_step = _micro_steps(run)
-    batches = train_batches(run.train_ds, cfg, run.dp_rank, run.dp, step, loader_workers(cfg, device))
+    batches = train_batches(run.train_ds, cfg, run.dp_rank, run.dp, step, loader_workers(cfg, device),
+                            span=run.span)
     while step < end:
         t0 = time.perf_counter()
         micro_batches = next(batches)

@@ -87,7 +87,10 @@ def load_resharded(engine, step_dir: Path) -> dict:
         _, client = engine.load_checkpoint(str(step_dir.parent), tag=step_dir.name,
                                            load_module_only=True, load_optimizer_states=False,
                                            load_lr_scheduler_states=False)
-        saved = [torch.load(f, map_location="cpu", weights_only=True)[OPTIMIZER_STATE_DICT]
+        # memory-mapped: every rank reads every partition (its own piece is cut from their
+        # concatenation below); the ranks of a node then share one page-cached copy of the files
+        # (1.1B params: ~13 GB of fp32 masters and Adam moments) instead of each holding its own
+        saved = [torch.load(f, map_location="cpu", weights_only=True, mmap=True)[OPTIMIZER_STATE_DICT]
                  for f in optim_files(step_dir)]
     opt = engine.optimizer
     group = opt.dp_process_group

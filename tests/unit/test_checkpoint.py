@@ -37,6 +37,7 @@ class CrashingEngine:
     """Dies inside DeepSpeed's save after writing part of the step (as kill -9 would)."""
 
     def save_checkpoint(self, root, tag, client_state, save_latest):
+        (checkpoint.Path(root) / tag).mkdir(parents=True, exist_ok=True)  # as DeepSpeed makes it
         (checkpoint.Path(root) / tag / "mp_rank_00_model_states.pt").write_bytes(b"partial")
         raise KeyboardInterrupt
 
@@ -103,18 +104,35 @@ def test_a_crash_while_overwriting_the_step_latest_names_moves_latest_back(tmp_p
     assert latest_tag(tmp_path) is None
 
 
+def test_a_step_saved_again_keeps_nothing_of_its_unfinished_earlier_save(tmp_path, one_rank):
+    """A save of step 100 killed on 4 ranks left rank 3's partition; saved again by fewer ranks,
+    the step must not keep it (reshard.saved_dp_size would count 4 and its resume fail)."""
+    from lenext_dist.train.reshard import saved_dp_size
+
+    cfg = load_config(None, [f"checkpoint.dir={tmp_path}"])
+    stale = tmp_path / tag_for(100) / "zero_pp_rank_3_mp_rank_00_optim_states.pt"
+    stale.parent.mkdir(parents=True)
+    stale.write_bytes(b"partial")
+    assert saved_dp_size(stale.parent) == 1
+    checkpoint.save(SavingEngine(), cfg, 100, 400)
+    assert sorted(p.name for p in stale.parent.iterdir()) == [COMPLETE, "config.yaml", "mp_rank_00_model_states.pt"]
+    assert saved_dp_size(stale.parent) == 0 and latest_tag(tmp_path) == tag_for(100)
+
+
 def test_resume_refuses_another_model_and_reports_another_data_order(tmp_path):
     step = tmp_path / tag_for(10)
     step.mkdir()
     save_config(load_config(None, []), step / "config.yaml")
-    assert checkpoint.check_resume(load_config(None, ["attention.impl=eager", "optim.lr=0.1"]), step) == []
+    kernels = ["attention.impl=eager", "attention.chunk_size=64", "attention.sdpa_backends=[flash]"]
+    assert checkpoint.check_resume(load_config(None, kernels + ["optim.lr=0.1"]), step) == []
     headscale = ["train.mode=headscale", "checkpoint.init_from=x", "attention.head_scale.enabled=true",
                  "attention.head_scale.trainable=true"]
     for key, overrides in (("attention.position", ["attention.position=rope"]),
                            ("model.num_layers", ["model.num_layers=3"]),
                            ("model.train_length", ["model.seq_length=256"]),
                            ("train.mode", headscale),
-                           ("attention.head_scale.enabled", headscale[2:3])):
+                           ("attention.head_scale.enabled", headscale[2:3]),
+                           ("parallel.zero_stage", ["parallel.zero_stage=3"])):
         with pytest.raises(CheckpointError, match=key.replace(".", r"\.")):
             checkpoint.check_resume(load_config(None, overrides), step)
     notes = checkpoint.check_resume(load_config(None, ["data.seed=7", "train.steps=99",

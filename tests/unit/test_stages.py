@@ -122,6 +122,22 @@ def test_a_later_stage_that_cannot_run_is_refused_before_stage_0_trains(tmp_path
     assert re.search(key, str(e.value)) and "\n" not in str(e.value), str(e.value)
 
 
+def test_a_later_stage_shard_without_its_answer_mask_is_refused_before_stage_0_trains(tmp_path):
+    """data.task_loss 'answers': a stage's shard that has no answer mask and no manifest saying it
+    is text (a task shard copied without its mask) is named before the run trains, as data.blend's
+    is (data/gpt_data.py check_shards), not at the boundary."""
+    from helpers import tiny_shard
+    from lenext_dist.train.loop import _check_later_stages
+
+    bare = tiny_shard(str(tmp_path / "bare"))
+    p = tmp_path / "s.yaml"
+    p.write_text(yaml.safe_dump({"data": {"task_loss": "answers"},
+                                 "train": {"steps": 10, "micro_batch_size": 2, "global_batch_size": 8,
+                                           "stages": [{"start_step": 4, "blend": [{"prefix": bare}]}]}}))
+    with pytest.raises(ConfigError, match=rf"^train\.stages\[0\]\.blend: {bare} has no answer mask"):
+        _check_later_stages(load_config(p), 0, 1)
+
+
 def test_a_resume_compares_the_model_of_the_stage_its_weights_and_its_next_step_are_in(tmp_path):
     """train.stages was neither compared nor reported on resume: a stage's RoPE base edited, or its
     start moved past the checkpoint (stage 0's base on weights trained at stage 1's), resumed as
