@@ -112,10 +112,12 @@ def train(cfg: RunConfig) -> dict:
 def _train(cfg: RunConfig, stop: StopSignal, owns_group: bool, rank: int, world: int) -> dict:
     """Stage by stage (train.stages; one stage without): each from the checkpoint at its boundary
     with its own model, data and engine (config/stages.py has the rules)."""
-    start = _resume_step(cfg)
-    if cfg.train.exit_at and start >= cfg.train.exit_at:  # no engine built for no step
+    start, last = _resume_step(cfg), cfg.train.exit_at or cfg.train.steps
+    if start >= last and not _scales_unwritten(cfg):  # no engine built for no step
+        # a requeued or relaunched finished run: building a 1B engine would take minutes for nothing
+        limit = f"train.exit_at={cfg.train.exit_at}" if cfg.train.exit_at else f"train.steps={last}"
         _print0(f"[lenext] nothing to do: the latest checkpoint (step {start}) is at or past "
-                f"train.exit_at={cfg.train.exit_at}; checkpoints in {cfg.checkpoint.dir}")
+                f"{limit}; checkpoints in {cfg.checkpoint.dir}")
         if owns_group:
             shutdown_distributed()
         return {"step": start, "stopped_by_signal": False}
@@ -176,6 +178,13 @@ def _resume_step(cfg: RunConfig) -> int:
     picks the stage whose model and data are built."""
     tag = latest_tag(cfg.checkpoint.dir) if cfg.checkpoint.resume else None
     return (step_of(tag) or 0) if tag else 0
+
+
+def _scales_unwritten(cfg: RunConfig) -> bool:
+    """A HeadScale search whose run_dir lacks head_scales.json (stopped between its last save and
+    _finish): its engine is built once more to write them from the checkpoint."""
+    hs = cfg.attention.head_scale
+    return hs.enabled and hs.trainable and not os.path.exists(os.path.join(cfg.run_dir, "head_scales.json"))
 
 
 def _free_device_memory() -> None:

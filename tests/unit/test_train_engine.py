@@ -140,7 +140,7 @@ def test_resume_two_plus_two_equals_four_straight(straight, shards, tmp_path):
         torch.testing.assert_close(wb[k], wa[k], rtol=1e-5, atol=1e-7, msg=k)
 
 
-def test_exit_at_trains_in_segments_that_add_up_to_the_straight_run(straight, shards, tmp_path):
+def test_exit_at_trains_in_segments_that_add_up_to_the_straight_run(straight, shards, tmp_path, capsys):
     run, _ = straight
     assert run_train(config(tmp_path, shards, "seg", train={"exit_at": 2})) == {
         "step": 2, "stopped_by_signal": False}
@@ -153,6 +153,17 @@ def test_exit_at_trains_in_segments_that_add_up_to_the_straight_run(straight, sh
     # a rerun of a segment already done builds nothing and runs no step
     assert run_train(config(tmp_path, shards, "seg", train={"exit_at": 2})) == {
         "step": STEPS, "stopped_by_signal": False}
+    assert sorted(losses(tmp_path / "seg")) == list(range(1, STEPS + 1))
+    # so does a relaunch of the finished run (a requeue): unless its searched head scales are
+    # missing, which the engine is built once more to write
+    capsys.readouterr()
+    assert run_train(config(tmp_path, shards, "seg"))["step"] == STEPS
+    assert "nothing to do" in capsys.readouterr().out
+    scales = tmp_path / "seg" / "head_scales.json"
+    kept = scales.read_text()
+    scales.unlink()
+    assert run_train(config(tmp_path, shards, "seg"))["step"] == STEPS
+    assert "nothing to do" not in capsys.readouterr().out and scales.read_text() == kept
     assert sorted(losses(tmp_path / "seg")) == list(range(1, STEPS + 1))
 
 
