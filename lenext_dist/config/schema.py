@@ -181,7 +181,8 @@ class TrainConfig:
     eval_interval: int = 100
     """Validation loss every N steps (0: never); needs data.valid_blend."""
     eval_iters: int = 4
-    """Validation micro-batches per evaluation."""
+    """Validation batches of train.global_batch_size sequences per evaluation (megatron's
+    --eval-iters): the same samples whatever the number of ranks."""
     activation_checkpointing: bool = False
     """Recompute each transformer layer in the backward pass (memory for long HeadScale lengths)."""
     fused_kernels: bool = True

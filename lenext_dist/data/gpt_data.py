@@ -307,7 +307,7 @@ def build_datasets(cfg: RunConfig, world_size: int, record: bool = False, steps:
         raise ConfigError(f"model.vocab_size: {cfg.model.vocab_size} < tokenizer vocabulary "
                           f"{tok.vocab_size} ({d.tokenizer})")
     n_evals = t.steps // t.eval_interval + 1 if t.eval_interval else 0
-    valid_samples = n_evals * t.eval_iters * t.micro_batch_size * world_size if d.valid_blend else None
+    valid_samples = n_evals * t.eval_iters * t.global_batch_size if d.valid_blend else None  # valid_batches
     cache = d.cache_dir or os.path.join(cfg.run_dir, "data_cache")
     gcfg = GPTDatasetConfig(
         random_seed=d.seed,
@@ -436,9 +436,14 @@ def train_batches(dataset, cfg: RunConfig, rank: int, world: int, start_step: in
 
 def valid_batches(dataset, cfg: RunConfig, rank: int, world: int, eval_index: int
                   ) -> Iterator[dict[str, torch.Tensor]]:
-    """This rank's validation micro-batches for the `eval_index`-th evaluation (fresh samples)."""
+    """This rank's validation micro-batches for the `eval_index`-th evaluation (fresh samples):
+    train.eval_iters global batches read as the training steps are, so that an evaluation reads
+    the same samples whatever the number of ranks (a run resumed on more nodes logs a comparable
+    validation loss)."""
     t = cfg.train
-    per_eval = t.eval_iters * t.micro_batch_size * world
+    accum = t.accum_steps(world)
     for i in range(t.eval_iters):
-        start = eval_index * per_eval + (i * world + rank) * t.micro_batch_size
-        yield collate(dataset, range(start, start + t.micro_batch_size), cfg.data.document_mask)
+        for m in range(accum):
+            idx = sample_indices(eval_index * t.eval_iters + i, m, rank, world, t.micro_batch_size,
+                                 t.global_batch_size)
+            yield collate(dataset, idx, cfg.data.document_mask)
