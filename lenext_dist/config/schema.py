@@ -183,6 +183,12 @@ class TrainConfig:
     eval_iters: int = 4
     """Validation batches of train.global_batch_size sequences per evaluation (megatron's
     --eval-iters): the same samples whatever the number of ranks."""
+    per_token_loss: bool = False
+    """A step's loss as the mean over every loss-mask token of its global batch (megatron's
+    --calculate-per-token-loss) instead of the mean of its micro-batches' means (megatron's
+    default): they differ where micro-batches hold different numbers of loss tokens
+    (data.task_loss=answers with answers of various lengths), where the default weights a token of
+    a micro-batch with few answers more. Validation is averaged alike."""
     activation_checkpointing: bool = False
     """Recompute each transformer layer in the backward pass (memory for long HeadScale lengths)."""
     fused_kernels: bool = True

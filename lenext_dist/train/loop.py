@@ -69,9 +69,11 @@ def _mean_over_ranks(value, device) -> float:
     return t.item() / dist.get_world_size()
 
 
-def _micro_loss(engine, batch: dict, device) -> torch.Tensor:
+def _micro_loss(engine, batch: dict, device, share: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Mean loss of the micro-batch; under sequence parallelism this rank's shard's share of it
-    (its sum over the group's token count: the group's partial losses add up to the mean)."""
+    (its sum over the group's token count: the group's partial losses add up to the mean).
+    `share` (train.per_token_loss): the divisor instead of the micro-batch's token count, the
+    step's loss tokens per micro-batch (_per_token_share)."""
     b = {k: v.to(device) for k, v in ulysses.shard_batch(batch).items()}
     # data.document_mask: document ids [b, s] travel as megatron's attention mask to our core
     # attention (LenextCoreAttention), which keeps attention inside each document
@@ -80,15 +82,31 @@ def _micro_loss(engine, batch: dict, device) -> torch.Tensor:
     mask = b["loss_mask"].float()
     # at least 1: under data.task_loss=answers a micro-batch of task windows may hold no answer
     # (a zero loss and gradient then, not 0/0)
-    return (per_token.float() * mask).sum() / ulysses.loss_denominator(mask.sum()).clamp(min=1.0)
+    denominator = ulysses.loss_denominator(mask.sum()) if share is None else share
+    return (per_token.float() * mask).sum() / denominator.clamp(min=1.0)
+
+
+def _per_token_share(micro_batches: list, device) -> torch.Tensor:
+    """train.per_token_loss: the loss-mask tokens of the whole global batch (every rank's micro-
+    batches) over its number of micro-batches. Each micro-batch's sum over it, averaged over the
+    micro-batches by DeepSpeed's backward (1 / accumulation) and over the data-parallel ranks by
+    its all-reduce, makes the gradient of sum / tokens over the global batch: the micro-batch mean
+    exactly when every micro-batch holds as many tokens. One scalar all-reduce per step."""
+    # [tokens, micro-batches] over every rank: a Ulysses group's ranks each count the whole
+    # sequences (not their shards), which multiplies both by the group size and not the ratio
+    t = torch.tensor([float(sum(mb["loss_mask"].sum().item() for mb in micro_batches)),
+                      float(len(micro_batches))], dtype=torch.float64, device=device)
+    dist.all_reduce(t)
+    return (t[0] / t[1]).float()
 
 
 @torch.no_grad()
 def evaluate(engine, dataset, cfg: RunConfig, rank: int, world: int, eval_index: int, device) -> float:
     """`rank`, `world`: the data-parallel rank and size."""
     engine.eval()
-    losses = [_micro_loss(engine, b, device).item()
-              for b in valid_batches(dataset, cfg, rank, world, eval_index)]
+    batches = list(valid_batches(dataset, cfg, rank, world, eval_index))
+    share = _per_token_share(batches, device) if cfg.train.per_token_loss else None
+    losses = [_micro_loss(engine, b, device, share).item() for b in batches]
     engine.train()
     # sequence parallelism: the group's partial losses add up (mean over ranks x group size)
     return _mean_over_ranks(sum(losses) / len(losses), device) * ulysses.size()
@@ -377,8 +395,9 @@ def _micro_steps(run: _Run):
 
     def step(micro_batches: list, log_now: bool) -> tuple[torch.Tensor, Any]:
         step_loss, gnorm = zero, None
+        share = _per_token_share(micro_batches, device) if cfg.train.per_token_loss else None
         for i, mb in enumerate(micro_batches):
-            loss = _micro_loss(engine, mb, device)
+            loss = _micro_loss(engine, mb, device, share)
             engine.backward(loss * grad_factor)  # averages the gradients over ranks on the last micro-batch
             if log_now and own_gnorm and i == len(micro_batches) - 1:
                 gnorm = optim.grad_norm(engine.module)

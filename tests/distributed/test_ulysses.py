@@ -1,7 +1,7 @@
 """DeepSpeed-Ulysses sequence parallelism (parallel.ulysses_size) on gloo: on 2 ranks, ulysses 2
 (data parallel 1) gives the loss curve and gradient norms of ulysses 1 (data parallel 2) at the
 same global batch, for every position variant, a window, GQA with fewer KV heads than ranks,
-ZeRO 0-3 and HeadScale training (equal head scales); on 4 ranks, ulysses 2 x data parallel 2.
+ZeRO 0-3, HeadScale training (equal head scales) and train.per_token_loss; on 4 ranks, ulysses 2 x data parallel 2.
 Real loop, real megatron model, real DeepSpeed engine; all runs of one test share one torchrun
 launch (tests/distributed/ulysses_worker.py).
 
@@ -31,6 +31,8 @@ CASES = {
                                                                      "trainable": True}},
                       optim={"lr": 3.0e-2}),
     "documents": dict(attention={"position": "rope"}, data={"document_mask": True}),
+    # the step's loss tokens counted over every rank: a group's ranks each count whole sequences
+    "per_token": dict(attention={"position": "rope"}, train={"per_token_loss": True}),
     # ZeRO-3: DeepSpeed's reduce-scatter averages over the world; model/ulysses.py backward_factor
     "nope_z3": dict(attention={"position": "nope"}, parallel={"zero_stage": 3}),
 }
@@ -47,7 +49,8 @@ def _launch(paths, timeout=600, ranks=2):
 
 
 @pytest.mark.parametrize("group", [("nope_z1", "rope_z0", "alibi", "kerple", "xpos"),
-                                   ("window_logscale", "gqa1", "headscale", "documents", "nope_z3")])
+                                   ("window_logscale", "gqa1", "headscale", "documents", "nope_z3",
+                                    "per_token")])
 def test_ulysses2_matches_ulysses1(group, sample_shards, tmp_path):
     common = {"train": {"steps": 3, "eval_interval": 0}, "checkpoint": {"interval": 0}}
     paths = []

@@ -368,3 +368,38 @@ def test_a_staged_run_without_resume_goes_on_from_its_boundary(shards, tmp_path)
     assert losses(run, "lr") == {s: pytest.approx(optim.cosine_lr(s - 1, cfg.optim, STEPS))
                                  for s in range(1, STEPS + 1)}
     assert not list(run.glob("metrics.dropped*"))
+
+
+@pytest.fixture(scope="module")
+def answer_shards(tmp_path_factory):
+    """Passkey and copy documents (shard.py --format tasks) read under data.task_loss=answers: a
+    32-token window holds anything from no answer token to a whole copied span."""
+    from prep_helpers import SLIMPAJAMA, TOKENIZER, shard
+    from lenext_dist.prep.task_source import task_spec
+
+    out = tmp_path_factory.mktemp("answers")
+    shard(sorted(SLIMPAJAMA)[:1], out, "tasks", fmt="tasks",
+          tasks=task_spec("passkey,copy", ["length=64:72"], seed=0, passes=1))
+    blend = [{"prefix": str(out / "tasks_train"), "weight": 1.0}]
+    return {"tokenizer": TOKENIZER, "blend": blend, "valid_blend": blend}
+
+
+def test_per_token_loss_is_the_global_batch_token_mean_under_accumulation(answer_shards, tmp_path):
+    """train.per_token_loss: micro 1 x accumulation 4 trains as one micro-batch of 4 does (whose
+    mean is over every answer token of the batch): losses, grad norms and validation; without it
+    (megatron's mean of micro-batch means) it does not, on these windows of unequal answer counts."""
+    def run(name, micro, per_token):
+        cfg = config(tmp_path, answer_shards, name, data={"task_loss": "answers"},
+                     train={"micro_batch_size": micro, "global_batch_size": 4, "eval_interval": 2,
+                            "per_token_loss": per_token},
+                     attention={"head_scale": {"enabled": False, "trainable": False}})
+        run_train(cfg)
+        return {k: losses(tmp_path / name, k) for k in ("loss", "grad_norm", "valid_loss")}
+
+    whole = run("whole", 4, False)
+    tokens = run("tokens", 1, True)
+    means = run("means", 1, False)
+    assert sorted(whole["valid_loss"]) == [2, 4]
+    for k, tol in (("loss", 1e-5), ("grad_norm", 1e-4), ("valid_loss", 1e-5)):
+        assert tokens[k] == {s: pytest.approx(v, rel=tol) for s, v in whole[k].items()}, k
+    assert means["loss"][1] != pytest.approx(whole["loss"][1], rel=1e-3)
