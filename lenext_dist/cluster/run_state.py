@@ -1,15 +1,20 @@
 """What a job script needs to know about a run before and after training.
 
 Contract with the training loop (lenext_dist/train/loop.py) and the checkpoint format
-(lenext_dist/checkpoint), no marker file needed: the loop always saves a checkpoint at
-step == train.steps, and `<checkpoint.dir>/latest` names the newest complete checkpoint
-(`step_NNNNNNN/COMPLETE`). So
+(lenext_dist/checkpoint), no marker file needed: the loop always saves a checkpoint at the
+launch's last step (train.exit_at when set, else train.steps), and `<checkpoint.dir>/latest` names
+the newest complete checkpoint (`step_NNNNNNN/COMPLETE`). So
 
-    done     latest step >= train.steps            -> nothing to do
-    stopped  a complete checkpoint before the end  -> resume (requeue) from it
-    fresh    no checkpoint yet
+    done     nothing left (train/run_dir.py finished: at the last step,
+             a HeadScale search's scales written)               -> nothing to do
+    stopped  a complete checkpoint short of that                -> resume (requeue) from it
+    fresh    no checkpoint yet, or checkpoint.start_over        -> train from step 0
 
-`preflight` lists what would make the run fail right away (missing tokenizer, shards, init_from).
+The checkpoint on disk is read whatever checkpoint.resume says: a job that saved one on a stop
+signal resumes from it when requeued (pretrain.sbatch turns resume on for every restart).
+
+`preflight` lists what would make the run fail right away (missing tokenizer, shards, init_from, an
+earlier run that checkpoint.resume=false would overwrite).
 """
 from __future__ import annotations
 
@@ -19,6 +24,7 @@ from pathlib import Path
 from typing import Optional
 
 from lenext_dist.checkpoint.layout import COMPLETE, latest_tag_name, step_of
+from lenext_dist.train.run_dir import finished, last_step
 
 
 @dataclass
@@ -42,11 +48,12 @@ def latest_step(checkpoint_dir: str | os.PathLike) -> Optional[int]:
 
 
 def run_state(cfg) -> RunState:
-    step = latest_step(cfg.checkpoint.dir) if cfg.checkpoint.resume else None
-    total = cfg.train.steps
+    """`total`: the launch's last step (train.exit_at when set)."""
+    step = None if cfg.checkpoint.start_over else latest_step(cfg.checkpoint.dir)
+    total = last_step(cfg)
     if step is None:
         return RunState("fresh", 0, total, cfg.checkpoint.dir)
-    return RunState("done" if step >= total else "stopped", step, total, cfg.checkpoint.dir)
+    return RunState("done" if finished(cfg, step) else "stopped", step, total, cfg.checkpoint.dir)
 
 
 def _shard_missing(prefix: str) -> list[str]:
@@ -64,6 +71,10 @@ def preflight(cfg) -> list[str]:
         for item in items:
             for path in _shard_missing(item.prefix):
                 problems.append(f"{key}: shard file {path} not found")
+    ck = cfg.checkpoint
+    if not ck.resume and not ck.start_over and latest_step(ck.dir) is not None:
+        problems.append(f"checkpoint.resume: false, but {ck.dir} holds an earlier run's checkpoints: "
+                        "resume it (checkpoint.resume=true) or pass --checkpoint.start_over=true")
     init = cfg.checkpoint.init_from
     if init and latest_step(cfg.checkpoint.dir) is None:
         p = Path(init)

@@ -31,7 +31,7 @@ from lenext_dist.train.group import (  # noqa: F401  (re-exported: callers impor
 from lenext_dist.train.metrics import Metrics
 from lenext_dist.train.peak import peak_tflops
 from lenext_dist.train.reshard import check_dp_size, saved_dp_size
-from lenext_dist.train.run_dir import claim as claim_run_dir, refuse_if_busy
+from lenext_dist.train.run_dir import HEAD_SCALES, claim as claim_run_dir, finished, refuse_if_busy
 from lenext_dist.train.signals import StopSignal
 
 
@@ -130,10 +130,10 @@ def train(cfg: RunConfig) -> dict:
 def _train(cfg: RunConfig, stop: StopSignal, owns_group: bool, rank: int, world: int) -> dict:
     """Stage by stage (train.stages; one stage without): each from the checkpoint at its boundary
     with its own model, data and engine (config/stages.py has the rules)."""
-    start, last = _resume_step(cfg), cfg.train.exit_at or cfg.train.steps
-    if start >= last and not _scales_unwritten(cfg):  # no engine built for no step
+    start = _resume_step(cfg)
+    if finished(cfg, start):  # no engine built for no step
         # a requeued or relaunched finished run: building a 1B engine would take minutes for nothing
-        limit = f"train.exit_at={cfg.train.exit_at}" if cfg.train.exit_at else f"train.steps={last}"
+        limit = f"train.exit_at={cfg.train.exit_at}" if cfg.train.exit_at else f"train.steps={cfg.train.steps}"
         _print0(f"[lenext] nothing to do: the latest checkpoint (step {start}) is at or past "
                 f"{limit}; checkpoints in {cfg.checkpoint.dir}")
         if owns_group:
@@ -196,13 +196,6 @@ def _resume_step(cfg: RunConfig) -> int:
     picks the stage whose model and data are built."""
     tag = latest_tag(cfg.checkpoint.dir) if cfg.checkpoint.resume else None
     return (step_of(tag) or 0) if tag else 0
-
-
-def _scales_unwritten(cfg: RunConfig) -> bool:
-    """A HeadScale search whose run_dir lacks head_scales.json (stopped between its last save and
-    _finish): its engine is built once more to write them from the checkpoint."""
-    hs = cfg.attention.head_scale
-    return hs.enabled and hs.trainable and not os.path.exists(os.path.join(cfg.run_dir, "head_scales.json"))
 
 
 def _free_device_memory() -> None:
@@ -489,13 +482,13 @@ def _write_head_scales(matrix: torch.Tensor, run_dir: str, rank: int) -> None:
         return
     from lenext_dist.plotting import plot_head_scales
 
-    with open(os.path.join(run_dir, "head_scales.json"), "w") as f:
+    with open(os.path.join(run_dir, HEAD_SCALES), "w") as f:
         json.dump({"head_scales": matrix.tolist(), "lambda": "m_h / sqrt(head_dim)"}, f, indent=1)
     try:  # a node set up from the wheelhouse has no matplotlib (gpu/wheelhouse.py): the JSON is the result
         png = plot_head_scales(matrix, os.path.join(run_dir, "head_scales.png"))
     except ImportError as e:
         png = f"no heatmap ({e})"
-    print(f"[lenext] head scales: {run_dir}/head_scales.json, {png}", flush=True)  # rank 0 here
+    print(f"[lenext] head scales: {run_dir}/{HEAD_SCALES}, {png}", flush=True)  # rank 0 here
 
 
 def _progress(cfg: RunConfig, step: int, rank: int):

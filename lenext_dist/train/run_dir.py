@@ -36,10 +36,28 @@ from typing import Optional
 from lenext_dist.errors import CheckpointError
 
 LOCK = "lock"
-RUN_FILES = ("metrics.jsonl", "config.yaml", "deepspeed.json", "tensorboard", "head_scales.json",
+HEAD_SCALES = "head_scales.json"
+"""A HeadScale search's result, written after its last checkpoint (train/loop.py _finish)."""
+RUN_FILES = ("metrics.jsonl", "config.yaml", "deepspeed.json", "tensorboard", HEAD_SCALES,
              "head_scales.png")
 """What training writes into run_dir (train/loop.py, train/metrics.py)."""
 CACHE = "data_cache"
+
+
+def last_step(cfg) -> int:
+    """The step this launch trains to: train.exit_at when set (a segment), else train.steps."""
+    return cfg.train.exit_at or cfg.train.steps
+
+
+def finished(cfg, step: Optional[int]) -> bool:
+    """Nothing left for a launch of `cfg` whose latest complete checkpoint is `step` (None: none):
+    at or past its last step, and a HeadScale search's scales written (a stop between the last
+    save and that write leaves them to a relaunch, which builds the engine to write them). The
+    training loop's early exit and the job scripts' `status` (cluster/run_state.py) both ask."""
+    if step is None or step < last_step(cfg):
+        return False
+    hs = cfg.attention.head_scale
+    return not (hs.enabled and hs.trainable) or os.path.exists(os.path.join(cfg.run_dir, HEAD_SCALES))
 
 
 class RunDirLock:

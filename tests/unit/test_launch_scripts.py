@@ -187,6 +187,34 @@ def test_run_state_follows_checkpoint_contract(sample_shards, tmp_path):
     assert run_state.preflight(cfg) == []
 
 
+def test_run_state_of_a_segment_a_start_over_a_search_and_resume_false(sample_shards, tmp_path):
+    """The launch's last step is train.exit_at when set (a finished segment is done, not a stop to
+    requeue forever); a start over is fresh (the job's later status passes start_over=false); the
+    checkpoint is read whatever checkpoint.resume says (a stop's save under resume=false once
+    read as "no checkpoint", and the job died), and preflight names that case; a HeadScale search
+    at its last step is done only once its head_scales.json is written."""
+    from lenext_dist.config import load_config
+    from lenext_dist.train.run_dir import HEAD_SCALES
+
+    def state(*over):
+        cfg = load_config(write_config(tmp_path, sample_shards, "seg", train={"steps": 10}), list(over))
+        return run_state.run_state(cfg), run_state.preflight(cfg)
+
+    ckpt = tmp_path / "seg" / "checkpoints"
+    _ckpt(ckpt, 5)
+    assert state("train.exit_at=5")[0].line() == f"done 5 5 {ckpt}"
+    assert state("train.exit_at=8")[0].line() == f"stopped 5 8 {ckpt}"
+    assert state("checkpoint.start_over=true")[0].line() == f"fresh 0 10 {ckpt}"
+    s, problems = state("checkpoint.resume=false")
+    assert s.line() == f"stopped 5 10 {ckpt}"
+    assert len(problems) == 1 and problems[0].startswith("checkpoint.resume: false") and "start_over" in problems[0]
+    assert state("checkpoint.resume=false", "checkpoint.start_over=true")[1] == []
+    search = ("train.exit_at=5", "attention.head_scale.enabled=true", "attention.head_scale.trainable=true")
+    assert state(*search)[0].state == "stopped"
+    (tmp_path / "seg" / HEAD_SCALES).write_text("{}")
+    assert state(*search)[0].state == "done"
+
+
 def test_preflight_names_missing_files(sample_shards, tmp_path):
     from lenext_dist.config import load_config
 
@@ -254,6 +282,26 @@ def test_sbatch_dry_run_node_mode_and_headscale(cfg):
     # headscale.sbatch = pretrain.sbatch with the mode forced (the tiny config has no head scales)
     p = _sbatch(_fake_job(CONFIG=str(cfg), SLURM_NTASKS_PER_NODE="1"), script="headscale.sbatch")
     assert p.returncode == 2 and "train.mode" in p.stderr
+
+
+def test_sbatch_node_mode_takes_the_gpus_of_one_task_per_node(cfg):
+    """torchrun style (--ntasks-per-node=1 --gpus-per-node=8): a rank per GPU, not one per node."""
+    p = _sbatch(_fake_job(CONFIG=str(cfg), LAUNCH_MODE="node", SLURM_NTASKS_PER_NODE="1",
+                          SLURM_GPUS_ON_NODE="8"))
+    assert p.returncode == 0 and "--nproc-per-node 8 --" in p.stdout, p.stdout + p.stderr
+
+
+def test_sbatch_restart_resumes_whatever_the_first_launch_was_told(cfg, tmp_path):
+    """A start over (or resume=false) among the job's arguments holds for its first run only: a
+    requeued run (SLURM_RESTART_COUNT > 0) resumes from the checkpoint the stop saved."""
+    _ckpt(tmp_path / "dry" / "checkpoints", 3)
+    first = _sbatch(_fake_job(CONFIG=str(cfg), SLURM_NTASKS_PER_NODE="1"), "--checkpoint.start_over=true")
+    assert first.returncode == 0 and "fresh at step 0 of 5" in first.stdout, first.stdout + first.stderr
+    again = _sbatch(_fake_job(CONFIG=str(cfg), SLURM_NTASKS_PER_NODE="1", SLURM_RESTART_COUNT="1"),
+                    "--checkpoint.start_over=true")
+    assert again.returncode == 0 and "stopped at step 3 of 5" in again.stdout, again.stdout + again.stderr
+    assert f"--config {cfg} --checkpoint.resume=true --checkpoint.start_over=false" in again.stdout
+    assert "start_over=true" not in again.stdout
 
 
 def test_sbatch_finished_run_exits_without_launching(cfg, tmp_path):
