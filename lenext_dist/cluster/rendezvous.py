@@ -119,7 +119,11 @@ def node_command(launcher: str, nproc_per_node: int, script_and_args: Sequence[s
         return [python, "-m", "torch.distributed.run", "--nnodes", str(len(hosts)), "--node_rank",
                 str(node_rank), "--nproc_per_node", str(nproc_per_node), "--master_addr", addr,
                 "--master_port", port, *script_and_args]
-    world = {h: list(range(nproc_per_node)) for h in hosts}
+    from lenext_dist.train.device import launcher_devices
+
+    # launch.py sets CUDA_VISIBLE_DEVICES to this node's list: the devices Slurm gave this task
+    local = launcher_devices(nproc_per_node, environ, "--nproc-per-node") or list(range(nproc_per_node))
+    world = {h: local for h in hosts}
     if len(world) != len(hosts):
         raise ClusterError(f"duplicate host names in {list(hosts)}")
     info = base64.urlsafe_b64encode(json.dumps(world).encode()).decode()

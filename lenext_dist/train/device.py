@@ -34,6 +34,27 @@ def visible_device_index(local_rank: int, device_count: int) -> int:
         "task all GPUs of its node (--gpus-per-node) or exactly one (--gpus-per-task=1)")
 
 
+def launcher_devices(nproc: int, env: Mapping[str, str] = os.environ, flag: str = "--nproc") -> Optional[list[int]]:
+    """The devices a DeepSpeed launcher is to start `nproc` local ranks on: the first `nproc` of
+    CUDA_VISIBLE_DEVICES when it names some (a shared workstation, a Slurm step without device
+    cgroups), None when it is unset or empty (devices 0..nproc-1; a CPU run).
+
+    DeepSpeed's runner drops the variable when told --num_gpus, and its launch.py sets it to the
+    world_info's ids: left to themselves both start the ranks on devices 0..N-1, which may be
+    another job's. torchrun leaves the variable alone (LOCAL_RANK indexes the visible devices)."""
+    text = env.get("CUDA_VISIBLE_DEVICES", "").strip()
+    if not text or env.get("DS_ACCELERATOR", "").lower() == "cpu":
+        return None
+    names = [x.strip() for x in text.split(",")]
+    if not all(x.isdigit() for x in names):
+        raise ConfigError(f"CUDA_VISIBLE_DEVICES={text}: DeepSpeed's launcher takes device indices "
+                          "(not UUIDs or MIG names); give indices, or launch with torchrun")
+    if nproc > len(names):
+        raise ConfigError(f"{flag} {nproc}: CUDA_VISIBLE_DEVICES={text} gives this process "
+                          f"{len(names)} device(s); lower {flag} or make more devices visible")
+    return [int(x) for x in names[:nproc]]
+
+
 def gpu_job_reason(backend: Optional[str], env: Mapping[str, str]) -> Optional[str]:
     """Why this run is a GPU job (a string naming the setting), or None for a CPU job.
 

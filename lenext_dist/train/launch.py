@@ -35,8 +35,14 @@ def free_port() -> int:
 def launch_command(config: Union[str, Path, None], nproc: int, port: Optional[int] = None,
                    overrides: Sequence[str] = ()) -> list[str]:
     """The command that trains `config` (with `--a.b=value` overrides) on `nproc` local ranks
-    through DeepSpeed's runner, rendezvous on `port` (default: a free one)."""
-    cmd = [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", str(int(nproc)),
+    through DeepSpeed's runner, rendezvous on `port` (default: a free one); on the devices
+    CUDA_VISIBLE_DEVICES names when it names some (device.launcher_devices)."""
+    from lenext_dist.train.device import launcher_devices
+
+    devices = launcher_devices(int(nproc))
+    where = (["--num_gpus", str(int(nproc))] if devices is None
+             else ["--include", "localhost:" + ",".join(map(str, devices))])
+    cmd = [sys.executable, "-m", "deepspeed.launcher.runner", *where,
            "--master_port", str(port or free_port()), "--module", MODULE]
     if config is not None:
         cmd += ["--config", str(config)]

@@ -142,6 +142,11 @@ def test_node_command_torchrun_and_deepspeed():
     info = next(a for a in cmd if a.startswith("--world_info=")).split("=", 1)[1]
     assert json.loads(base64.urlsafe_b64decode(info)) == {"n1": [0, 1], "n2": [0, 1]}
     assert "--node_rank=1" in cmd and cmd[-1] == "train.py"
+    # the devices Slurm gave this task (no device cgroup): launch.py would otherwise set 0,1
+    cmd = rendezvous.node_command("deepspeed", 2, ["train.py"], {**env, "CUDA_VISIBLE_DEVICES": "4,5,6"},
+                                  hosts=["n1", "n2"], python="py")
+    info = next(a for a in cmd if a.startswith("--world_info=")).split("=", 1)[1]
+    assert json.loads(base64.urlsafe_b64decode(info)) == {"n1": [4, 5], "n2": [4, 5]}
     with pytest.raises(ValueError):
         rendezvous.node_command("mpirun", 2, ["t.py"], env, hosts=["n1"])
     with pytest.raises(ValueError, match="node rank"):
@@ -371,3 +376,31 @@ def test_cpu_image_installs_like_the_readme():
     assert "FROM python:3.11" in text
     gpu = (REPO / "docker" / "Dockerfile.gpu").read_text()
     assert "megatron-core" in (REPO / "pyproject.toml").read_text() and 'pip install -e ".[dev]"' in gpu
+
+
+def test_local_launch_keeps_to_the_visible_devices(monkeypatch):
+    """CUDA_VISIBLE_DEVICES=4,5 (a shared machine): DeepSpeed's runner, told --num_gpus, drops it
+    and starts the ranks on devices 0 and 1; --include keeps them on 4 and 5 (the runner's own
+    parser reads it so). More ranks than visible devices, or UUIDs, are one-line errors."""
+    from deepspeed.launcher.runner import parse_inclusion_exclusion
+
+    from lenext_dist.config import ConfigError
+    from lenext_dist.train.launch import launch_command
+
+    monkeypatch.delenv("DS_ACCELERATOR", raising=False)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5")
+    cmd = launch_command("c.yaml", 2, 29999)
+    assert "--num_gpus" not in cmd
+    include = cmd[cmd.index("--include") + 1]
+    assert include == "localhost:4,5"
+    assert dict(parse_inclusion_exclusion({"localhost": 8}, include, "")) == {"localhost": [4, 5]}
+    assert "localhost:4" in launch_command("c.yaml", 1, 29999)
+    with pytest.raises(ConfigError, match="--nproc 3: CUDA_VISIBLE_DEVICES=4,5 gives this process 2"):
+        launch_command("c.yaml", 3, 29999)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-1a2b,GPU-3c4d")
+    with pytest.raises(ConfigError, match="device indices"):
+        launch_command("c.yaml", 2, 29999)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # empty, or unset: --num_gpus as before
+    assert launch_command("c.yaml", 2, 29999)[3:5] == ["--num_gpus", "2"]
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    assert launch_command("c.yaml", 2, 29999)[3:5] == ["--num_gpus", "2"]
