@@ -6,7 +6,8 @@ BIN       := $(VENV)/bin
 # host PyPI's torch==2.13.0 is the CUDA build (check: make gpu-check), as in docker/Dockerfile.gpu.
 TORCH_SPEC ?= torch==2.13.0
 NPROC     ?= 2
-PORT      ?= 29500
+PORT      ?=
+# (empty: each run picks a free port; 29500 is every torchrun's default, busy beside another job)
 PYTEST_ARGS ?=
 # Where DeepSpeed JIT-builds its ops (cpu_adam for ZeRO-Offload): per checkout, never shared.
 export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.cache/torch_extensions
@@ -34,7 +35,7 @@ KV_DATA        := data/kv/heldout/filler.jsonl
 demo: setup kv-shards
 	rm -rf runs/demo  # every run makes its results afresh (an older eval protocol's are refused, not mixed)
 	for pos in $(DEMO_POSITIONS); do \
-	  $(BIN)/lenext train --nproc $(NPROC) --port $(PORT) --config configs/exp/kv-$$pos.yaml || exit 1; \
+	  $(BIN)/lenext train --nproc $(NPROC) $(if $(PORT),--port $(PORT)) --config configs/exp/kv-$$pos.yaml || exit 1; \
 	  $(BIN)/lenext convert --checkpoint runs/kv-$$pos/checkpoints \
 	      --out runs/kv-$$pos/hf --overwrite --verify || exit 1; \
 	  for c in 1.0 1.5; do \
@@ -64,7 +65,7 @@ shards/kv/.done: lenext_dist/prep/kv_corpus.py
 TEXT_DEMO := tiny-cpu-nope-tasks
 EVAL_DATA := data/sample/heldout/books.jsonl.zst
 demo-text: setup shards task-shards
-	$(BIN)/lenext train --nproc $(NPROC) --port $(PORT) --config configs/exp/$(TEXT_DEMO).yaml
+	$(BIN)/lenext train --nproc $(NPROC) $(if $(PORT),--port $(PORT)) --config configs/exp/$(TEXT_DEMO).yaml
 	$(BIN)/lenext convert --checkpoint runs/$(TEXT_DEMO)/checkpoints --out runs/$(TEXT_DEMO)/hf --overwrite --verify
 	for c in 1.0 1.5; do \
 	  $(BIN)/lenext eval ppl --model runs/$(TEXT_DEMO)/hf --data $(EVAL_DATA) --lengths 128,256,512 --stride 64 \

@@ -47,11 +47,22 @@ def env_int(environ: Mapping[str, str], name: str, default: int = 0) -> int:
         raise ClusterError(f"{name}={v!r}: expected a whole number") from None
 
 
+def _loopback(addr: str) -> bool:
+    return addr.lower() in ("localhost", "::1", "ip6-localhost") or addr.startswith("127.")
+
+
 def master_addr(environ: Mapping[str, str], hosts: Optional[Sequence[str]] = None) -> str:
-    if environ.get("MASTER_ADDR"):
-        return environ["MASTER_ADDR"]
+    """A loopback MASTER_ADDR over several hosts is refused: sbatch passes the submitting shell's
+    environment, and a MASTER_ADDR=localhost left there from a local run would have every other
+    node dial itself until the rendezvous timed out."""
     if hosts is None and (environ.get("SLURM_JOB_NODELIST") or environ.get("SLURM_NODELIST")):
         hosts = hostnames(environ.get("SLURM_JOB_NODELIST") or environ.get("SLURM_NODELIST"))
+    if environ.get("MASTER_ADDR"):
+        addr = environ["MASTER_ADDR"]
+        if _loopback(addr) and hosts and len(set(hosts)) > 1:
+            raise ClusterError(f"MASTER_ADDR={addr} is each node itself, but the job spans {len(set(hosts))} "
+                               f"nodes ({hosts[0]}, ...): unset it (the first host is used) or name a host")
+        return addr
     if hosts:
         return hosts[0]
     return "127.0.0.1"

@@ -70,10 +70,12 @@ def _init_one_rank() -> None:
     import torch
 
     from lenext_dist.model import init_megatron
+    from lenext_dist.train.launch import free_port
     from lenext_dist.train.loop import skip_deepspeed_shm_op
 
+    # a free port unless one is given: a fixed one may be another job's on a shared GPU host
     for k, v in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
-                 "MASTER_PORT": os.environ.get("MASTER_PORT", "29517")}.items():
+                 "MASTER_PORT": os.environ.get("MASTER_PORT") or str(free_port())}.items():
         os.environ.setdefault(k, v)
     skip_deepspeed_shm_op()
     torch.cuda.set_device(0)

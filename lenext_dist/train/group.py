@@ -2,12 +2,13 @@
 and its orderly end. Split out of train/loop.py, which re-exports these names."""
 from __future__ import annotations
 
+import contextlib
 import os
 
 import torch
 import torch.distributed as dist
 
-from lenext_dist.config import RunConfig
+from lenext_dist.config import ConfigError, RunConfig
 from lenext_dist.train.device import check_gpu_visible, local_rank, visible_device_index
 
 
@@ -29,13 +30,22 @@ def skip_deepspeed_shm_op() -> None:
 _MPI_ENV = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MV2_COMM_WORLD_SIZE", "SLURM_STEP_NUM_TASKS")
 
 
+def _launched(environ) -> bool:
+    """Started by a launcher, MPI or an srun of several tasks. A step of one task (`srun --pty
+    bash`, `salloc`, a one-task batch step) with no MPI variable is a shell a user runs a single
+    process in: left to DeepSpeed's MPI discovery it failed on mpi4py, a dev extra."""
+    one_srun_task = environ.get("SLURM_STEP_NUM_TASKS") == "1"
+    return "RANK" in environ or any(k in environ for k in _MPI_ENV
+                                    if not (one_srun_task and k == "SLURM_STEP_NUM_TASKS"))
+
+
 def one_process_env(environ=os.environ) -> bool:
     """`python -m lenext_dist.train` with no launcher: set the env:// variables of a one-rank group.
 
     DeepSpeed's auto MPI discovery runs whenever RANK/WORLD_SIZE/... are missing and imports
     mpi4py (a dev extra here), so a plain package install failed with ModuleNotFoundError. Only a
     process started by MPI or srun (one of _MPI_ENV set) is left to that discovery."""
-    if "RANK" in environ or any(k in environ for k in _MPI_ENV):
+    if _launched(environ):
         return False
     import socket
 
@@ -93,12 +103,27 @@ def init_distributed(cfg: RunConfig) -> tuple[int, int]:
         device = torch.device(acc.device_name(index))
     if not dist.is_initialized():
         one_process_env()
-        if device is not None and all(k in os.environ for k in _ENV_RENDEZVOUS):
-            bind_group(backend, device)
-        # DeepSpeed's MPI discovery ignores MASTER_PORT unless it is passed as distributed_port
-        deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=True, verbose=False,
-                                   distributed_port=int(os.environ.get("MASTER_PORT", 29500)))
+        with _port_in_use_named():
+            if device is not None and all(k in os.environ for k in _ENV_RENDEZVOUS):
+                bind_group(backend, device)
+            # DeepSpeed's MPI discovery ignores MASTER_PORT unless it is passed as distributed_port
+            deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=True, verbose=False,
+                                       distributed_port=int(os.environ.get("MASTER_PORT", 29500)))
     return dist.get_rank(), dist.get_world_size()
+
+
+@contextlib.contextmanager
+def _port_in_use_named():
+    """Rank 0's rendezvous store on a port another process holds (another run, a torchrun at the
+    default 29500): a one-line error naming the port instead of every rank's traceback."""
+    try:
+        yield
+    except dist.DistNetworkError as e:
+        if "EADDRINUSE" not in str(e):
+            raise
+        raise ConfigError(f"MASTER_PORT {os.environ.get('MASTER_PORT')}: in use on this host (another "
+                          "run?); pass `lenext train --port` a free one, or leave it unset for a free "
+                          "port") from None
 
 
 def shutdown_distributed() -> None:

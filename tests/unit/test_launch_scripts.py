@@ -404,3 +404,15 @@ def test_local_launch_keeps_to_the_visible_devices(monkeypatch):
     assert launch_command("c.yaml", 2, 29999)[3:5] == ["--num_gpus", "2"]
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
     assert launch_command("c.yaml", 2, 29999)[3:5] == ["--num_gpus", "2"]
+
+
+def test_a_loopback_master_over_several_nodes_is_refused():
+    """sbatch passes the submitting shell's environment: a MASTER_ADDR=localhost left there would
+    have nodes 2..N dial themselves until the rendezvous timed out."""
+    job = {"SLURM_JOB_NODELIST": "gpu[1-4]", "SLURM_JOB_ID": "7"}
+    for addr in ("localhost", "127.0.0.1", "::1"):
+        with pytest.raises(rendezvous.ClusterError, match=f"MASTER_ADDR={addr} is each node itself"):
+            rendezvous.master_addr({**job, "MASTER_ADDR": addr})
+    assert rendezvous.master_addr({**job, "MASTER_ADDR": "gpu3"}) == "gpu3"
+    assert rendezvous.master_addr(job) == "gpu1"
+    assert rendezvous.master_addr({"SLURM_JOB_NODELIST": "gpu1", "MASTER_ADDR": "localhost"}) == "localhost"

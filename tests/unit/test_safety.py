@@ -180,9 +180,33 @@ def test_one_process_env_only_without_a_launcher_or_mpi():
     assert one_process_env(env)
     assert env["RANK"] == "0" and env["WORLD_SIZE"] == "1" and int(env["MASTER_PORT"]) > 0
     for launched in ({"RANK": "1"}, {"OMPI_COMM_WORLD_SIZE": "2"}, {"PMI_SIZE": "2"},
-                     {"SLURM_STEP_NUM_TASKS": "2"}):
+                     {"SLURM_STEP_NUM_TASKS": "2"}, {"SLURM_STEP_NUM_TASKS": "1", "PMIX_RANK": "0"}):
         env = dict(launched)
         assert not one_process_env(env) and env == launched
+    # a one-task srun step (srun --pty bash, salloc) is a shell: one process, no MPI discovery
+    env = {"SLURM_STEP_NUM_TASKS": "1", "SLURM_PROCID": "0"}
+    assert one_process_env(env) and env["WORLD_SIZE"] == "1"
+
+
+def test_a_busy_rendezvous_port_is_a_one_line_error(monkeypatch):
+    import socket
+
+    import torch.distributed as dist
+
+    from lenext_dist.config import ConfigError, load_config
+    from lenext_dist.train.group import init_distributed
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        for k, v in (("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0"), ("MASTER_ADDR", "127.0.0.1"),
+                     ("MASTER_PORT", str(port))):
+            monkeypatch.setenv(k, v)
+        assert not dist.is_initialized()
+        with pytest.raises(ConfigError, match=f"MASTER_PORT {port}: in use on this host"):
+            init_distributed(load_config(None, []))
+    assert not dist.is_initialized()
 
 
 def test_a_truncated_shard_is_named_before_megatron_reads_it(tmp_path):
