@@ -75,10 +75,16 @@ def _measure(engine, cfg, b: int, mfu_floor: float, dev: torch.device, start: in
            "start_bytes": start,
            "loss": float(loss), "sdpa_calls": seen, "kernel": ", ".join(sorted(seen)) or "none seen"}
     fused = set(seen) <= kernels.FUSED and seen
-    out["ok"] = bool(mfu >= mfu_floor and fused and out["loss"] == out["loss"])
+    # the floor is of the datasheet peak: over a measured matmul (a device not in train/peak.py's
+    # table) MFU reads 1.3-1.5x high, and the floor would pass what it should not
+    out["mfu_judged"] = src.startswith("table")
+    low = out["mfu_judged"] and mfu < mfu_floor
+    out["ok"] = bool(not low and fused and out["loss"] == out["loss"])
     if not out["ok"]:
-        out["error"] = (f"MFU {100 * mfu:.1f}% < floor {100 * mfu_floor:.0f}%" if mfu < mfu_floor else
+        out["error"] = (f"MFU {100 * mfu:.1f}% < floor {100 * mfu_floor:.0f}%" if low else
                         f"SDPA backends {seen}: not all fused" if not fused else "loss is NaN")
+    elif not out["mfu_judged"]:
+        out["note"] = f"MFU not judged: the peak is {src}, not a datasheet's (add the device to train/peak.py)"
     return out
 
 

@@ -19,9 +19,13 @@ import torch
 
 # (pattern searched in the device name, case-insensitive; {dtype: dense TFLOP/s})
 PEAK_TABLE: list[tuple[str, dict[str, float]]] = [
+    (r"GB200", {"bf16": 2500.0, "fp16": 2500.0, "fp32": 80.0}),
+    (r"B200", {"bf16": 2250.0, "fp16": 2250.0, "fp32": 75.0}),     # HGX B200
     (r"H100.*PCIe", {"bf16": 756.0, "fp16": 756.0, "fp32": 51.0}),
     (r"H100.*NVL", {"bf16": 835.0, "fp16": 835.0, "fp32": 60.0}),
     (r"H100", {"bf16": 989.0, "fp16": 989.0, "fp32": 67.0}),      # SXM5 ("H100 80GB HBM3")
+    (r"H800", {"bf16": 989.0, "fp16": 989.0, "fp32": 67.0}),      # H100 SXM's compute
+    (r"H20\b", {"bf16": 148.0, "fp16": 148.0, "fp32": 44.0}),
     (r"H200.*NVL", {"bf16": 835.0, "fp16": 835.0, "fp32": 60.0}),
     (r"H200|GH200", {"bf16": 989.0, "fp16": 989.0, "fp32": 67.0}),
     (r"A100", {"bf16": 312.0, "fp16": 312.0, "fp32": 19.5}),      # SXM4 and PCIe, 40/80 GB

@@ -377,6 +377,8 @@ def test_megatron_cross_entropy_saves_fp32_logits(megatron_1rank):
     ("NVIDIA A10G", BF16, 125.0), ("Tesla V100-SXM2-32GB", FP16, 125.0),
     ("Tesla V100-SXM2-32GB", BF16, None),  # no bf16 tensor cores: measured instead
     ("AMD Instinct MI300X", BF16, 1307.4), ("Some Future GPU", BF16, None),
+    ("NVIDIA B200", BF16, 2250.0), ("NVIDIA GB200", BF16, 2500.0), ("NVIDIA H800", BF16, 989.0),
+    ("NVIDIA H20", BF16, 148.0), ("NVIDIA H200 NVL", BF16, 835.0),
 ])
 def test_peak_table_lookup(name, dtype, want):
     from lenext_dist.train.peak import table_peak
