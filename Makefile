@@ -107,7 +107,7 @@ dry-run: setup
 	    --attention.head_scale.enabled=true
 
 # Debian packages of the MPI/Slurm tests (openmpi, slurm-wlm, munge, pmix, shellcheck); a no-op
-# when present, a printed apt command when not root.
+# when present, a printed apt command when not root (SYSTEM_DEPS_SUDO=1: install with sudo).
 system-deps:
 	bash scripts/install_system_deps.sh
 

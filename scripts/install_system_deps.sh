@@ -53,11 +53,13 @@ if ! command -v apt-get >/dev/null 2>&1; then
 fi
 SUDO=()
 if [ "$(id -u)" -ne 0 ]; then
-    if command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then
+    # a user's `make test` installs nothing system-wide (slurm, munge and their daemons) unasked
+    if [ "${SYSTEM_DEPS_SUDO:-0}" = 1 ] && command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then
         SUDO=(sudo -n)
     else
-        echo "install_system_deps: not root (and no passwordless sudo); as root run:" >&2
+        echo "install_system_deps: not root; the tests that need these skip. To install them, as root run:" >&2
         echo "    apt-get update && apt-get install -y --no-install-recommends ${missing[*]}" >&2
+        echo "  (or SYSTEM_DEPS_SUDO=1 make test, with passwordless sudo)" >&2
         exit 0
     fi
 fi
@@ -70,15 +72,17 @@ fi
 # Daemons must not start at install time (there is no init here; the tests start their own).
 policy=/usr/sbin/policy-rc.d
 made_policy=0
-if [ ! -e "$policy" ] && [ "${#SUDO[@]}" -eq 0 ]; then
-    printf '#!/bin/sh\nexit 101\n' > "$policy" && chmod +x "$policy" && made_policy=1
+if [ ! -e "$policy" ]; then  # under sudo too: a systemd host would start munged and slurmd
+    # shellcheck disable=SC2016
+    "${SUDO[@]}" sh -c 'printf "#!/bin/sh\nexit 101\n" > "$1" && chmod +x "$1"' sh "$policy" && made_policy=1
 fi
-"${SUDO[@]}" apt-get install -y -q --no-install-recommends "${missing[@]}" >/tmp/install_system_deps.log 2>&1
+log=$(mktemp "${TMPDIR:-/tmp}/install_system_deps.XXXXXX")
+"${SUDO[@]}" apt-get install -y -q --no-install-recommends "${missing[@]}" >"$log" 2>&1
 rc=$?
-[ "$made_policy" -eq 1 ] && rm -f "$policy"
+[ "$made_policy" -eq 1 ] && "${SUDO[@]}" rm -f "$policy"
 if [ "$rc" -ne 0 ]; then
-    echo "install_system_deps: apt-get install failed (see /tmp/install_system_deps.log):" >&2
-    tail -n 5 /tmp/install_system_deps.log >&2
+    echo "install_system_deps: apt-get install failed (see $log):" >&2
+    tail -n 5 "$log" >&2
     exit 0
 fi
 echo "install_system_deps: installed ${missing[*]}"
