@@ -103,13 +103,36 @@ def init_distributed(cfg: RunConfig) -> tuple[int, int]:
         device = torch.device(acc.device_name(index))
     if not dist.is_initialized():
         one_process_env()
+        if not all(k in os.environ for k in _ENV_RENDEZVOUS):
+            # MPI discovery ignores MASTER_PORT unless it is passed as distributed_port
+            _discover_rendezvous(int(os.environ.get("MASTER_PORT", 29500)))
         with _port_in_use_named():
-            if device is not None and all(k in os.environ for k in _ENV_RENDEZVOUS):
+            if device is not None:
                 bind_group(backend, device)
-            # DeepSpeed's MPI discovery ignores MASTER_PORT unless it is passed as distributed_port
-            deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=True, verbose=False,
-                                       distributed_port=int(os.environ.get("MASTER_PORT", 29500)))
+            deepspeed.init_distributed(dist_backend=backend, verbose=False)  # adopts the group, if made
     return dist.get_rank(), dist.get_world_size()
+
+
+def _discover_rendezvous(port: int) -> None:
+    """DeepSpeed's discovery of the env:// variables (its comm.init_distributed: Azure ML, SageMaker,
+    else mpi4py over MPI or srun --mpi=pmix), run before the group is made so that a GPU rank binds
+    the device it chose: DeepSpeed's own group binds cuda:$LOCAL_RANK, out of range where Slurm
+    shows each task its GPU only (--gpus-per-task=1: LOCAL_RANK 3, one device)."""
+    from deepspeed.comm import comm as ds
+
+    if ds.in_aml() and not ds.in_dlts():
+        ds.patch_aml_env_for_torch_nccl_backend(verbose=False)
+    elif ds.in_aws_sm():
+        ds.patch_aws_sm_env_for_torch_nccl_backend(verbose=False)
+    else:
+        try:
+            ds.mpi_discovery(distributed_port=port, verbose=False)
+        except ImportError:
+            started = next((k for k in _MPI_ENV if k in os.environ), "no launcher variable")
+            raise ConfigError(f"this process was started by MPI or srun ({started} set) but mpi4py, "
+                              "which finds the ranks then, is not installed: pip install mpi4py, or "
+                              "start the ranks with torchrun, deepspeed or `python -m "
+                              "lenext_dist.cluster task`") from None
 
 
 @contextlib.contextmanager

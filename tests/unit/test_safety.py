@@ -188,6 +188,18 @@ def test_one_process_env_only_without_a_launcher_or_mpi():
     assert one_process_env(env) and env["WORLD_SIZE"] == "1"
 
 
+def test_ranks_started_by_mpi_without_mpi4py_are_a_one_line_error(monkeypatch):
+    import sys
+
+    from lenext_dist.config import ConfigError
+    from lenext_dist.train.group import _discover_rendezvous
+
+    monkeypatch.setitem(sys.modules, "mpi4py", None)  # not installed: its import fails
+    monkeypatch.setenv("PMIX_RANK", "0")
+    with pytest.raises(ConfigError, match="PMIX_RANK set.* pip install mpi4py"):
+        _discover_rendezvous(29500)
+
+
 def test_a_busy_rendezvous_port_is_a_one_line_error(monkeypatch):
     import socket
 
