@@ -143,6 +143,18 @@ class ExtendOptions:
         L = run_config(ckpt).model.train_length  # the pretrained L (an extension runs longer)
         out.mkdir(parents=True, exist_ok=True)
 
+        # every search's config is built and validated before anything runs (the export and the
+        # sweep take long), and again with the fitted init once the sweep has given it
+        micro = self.micro_batch or max(1, self.global_batch // self.nproc)
+
+        def searches(init: dict) -> dict:
+            return {T: search_config(
+                ckpt, self.search_dir(T), target=T, init=init[T], steps=self.steps, lr=self.lr,
+                warmup=self.warmup, global_batch=self.global_batch, micro_batch=micro,
+                overshoot=self.overshoot, min_value=self.min_value, zero_stage=self.zero_stage,
+                activation_checkpointing=self.activation_checkpointing) for T in self.targets}
+
+        searches({T: 1.0 if self.init == "fit" else float(self.init) for T in self.targets})
         hf_base = self.base_export
         if not (hf_base / "config.json").exists():
             export(ckpt, hf_base, overwrite=True)
@@ -151,17 +163,9 @@ class ExtendOptions:
             sweep.run()
         best_c = {T: round(best_c_for_length(str(sweep.out_dir), T), 4) for T in self.targets}
         print(f"[extend] fitted uniform scales c(T): {best_c}", flush=True)
-
-        # every search's config is built and validated before the first one is launched
-        micro = self.micro_batch or max(1, self.global_batch // self.nproc)
-        searches = {T: search_config(
-            ckpt, self.search_dir(T), target=T, init=best_c[T] if self.init == "fit" else float(self.init),
-            steps=self.steps, lr=self.lr, warmup=self.warmup, global_batch=self.global_batch,
-            micro_batch=micro, overshoot=self.overshoot, min_value=self.min_value,
-            zero_stage=self.zero_stage, activation_checkpointing=self.activation_checkpointing)
-            for T in self.targets}
+        configs = searches({T: best_c[T] if self.init == "fit" else float(self.init) for T in self.targets})
         models = {"base": (hf_base, None)}  # as pretrained (its own attention.scale_c, not forced to 1)
-        for T, cfg in searches.items():
+        for T, cfg in configs.items():
             models[f"uniform-{T}"] = (hf_base, best_c[T])
             hs_dir = self.search_dir(T)
             if latest_tag(hs_dir / "checkpoints") != tag_for(self.steps):

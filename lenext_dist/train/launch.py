@@ -56,13 +56,21 @@ def ignore_stop_signal() -> None:
 
 
 def run_launcher(cmd: Sequence[str], env: Optional[dict] = None) -> NoReturn:
-    """Run the launcher of `cmd` as a child in a session of its own (SIGUSR1 ignored) and exit
-    with its status. SIGTERM or SIGUSR1 to this process, or to its process group, reaches the
-    launcher's group as SIGUSR1: the ranks save at the next step boundary and exit 0, the
-    launchers ignore it. DeepSpeed's launch.py never sees a SIGTERM: its handler would terminate
-    the ranks and SIGKILL them 30 s later, losing a step + save that takes longer. SIGINT and
-    SIGHUP are passed on as they are (Ctrl-C stops the run). A kill -9 of this process leaves
-    the launcher running: signal its group (the pid it prints) then."""
+    """launcher_status, then exit with the launcher's status (`lenext train`)."""
+    sys.exit(launcher_status(cmd, env))
+
+
+def launcher_status(cmd: Sequence[str], env: Optional[dict] = None) -> int:
+    """Run the launcher of `cmd` as a child in a session of its own (SIGUSR1 ignored) and return
+    its exit status (a signal's as 128 + N); this process's signal handlers are restored after
+    (`lenext extend` launches its searches through here and goes on). SIGTERM or SIGUSR1 to this
+    process, or to its process group, reaches the launcher's group as SIGUSR1: the ranks save at
+    the next step boundary and exit 0, the launchers ignore it. DeepSpeed's launch.py never sees
+    a SIGTERM: its handler would terminate the ranks and SIGKILL them 30 s later, losing a step +
+    save that takes longer. SIGINT and SIGHUP are passed on as they are (Ctrl-C stops the run). A
+    kill -9 of this process leaves the launcher running: signal its group (the pid it prints)."""
+    handled = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1)
+    before = {s: signal.getsignal(s) for s in handled}
     ignore_stop_signal()  # inherited by the launcher (fork and exec); its ranks install theirs
     print(f"[lenext train] {shlex.join(cmd)}", flush=True)
     sys.stderr.flush()
@@ -77,12 +85,16 @@ def run_launcher(cmd: Sequence[str], env: Optional[dict] = None) -> NoReturn:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(child[0].pid, sig)
 
-    for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(s, forward)
-    # SIGUSR1 still ignored here: exec keeps an ignored signal ignored but resets a handled one
-    child.append(subprocess.Popen(list(cmd), env=dict(os.environ if env is None else env),
-                                  start_new_session=True))
-    signal.signal(signal.SIGUSR1, forward)
-    print(f"[lenext train] launcher pid {child[0].pid} (its process group)", flush=True)
-    rc = child[0].wait()  # a handled signal interrupts the wait, which Python resumes (PEP 475)
-    sys.exit(rc if rc >= 0 else 128 - rc)
+    try:
+        for s in handled[:3]:
+            signal.signal(s, forward)
+        # SIGUSR1 still ignored here: exec keeps an ignored signal ignored but resets a handled one
+        child.append(subprocess.Popen(list(cmd), env=dict(os.environ if env is None else env),
+                                      start_new_session=True))
+        signal.signal(signal.SIGUSR1, forward)
+        print(f"[lenext train] launcher pid {child[0].pid} (its process group)", flush=True)
+        rc = child[0].wait()  # a handled signal interrupts the wait, which Python resumes (PEP 475)
+    finally:
+        for s, h in before.items():
+            signal.signal(s, h)
+    return rc if rc >= 0 else 128 - rc

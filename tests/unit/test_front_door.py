@@ -5,6 +5,7 @@ launcher with SIGUSR1 ignored, and trains in its own process for N = 1; the Head
 import os
 import signal
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -24,7 +25,8 @@ def execve(monkeypatch):
     calls = []
 
     def fake(argv, env=None, start_new_session=False):
-        calls.append((argv[0], list(argv), signal.getsignal(signal.SIGUSR1), start_new_session))
+        calls.append((argv[0], list(argv), signal.getsignal(signal.SIGUSR1), start_new_session,
+                      signal.getsignal(signal.SIGTERM)))
         raise Exec
 
     sigs = (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
@@ -46,9 +48,9 @@ def test_lenext_train_nproc_n_starts_the_runner_with_sigusr1_ignored(execve, tmp
     with pytest.raises(Exec):
         cli.main(["train", "--nproc", "2", "--port", "29611", "--config", str(cfg),
                   "--optim.lr=3e-4", "--train.steps", "100"])
-    (path, argv, usr1, session), = execve
+    (path, argv, usr1, session, term), = execve
     assert path == sys.executable and usr1 == signal.SIG_IGN and session  # its own session
-    assert signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL  # passed on, not fatal
+    assert term not in (signal.SIG_DFL, signal.SIG_IGN)  # passed on, not fatal
     assert argv == launch.launch_command(cfg, 2, 29611, ["--optim.lr=3e-4", "--train.steps", "100"])
     assert "[lenext train] " in capsys.readouterr().out  # the command, printed before the start
 
@@ -99,13 +101,30 @@ def test_the_headscale_search_is_launched_like_lenext_train(monkeypatch, tmp_pat
     from lenext_dist.config import load_config
     from lenext_dist.extend import search
 
-    runs = []
-    monkeypatch.setattr(search.subprocess, "run",
-                        lambda cmd, **kw: runs.append(cmd) or type("P", (), {"returncode": 0})())
-    cfg = load_config(None, [f"run_dir={tmp_path / 'hs-256'}"])
+    from lenext_dist.checkpoint.layout import COMPLETE, LATEST, tag_for
+    from lenext_dist.errors import UserError
+
+    runs, trains = [], []
+
+    def launcher(cmd):  # the launch recorded; `trains` says which step the ranks reach
+        runs.append(cmd)
+        for step in trains:
+            d = Path(cfg.checkpoint.dir) / tag_for(step)
+            d.mkdir(parents=True)
+            (d / COMPLETE).write_text(f"{step}\n")
+            (d.parent / LATEST).write_text(tag_for(step) + "\n")
+        return 0
+
+    monkeypatch.setattr(search, "launcher_status", launcher)
+    cfg = load_config(None, [f"run_dir={tmp_path / 'hs-256'}", "train.steps=8"])
+    # a search stopped short (its ranks saved and exited 0 on a signal) is not exported
+    trains[:] = [4]
+    with pytest.raises(UserError, match="stopped at step_0000004 of 8 steps .* rerun lenext extend"):
+        search.launch(cfg, 256, 2, 29531)
+    trains[:] = [8]
     search.launch(cfg, 256, 2, 29531)
     conf = tmp_path / "hs-256" / "search.yaml"
-    assert conf.is_file() and runs == [launch.launch_command(conf, 2, 29531)]
+    assert conf.is_file() and runs == [launch.launch_command(conf, 2, 29531)] * 2
 
 
 def test_gpu_check_zero2_launches_like_lenext_train(monkeypatch, tmp_path):
@@ -162,3 +181,13 @@ def test_gpu_check_runs_one_rank_as_a_task_shown_only_its_own_gpu(monkeypatch, t
     assert cmd[1:5] == ["-m", launch.MODULE, "--config", str(cfg)] and "--parallel.backend=nccl" in cmd
     env = kw["env"]
     assert (env["RANK"], env["WORLD_SIZE"], env["LOCAL_RANK"], env["CUDA_VISIBLE_DEVICES"]) == ("0", "1", "3", "5")
+
+
+def test_launcher_status_returns_and_restores_the_signal_handlers():
+    """`lenext extend` launches each HeadScale search through launcher_status and goes on: the
+    status comes back (a signal's as 128 + N) and this process's handlers are its own again."""
+    sigs = (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+    before = {s: signal.getsignal(s) for s in sigs}
+    assert launch.launcher_status([sys.executable, "-c", "import sys; sys.exit(3)"]) == 3
+    assert launch.launcher_status([sys.executable, "-c", "import os; os.kill(os.getpid(), 9)"]) == 137
+    assert {s: signal.getsignal(s) for s in sigs} == before

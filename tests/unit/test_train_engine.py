@@ -182,6 +182,28 @@ def test_a_headscale_search_from_a_checkpoint_cut_at_exit_at_loads(tmp_path):
     assert cfg.train.steps == 200 and cfg.train.exit_at == 0
 
 
+def test_a_headscale_search_from_a_staged_run_searches_the_stage_its_weights_are_of(tmp_path):
+    """A checkpoint of configs/exp/smollm3-stages.yaml inside its last stage: the search is one
+    stage of its own with that stage's RoPE base (the whole run's config was refused: its stages
+    start past the search's 200 steps, after the export and the sweep had run)."""
+    from helpers import REPO
+    from lenext_dist.checkpoint.layout import run_config
+    from lenext_dist.config import save_config
+    from lenext_dist.extend.search import search_config
+
+    run = load_config(REPO / "configs/exp/smollm3-stages.yaml")
+    last = run.train.stages[-1]
+    ckpt = tmp_path / f"step_{last.start_step + 10:07d}"
+    ckpt.mkdir()
+    save_config(run, ckpt / "config.yaml")
+    cfg = search_config(ckpt, tmp_path / "hs", target=8192, init=1.2, steps=200, lr=0.1, warmup=20,
+                        global_batch=8, micro_batch=4, overshoot=1.0, min_value=1.0, zero_stage=2,
+                        activation_checkpointing=False)
+    assert cfg.train.stages == [] and cfg.train.steps == 200 and cfg.model.seq_length == 8192
+    assert cfg.attention.rope.base == run_config(ckpt).attention.rope.base == last.rope_base
+    assert cfg.attention.rope.base != run.attention.rope.base
+
+
 def test_accumulation_2_x_micro_1_equals_accumulation_1_x_micro_2(straight, shards, tmp_path):
     run, _ = straight
     run_train(config(tmp_path, shards, "micro2", train={"micro_batch_size": 2}))
