@@ -176,7 +176,8 @@ class PositionVariant(nn.Module):
         host-to-device copy (a sync point on CUDA). Not a registered buffer, so a model-wide
         `.to(bfloat16)` (HF) cannot round it and state dicts stay free of it."""
         cache = self.__dict__.setdefault("_const_cache", {})
-        key = (name, None if device is None else torch.device(device))
+        # inference-mode copies apart: autograd cannot save them (an evaluation, then training)
+        key = (name, None if device is None else torch.device(device), torch.is_inference_mode_enabled())
         if key not in cache:
             cache[key] = getattr(self, name).to(device)
         return cache[key]

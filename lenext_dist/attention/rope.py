@@ -150,10 +150,11 @@ class RoPE(PositionVariant):
 
         The int form is cached for the last (start, length, device, dtype): every layer of a
         forward pass asks for the same range, so the [s, d/2] fp32 outer product is paid once per
-        step, without comparing tensors (no device sync).
+        step, without comparing tensors (no device sync). Tensors made under torch.inference_mode
+        (the evaluations) are kept apart: a later training forward cannot save them for backward.
         """
         if isinstance(positions, int):
-            key = (positions, length, device, dtype)
+            key = (positions, length, device, dtype, torch.is_inference_mode_enabled())
             if self._cache is not None and self._cache[0] == key:
                 return self._cache[1], self._cache[2]
             pos = torch.arange(positions, positions + length, device=device)

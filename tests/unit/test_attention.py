@@ -251,6 +251,20 @@ def test_rope_int_start_equals_tensor_positions_and_is_cached():
     assert rope._cache[1] is cos_cached  # same range: no recomputation
 
 
+def test_a_forward_with_grad_after_an_inference_mode_one_trains():
+    """An evaluation under torch.inference_mode, then training at the same length (the HF model
+    evaluated, then fine-tuned in one process): the cached cos/sin were inference tensors, which
+    autograd refused to save ("Inference tensors cannot be saved for backward")."""
+    rope = RoPE(D)
+    x = torch.randn(1, 2, 6, D)
+    with torch.inference_mode():
+        rope.rotate(x, x, 0)
+    q = x.clone().requires_grad_()
+    out, _ = rope.rotate(q, x, 0)
+    out.sum().backward()
+    assert q.grad is not None and torch.isfinite(q.grad).all()
+
+
 def test_head_scale_multiplies_bf16_queries_in_fp32():
     """m_h = 1.2 is 1.203125 in bf16: the scaled query is rounded once, from the fp32 product."""
     from lenext_dist.attention.paths import scaled_query
