@@ -103,7 +103,8 @@ def iter_attention_probs(q: Tensor, k: Tensor, m: Tensor, *, chunk_size: int = 1
     `score_mod(scores, q_pos, k_pos)` gets raw fp32 logits [b, h, c, sk] (already scaled) and
     absolute positions q_pos [c], k_pos [sk]; masked entries are set to -inf after it.
     With `documents` (sq == sk), score_mod gets positions inside documents q_pos [b, c],
-    k_pos [b, sk] and keys of other documents are hidden (`mask`: the variant's MaskSpec).
+    k_pos [b, sk] and keys of other documents are hidden. `mask` (the variant's MaskSpec: window,
+    blocks, chunks) hides keys with or without documents.
     """
     b, h, sq, d = q.shape
     g, sk = k.shape[1], k.shape[2]
@@ -124,7 +125,8 @@ def iter_attention_probs(q: Tensor, k: Tensor, m: Tensor, *, chunk_size: int = 1
             continue
         if score_mod is not None:
             scores = score_mod(scores, k_pos[start:end] + (sk - sq), k_pos)
-        visible = _causal_mask(sq, sk, q.device, start, end)
+        visible = (_causal_mask(sq, sk, q.device, start, end) if mask is None
+                   else mask.visible(k_pos[start:end] + (sk - sq), k_pos))  # [c, sk]
         scores = scores.masked_fill(~visible, float("-inf"))
         yield start, torch.softmax(scores, dim=-1)
 

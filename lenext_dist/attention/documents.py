@@ -74,16 +74,10 @@ class Documents:
             raise ValueError(f"document ids {self.shape} do not match q [b={q.shape[0]}, "
                              f"s={q.shape[2]}]")
 
-    def first_key(self, q_start: int, mask: MaskSpec) -> int:
-        """Lowest key index any query >= q_start of any row can see (window included)."""
-        lo = int(self.starts[:, q_start].min())
-        if mask.window is not None:
-            lo = max(lo, q_start - mask.window + 1)
-        return lo
-
     def first_keys(self, chunk_size: int, mask: MaskSpec) -> list[int]:
-        """`first_key` of every query chunk 0, chunk_size, ... as python ints: one device sync
-        per batch and (chunk_size, mask), cached (every layer of a forward shares it)."""
+        """The lowest key index any query of any row in each query chunk 0, chunk_size, ... can
+        see (its document's start, the window included), as python ints: one device sync per
+        batch and (chunk_size, mask), cached (every layer of a forward shares it)."""
         key = ("first_keys", chunk_size, mask)
         if key not in self._flex:
             q_starts = range(0, self.shape[1], chunk_size)

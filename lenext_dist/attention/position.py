@@ -45,7 +45,7 @@ from typing import Callable, Optional, Union
 import torch
 from torch import Tensor, nn
 
-from .core import attend
+from .core import IMPL_NAMES, attend
 from .temperature import applies, check, describe, multiplier
 from .cfg import cfg_get
 from .mask import MaskSpec
@@ -88,6 +88,10 @@ class PositionVariant(nn.Module):
         self.temperature = section if applies(section, self.name) else None
         self.impl = cfg_get(attn_cfg, "impl", default="auto")
         self.chunk_size = int(cfg_get(attn_cfg, "chunk_size", default=256))
+        if self.impl not in IMPL_NAMES:  # HF set_position / an export's attention options
+            raise ValueError(f"impl {self.impl!r}: known {', '.join(IMPL_NAMES)}")
+        if self.chunk_size < 1:
+            raise ValueError(f"chunk_size must be >= 1, got {self.chunk_size}")
         if self.window is not None and self.window < 1:
             raise ValueError(f"window must be >= 1, got {self.window}")
         if self.chunked is not None and self.chunked < 1:

@@ -54,6 +54,9 @@ def _pi(dim: int, base: float, factor: float, train_length: int) -> tuple[Tensor
 
 
 def _ntk(dim: int, base: float, factor: float, train_length: int) -> tuple[Tensor, float]:
+    if dim < 4:  # the exponent r / (r - 2)
+        raise ValueError(f"attention.rope.scaling 'ntk' rescales the base by factor^(r/(r-2)): it "
+                         f"needs >= 4 rotated dims r, got {dim} (raise attention.rope.fraction)")
     return _base_inv_freq(dim, base * factor ** (dim / (dim - 2))), 1.0
 
 

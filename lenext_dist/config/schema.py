@@ -377,11 +377,12 @@ class RunConfig:
         why = layout.refusal(specs, a.rope.scaling, a.rope.fraction)
         if why:
             raise ConfigError(why)
-        if a.rope.fraction != 1.0:
-            from lenext_dist.attention.rope import rotary_dims
+        if any(x == "rope" for x, *_ in specs):
+            from lenext_dist.attention.rope import RoPE
 
-            try:
-                rotary_dims(self.model.head_dim, a.rope.fraction)
+            try:  # the rotated dims of attention.rope.fraction, and what the scaling asks of them
+                RoPE(self.model.head_dim, scaling=a.rope.scaling, factor=a.rope.factor,
+                     train_length=self.model.train_length, fraction=a.rope.fraction)
             except ValueError as e:
                 raise ConfigError(str(e)) from None
         names, n = [x for x, *_ in specs], self.model.num_layers
@@ -393,6 +394,10 @@ class RunConfig:
         _check(t.kind == "none" or t.layers == "all" or "nope" in names, "attention.temperature.layers",
                f"'nope', but no layer is NoPE ({layout.describe(names)}): temperature {t.kind!r} would "
                "scale nothing; set attention.temperature.layers 'all', or a layout with NoPE layers")
+        qk = a.qk_norm
+        _check(qk.kind == "none" or qk.layers == "all" or "rope" in names, "attention.qk_norm.layers",
+               f"'rope', but no layer runs RoPE ({layout.describe(names)}): qk_norm {qk.kind!r} would "
+               "normalize nothing; set attention.qk_norm.layers 'all', or a layout with RoPE layers")
         from lenext_dist.attention.temperature import NEEDS_LENGTH
 
         _check(t.kind not in NEEDS_LENGTH or self.model.train_length >= 2, "model.train_length",

@@ -251,6 +251,23 @@ def test_rope_int_start_equals_tensor_positions_and_is_cached():
     assert rope._cache[1] is cos_cached  # same range: no recomputation
 
 
+def test_the_reference_path_reads_a_mask_without_documents():
+    """eager_causal_attention(mask=MaskSpec(window=2)) hides keys 2+ back (the mask was read
+    with packed documents only): equal to the window's own eager path."""
+    from lenext_dist.attention import MaskSpec, eager_causal_attention
+
+    g = torch.Generator().manual_seed(0)
+    q, v = torch.randn(1, 2, 8, D, generator=g), torch.randn(1, 2, 8, D, generator=g)
+    m = torch.ones(2)
+    plain = eager_causal_attention(q, q, v, m)
+    windowed = eager_causal_attention(q, q, v, m, mask=MaskSpec(window=2))
+    assert not torch.allclose(plain[:, :, 2:], windowed[:, :, 2:])
+    torch.testing.assert_close(windowed[:, :, :2], plain[:, :, :2])  # nothing hidden yet
+    nope = NoPE()
+    nope.configure({"window": 2}, train_length=8)
+    torch.testing.assert_close(windowed, attend(q, q, v, m, nope, eager=True))
+
+
 def test_a_forward_with_grad_after_an_inference_mode_one_trains():
     """An evaluation under torch.inference_mode, then training at the same length (the HF model
     evaluated, then fine-tuned in one process): the cached cos/sin were inference tensors, which

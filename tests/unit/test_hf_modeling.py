@@ -93,6 +93,12 @@ def test_unknown_or_missing_config_fields_are_refused():
     with pytest.raises(ValueError, match="unknown config.position"):
         set_position(mdl, "sinusoid")
     assert mdl.config.position == "nope"  # unchanged after a refused switch
+    # kernel options too, at the switch (they failed at the first forward: KeyError, range step 0)
+    with pytest.raises(ValueError, match="impl 'flx': known auto, eager"):
+        set_position(mdl, impl="flx")
+    with pytest.raises(ValueError, match="chunk_size must be >= 1"):
+        set_position(mdl, window=4, chunk_size=0)
+    assert not (mdl.config.attention_options or {}).get("impl")  # left as it was
 
 
 def test_nope_never_rotates_and_forcing_rope_changes_the_function():

@@ -144,11 +144,17 @@ def test_layers_through_the_layout():
     (["attention.qk_norm.kind=layernorm"], "attention.qk_norm.kind"),
     (["attention.qk_norm.kind=rms", "attention.qk_norm.layers=nope"], "attention.qk_norm.layers"),
     (["attention.qk_norm.kind=l2", "attention.qk_norm.eps=0"], "attention.qk_norm.eps must be > 0"),
+    (["attention.qk_norm.kind=rms", "attention.qk_norm.layers=rope"],  # a NoPE model: nothing
+     "attention.qk_norm.layers: 'rope', but no layer runs RoPE \\(nope x4\\)"),
     (["attention.position=rope", "attention.rope.fraction=0"], "attention.rope.fraction: must be in"),
     (["attention.position=rope", "attention.rope.fraction=1.5"], "attention.rope.fraction: must be in"),
     (["attention.position=rope", "attention.rope.fraction=0.2"],  # 0.2 x 16 = 3 dims: odd
      "fraction 0.2 of head dim 16 rotates 3 dims"),
     (["attention.rope.fraction=0.5"], "position 'nope' has no RoPE rotation"),
+    (["attention.position=rope", "attention.rope.fraction=0.125", "attention.rope.scaling=ntk",
+      "attention.rope.factor=2"], "'ntk' .* needs >= 4 rotated dims r, got 2"),  # was ZeroDivisionError
+    (["attention.position=rope", "attention.layout.kind=smollm3", "attention.layout.every=2"],
+     "'smollm3' is SmolLM3-3B's every-4th NoPE layer: attention.layout.every 2 would not be read"),
     (["attention.position=alibi", "attention.layout.kind=nope_every", "attention.rope.fraction=0.5"],
      "no layer .* runs RoPE"),
 ])
