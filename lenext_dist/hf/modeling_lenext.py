@@ -129,12 +129,18 @@ class LenextAttention(nn.Module):
         self.q_norm, self.k_norm = qk_norm if qk_norm is not None else (None, None)
 
     def _apply(self, fn, recurse=True):
-        # .to(bf16) / .half() must not round the scales: keep head_scale fp32, move device only
+        # .to(bf16) / .half() must not round the scales nor a variant's learned parameters
+        # (KERPLE's r1/r2, read in fp32: attention/precision.py): keep them fp32, move device only
         hs = self._buffers[HEAD_SCALE]
+        learned = ({n: p.data for n, p in self.position.named_parameters()}
+                   if isinstance(self.position, nn.Module) else {})
         super()._apply(fn, recurse)
         moved = self._buffers[HEAD_SCALE]
         if moved.dtype != torch.float32:
             self._buffers[HEAD_SCALE] = hs.to(device=moved.device, dtype=torch.float32)
+        for n, p in (self.position.named_parameters() if learned else ()):
+            if p.dtype != torch.float32 and learned[n].dtype == torch.float32:
+                p.data = learned[n].to(device=p.device, dtype=torch.float32)
         return self
 
     def _project(self, hidden_states: Tensor, query_from: int = 0) -> tuple[Tensor, Tensor, Tensor]:

@@ -184,6 +184,20 @@ def test_scales_helpers():
     torch.testing.assert_close(get_head_scales(a), s)
 
 
+def test_a_dtype_cast_keeps_kerple_parameters_fp32():
+    """model.to(bfloat16) keeps KERPLE's learned r1/r2 fp32 and exact, as the head scales (they
+    are read in fp32: a bf16 r1 moved the power form's bias by up to 0.16 at distance 64)."""
+    mdl = model("kerple_power")
+    before = {n: p.detach().clone() for n, p in attention_layers(mdl)[0].position.named_parameters()}
+    assert before and all(p.dtype == torch.float32 for p in before.values())
+    mdl.to(torch.bfloat16)
+    after = dict(attention_layers(mdl)[0].position.named_parameters())
+    assert {n: p.dtype for n, p in after.items()} == {n: torch.float32 for n in before}
+    for n, p in after.items():
+        assert torch.equal(p.detach(), before[n]), n
+    assert mdl.model.embed_tokens.weight.dtype == torch.bfloat16  # the rest is cast
+
+
 def test_attention_inputs_feed_qk():
     mdl = model("rope")
     x = ids(1, 12)
