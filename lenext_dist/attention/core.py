@@ -196,7 +196,7 @@ def attend(q: Tensor, k: Tensor, v: Tensor, m: Tensor, variant,
     # a distance bias and/or a window/block mask: one of paths.BIAS_IMPLS (variant.impl)
     _check_shapes(q, k, v, m)
     bias = variant.bias_table(sk, q.device) if variant.has_bias else None
-    impl = choose_impl(variant.impl, q, k, v, bias)
+    impl = choose_impl(variant.impl, q, k, v, bias, m, q_scale)
     note_impl(impl, f"auto on {q.device.type}" if variant.impl == "auto" else
               "" if impl == variant.impl else f"{variant.impl} cannot run here")
     if impl == "eager":

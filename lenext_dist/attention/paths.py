@@ -218,8 +218,7 @@ def chunked_attention(q: Tensor, k: Tensor, v: Tensor, m: Tensor, *,
     # lowest visible key of every chunk, python ints (documents: one device sync per batch)
     firsts = ([mask.first_key(a + off) for a in starts] if documents is None
               else documents.first_keys(chunk_size, mask))
-    grad = torch.is_grad_enabled() and any(
-        t is not None and t.requires_grad for t in (qs, k, v, bias))
+    grad = needs_grad(qs, k, v, bias)  # qs carries m and q_scale
     recompute = grad and len(starts) > 1
     outs = []
     for start, lo in zip(starts, firsts):
@@ -374,8 +373,7 @@ def flex_path_attention(q: Tensor, k: Tensor, v: Tensor, m: Tensor, *,
                         q_scale: Optional[Tensor] = None, bias: Optional[Tensor] = None,
                         mask: MaskSpec = MaskSpec(), chunk_size: int = 256,
                         documents=None) -> Tensor:
-    grad = torch.is_grad_enabled() and any(
-        isinstance(t, Tensor) and t.requires_grad for t in (q, k, v, m, q_scale, bias))
+    grad = needs_grad(q, k, v, m, q_scale, bias)
     key = _flex_key(q, k, bias, mask, documents, grad)
     args = (q, k, v, m, q_scale, bias, mask, documents)
     if key in _flex_shapes:
@@ -398,7 +396,14 @@ FLEX_MIN_LENGTH = 1024
 here, pays off only on long evaluations)."""
 
 
-def choose_impl(impl: str, q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor]) -> str:
+def needs_grad(*tensors) -> bool:
+    """Autograd differentiates through one of `tensors` (None skipped): in a HeadScale search only
+    m may, the layer's q, k and v coming from frozen weights."""
+    return torch.is_grad_enabled() and any(isinstance(t, Tensor) and t.requires_grad for t in tensors)
+
+
+def choose_impl(impl: str, q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor],
+                m: Optional[Tensor] = None, q_scale: Optional[Tensor] = None) -> str:
     """Resolve `auto`, and fall back where a kernel cannot run.
 
     `auto`: CUDA -> `flex` (FlexAttention has a backward there; not measured on this CPU-only
@@ -412,8 +417,7 @@ def choose_impl(impl: str, q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tenso
     KV-cache steps, sq != sk, which would recompile per step) falls back to `chunked`.
     """
     cpu = q.device.type == "cpu"
-    grad = torch.is_grad_enabled() and any(
-        t is not None and t.requires_grad for t in (q, k, v, bias))
+    grad = needs_grad(q, k, v, bias, m, q_scale)
     if impl == "auto":
         impl = "flex" if not cpu or (not grad and k.shape[2] >= FLEX_MIN_LENGTH) else "chunked"
     if impl == "flex" and (not flex_available() or (grad and cpu) or q.shape[2] != k.shape[2]):

@@ -381,6 +381,10 @@ def test_auto_impl_choice():
     assert choose_impl("auto", g, long_, long_, None) == "chunked"  # training on CPU
     assert choose_impl("flex", g, long_, long_, None) == "chunked"  # no flex backward on CPU
     assert choose_impl("sdpa_mask", g, long_, long_, None) == "sdpa_mask"
+    # a HeadScale search: q, k, v of frozen weights, the gradient through m alone (or q_scale)
+    m = torch.ones(1, requires_grad=True)
+    assert choose_impl("auto", long_, long_, long_, None, m) == "chunked"
+    assert choose_impl("auto", long_, long_, long_, None, None, m) == "chunked"
 
 
 def test_flex_falls_back_to_chunked_when_it_cannot_compile(monkeypatch):
