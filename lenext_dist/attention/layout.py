@@ -79,10 +79,7 @@ def _smollm3(n: int, base: str, o: Options) -> list[Layer]:
     if base != "rope":
         raise ValueError(f"attention.layout 'smollm3' interleaves NoPE with RoPE: it needs "
                          f"attention.position 'rope', got {base!r} (nope_every takes any base)")
-    if o.every != 4:
-        raise ValueError(f"attention.layout 'smollm3' is SmolLM3-3B's every-4th NoPE layer: "
-                         f"attention.layout.every {o.every} would not be read; use kind 'nope_every'")
-    return _nope_every(n, base, o)
+    return _nope_every(n, base, o)  # k = every: SmolLM3's no_rope_layer_interval (4 in SmolLM3-3B)
 
 
 def _local_global(n: int, base: str, o: Options) -> list[Layer]:

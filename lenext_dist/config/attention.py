@@ -139,14 +139,15 @@ class LayoutConfig:
     kind: str = "uniform"
     """A name in the layout registry: `uniform` (every layer attention.position), `nope_every`
     (layers k, 2k, ... (1-based) NoPE, the others attention.position; k = `every`), `smollm3`
-    (SmolLM3-3B's pattern: nope_every with k = 4 over attention.position `rope`), `local_global`
+    (SmolLM3's pattern: nope_every over attention.position `rope`, k = `every`, its
+    no_rope_layer_interval: 4 in SmolLM3-3B), `local_global`
     (layers k, 2k, ... global NoPE without a window, the others attention.position under
     attention.window, which it needs: Cohere Command R7B's with k = 4 and `rope`), `irope`
     (Llama 4: layers k, 2k, ... global NoPE, the others RoPE under attention.chunked, which it
     needs), `explicit` (`layers`, one name per layer)."""
     every: int = 4
-    """k of `nope_every` / `local_global` / `irope`: every k-th layer is NoPE (4 layers, k = 2: rope, nope,
-    rope, nope)."""
+    """k of `nope_every` / `smollm3` / `local_global` / `irope`: every k-th layer is NoPE (4 layers,
+    k = 2: rope, nope, rope, nope)."""
     layers: list[str] = field(default_factory=list)
     """`explicit` only: one attention-registry name per layer (model.num_layers entries), e.g.
     [rope, rope, rope, nope]."""

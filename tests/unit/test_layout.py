@@ -41,6 +41,9 @@ def test_presets():
 
     smol = SmolLM3Config(num_hidden_layers=36).no_rope_layers
     assert names("smollm3", n=36) == ["rope" if x else "nope" for x in smol]
+    # `every` is its no_rope_layer_interval (it was read as 4 whatever it said)
+    smol = SmolLM3Config(num_hidden_layers=6, no_rope_layer_interval=2).no_rope_layers
+    assert names("smollm3", n=6, every=2) == ["rope" if x else "nope" for x in smol]
     assert names("explicit", layers=["rope", "alibi", "nope", "rope"]) == \
         ["rope", "alibi", "nope", "rope"]
     # an export made before layouts: no layout section at all = every layer `position`

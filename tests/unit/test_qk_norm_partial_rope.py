@@ -153,8 +153,7 @@ def test_layers_through_the_layout():
     (["attention.rope.fraction=0.5"], "position 'nope' has no RoPE rotation"),
     (["attention.position=rope", "attention.rope.fraction=0.125", "attention.rope.scaling=ntk",
       "attention.rope.factor=2"], "'ntk' .* needs >= 4 rotated dims r, got 2"),  # was ZeroDivisionError
-    (["attention.position=rope", "attention.layout.kind=smollm3", "attention.layout.every=2"],
-     "'smollm3' is SmolLM3-3B's every-4th NoPE layer: attention.layout.every 2 would not be read"),
+
     (["attention.position=alibi", "attention.layout.kind=nope_every", "attention.rope.fraction=0.5"],
      "no layer .* runs RoPE"),
 ])
