@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 import tempfile
 from dataclasses import replace
 from pathlib import Path
@@ -79,7 +80,11 @@ def launch(cfg: RunConfig, target: int, nproc: int, port: int) -> None:
     cmd = launch_command(conf, nproc, port)
     print(f"[extend] HeadScale search for T={target}: L'={cfg.model.seq_length}, m_h init "
           f"{cfg.attention.head_scale.init}", flush=True)
-    if launcher_status(cmd):
+    try:  # into the caller's stdout (a worker's log when run in a worker process)
+        out = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):
+        out = None
+    if launcher_status(cmd, stdout=out):
         raise UserError(f"the HeadScale search for T={target} failed (its error is above): {' '.join(cmd)}")
     tag = latest_tag(cfg.checkpoint.dir)
     if tag != tag_for(cfg.train.steps):

@@ -60,10 +60,11 @@ def run_launcher(cmd: Sequence[str], env: Optional[dict] = None) -> NoReturn:
     sys.exit(launcher_status(cmd, env))
 
 
-def launcher_status(cmd: Sequence[str], env: Optional[dict] = None) -> int:
+def launcher_status(cmd: Sequence[str], env: Optional[dict] = None, stdout: Optional[int] = None) -> int:
     """Run the launcher of `cmd` as a child in a session of its own (SIGUSR1 ignored) and return
     its exit status (a signal's as 128 + N); this process's signal handlers are restored after
-    (`lenext extend` launches its searches through here and goes on). SIGTERM or SIGUSR1 to this
+    (`lenext extend` launches its searches through here and goes on); `stdout`: a file descriptor
+    for the launcher's stdout and stderr (default: this process's). SIGTERM or SIGUSR1 to this
     process, or to its process group, reaches the launcher's group as SIGUSR1: the ranks save at
     the next step boundary and exit 0, the launchers ignore it. DeepSpeed's launch.py never sees
     a SIGTERM: its handler would terminate the ranks and SIGKILL them 30 s later, losing a step +
@@ -90,7 +91,8 @@ def launcher_status(cmd: Sequence[str], env: Optional[dict] = None) -> int:
             signal.signal(s, forward)
         # SIGUSR1 still ignored here: exec keeps an ignored signal ignored but resets a handled one
         child.append(subprocess.Popen(list(cmd), env=dict(os.environ if env is None else env),
-                                      start_new_session=True))
+                                      start_new_session=True, stdout=stdout,
+                                      stderr=None if stdout is None else subprocess.STDOUT))
         signal.signal(signal.SIGUSR1, forward)
         print(f"[lenext train] launcher pid {child[0].pid} (its process group)", flush=True)
         rc = child[0].wait()  # a handled signal interrupts the wait, which Python resumes (PEP 475)

@@ -24,7 +24,7 @@ def execve(monkeypatch):
     dispositions run_launcher sets restored after the test."""
     calls = []
 
-    def fake(argv, env=None, start_new_session=False):
+    def fake(argv, env=None, start_new_session=False, **_):
         calls.append((argv[0], list(argv), signal.getsignal(signal.SIGUSR1), start_new_session,
                       signal.getsignal(signal.SIGTERM)))
         raise Exec
@@ -106,7 +106,7 @@ def test_the_headscale_search_is_launched_like_lenext_train(monkeypatch, tmp_pat
 
     runs, trains = [], []
 
-    def launcher(cmd):  # the launch recorded; `trains` says which step the ranks reach
+    def launcher(cmd, stdout=None):  # the launch recorded; `trains` says which step the ranks reach
         runs.append(cmd)
         for step in trains:
             d = Path(cfg.checkpoint.dir) / tag_for(step)
