@@ -54,12 +54,14 @@ def _loopback(addr: str) -> bool:
 def master_addr(environ: Mapping[str, str], hosts: Optional[Sequence[str]] = None) -> str:
     """A loopback MASTER_ADDR over several hosts is refused: sbatch passes the submitting shell's
     environment, and a MASTER_ADDR=localhost left there from a local run would have every other
-    node dial itself until the rendezvous timed out."""
+    node dial itself until the rendezvous timed out. Hosts that are all loopback names (two "nodes"
+    on one machine) keep it."""
     if hosts is None and (environ.get("SLURM_JOB_NODELIST") or environ.get("SLURM_NODELIST")):
         hosts = hostnames(environ.get("SLURM_JOB_NODELIST") or environ.get("SLURM_NODELIST"))
     if environ.get("MASTER_ADDR"):
         addr = environ["MASTER_ADDR"]
-        if _loopback(addr) and hosts and len(set(hosts)) > 1:
+        remote = sorted({h for h in hosts or () if not _loopback(h)})
+        if _loopback(addr) and hosts and len(set(hosts)) > 1 and remote:
             raise ClusterError(f"MASTER_ADDR={addr} is each node itself, but the job spans {len(set(hosts))} "
                                f"nodes ({hosts[0]}, ...): unset it (the first host is used) or name a host")
         return addr

@@ -31,8 +31,10 @@ def test_two_node_launchers_match_one(launcher, single_launcher, sample_shards, 
     for node in (0, 1):
         cmd = [sys.executable, "-m", "lenext_dist.cluster", "node", "--launcher", launcher,
                "--nproc-per-node", "1", "--", str(REPO / "launch" / "pretrain.py"), "--config", str(cfg)]
-        # What srun gives each node's task; MASTER_ADDR/PORT as the sbatch script exports them.
-        procs.append(start_with_env(cmd, tmp_path / f"node{node}.log", SLURM_JOB_NODELIST="node[0-1]",
+        # What srun gives each node's task; MASTER_ADDR/PORT as the sbatch script exports them. Both
+        # "nodes" are this machine under two loopback names (a loopback MASTER_ADDR over hosts that
+        # are not is refused: rendezvous.master_addr).
+        procs.append(start_with_env(cmd, tmp_path / f"node{node}.log", SLURM_JOB_NODELIST="localhost,127.0.0.1",
                                     SLURM_NODEID=str(node), SLURM_NNODES="2", SLURM_JOB_ID="4242",
                                     MASTER_ADDR="127.0.0.1", MASTER_PORT=port))
     try:

@@ -416,3 +416,8 @@ def test_a_loopback_master_over_several_nodes_is_refused():
     assert rendezvous.master_addr({**job, "MASTER_ADDR": "gpu3"}) == "gpu3"
     assert rendezvous.master_addr(job) == "gpu1"
     assert rendezvous.master_addr({"SLURM_JOB_NODELIST": "gpu1", "MASTER_ADDR": "localhost"}) == "localhost"
+    # two "nodes" on one machine under loopback names (tests/distributed/test_two_nodes.py)
+    assert rendezvous.master_addr({"SLURM_JOB_NODELIST": "localhost,127.0.0.1",
+                                   "MASTER_ADDR": "127.0.0.1"}) == "127.0.0.1"
+    with pytest.raises(rendezvous.ClusterError, match="is each node itself"):
+        rendezvous.master_addr({"SLURM_JOB_NODELIST": "localhost,gpu2", "MASTER_ADDR": "127.0.0.1"})
