@@ -167,7 +167,10 @@ def _block_mask(q0: int, c: int, lo: int, hi: int, bias: Optional[Tensor], mask:
                 dtype: torch.dtype, device, documents=None) -> Tensor:
     """Mask of queries q0..q0+c-1 and keys lo..hi-1 (python ints: no device sync): additive
     [1, h, c, n] (bias + -inf) or boolean [c, n] when there is no bias; with `documents` (indices
-    in the row): [b, h, c, n] or boolean [b, 1, c, n]."""
+    in the row): [b, h, c, n] or boolean [b, 1, c, n]. An additive mask is in q's dtype (bf16:
+    the bias rounds to 8 bits of mantissa; flex keeps it fp32): CUDA's memory-efficient SDPA
+    kernel, the one that takes a mask, refuses any other ("invalid dtype for bias - should match
+    query's dtype", aten/src/ATen/native/transformers/cuda/attention.cu)."""
     q_pos = torch.arange(q0, q0 + c, device=device)
     k_pos = torch.arange(lo, hi, device=device)
     if documents is not None:
