@@ -31,7 +31,7 @@ from lenext_dist.train.group import (  # noqa: F401  (re-exported: callers impor
 from lenext_dist.train.metrics import Metrics
 from lenext_dist.train.peak import peak_tflops
 from lenext_dist.train.reshard import check_dp_size, saved_dp_size
-from lenext_dist.train.run_dir import HEAD_SCALES, claim as claim_run_dir, finished, refuse_if_busy
+from lenext_dist.train.run_dir import HEAD_SCALES, claim as claim_run_dir, finished, last_step, refuse_if_busy
 from lenext_dist.train.signals import StopSignal
 
 
@@ -133,9 +133,9 @@ def _train(cfg: RunConfig, stop: StopSignal, owns_group: bool, rank: int, world:
     start = _resume_step(cfg)
     if finished(cfg, start):  # no engine built for no step
         # a requeued or relaunched finished run: building a 1B engine would take minutes for nothing
-        limit = f"train.exit_at={cfg.train.exit_at}" if cfg.train.exit_at else f"train.steps={cfg.train.steps}"
+        limit = "train.exit_at" if cfg.train.exit_at else "train.steps"
         _print0(f"[lenext] nothing to do: the latest checkpoint (step {start}) is at or past "
-                f"{limit}; checkpoints in {cfg.checkpoint.dir}")
+                f"{limit}={last_step(cfg)}; checkpoints in {cfg.checkpoint.dir}")
         if owns_group:
             shutdown_distributed()
         return {"step": start, "stopped_by_signal": False}
@@ -155,10 +155,10 @@ def _train(cfg: RunConfig, stop: StopSignal, owns_group: bool, rank: int, world:
             name = "deepspeed.json" if k == 0 else f"deepspeed.stage{k}.json"
             with open(os.path.join(cfg.run_dir, name), "w") as f:
                 json.dump(run.ds_config, f, indent=2)
-        end = min(stages.bounds(cfg)[k][1], cfg.train.exit_at or cfg.train.steps)
+        end = min(stages.bounds(cfg)[k][1], last_step(cfg))
         with sdpa_preference(cfg):
             step, stopped, diverged = _step_loop(run, stop, step, consumed, end)
-        if stopped or diverged is not None or step >= (cfg.train.exit_at or cfg.train.steps):
+        if stopped or diverged is not None or step >= last_step(cfg):
             return _finish(run, step, stopped, diverged, owns_group)
         k += 1  # the boundary's checkpoint is saved: free this stage's engine, build the next
         optim.release_engine(run.engine)
