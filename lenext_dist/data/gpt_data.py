@@ -27,7 +27,9 @@ the masks' sha256 in <run_dir>/data_inputs.json and warns when its first steps h
 Sample-index cache (`data.cache_dir`, default <run_dir>/data_cache): megatron reads it with
 numpy.load(allow_pickle=True); each file it loads must be plain data and is loaded without pickle,
 and each file it saves appears whole (data/sample_cache.py), so a copied or shared run folder
-cannot run code and ranks or runs sharing a cache never read a file in the making.
+cannot run code and ranks or runs sharing a cache never read a file in the making. Cache names
+hash each shard's build (shard_identity) beside megatron's own key, its path: a shard remade in
+place gets new indices, and a resumed run says so (data_inputs.json records the builds read).
 
 Document masking (`data.document_mask`): each micro-batch also carries `document_ids` [b, s]
 (split after EOS and at BOS, lenext_dist.attention.document_ids), handed to the model as its
@@ -46,7 +48,7 @@ import json
 import os
 import signal
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, Optional
 
@@ -72,13 +74,20 @@ class ShardTokenizer:
     eod: int
     vocab_size: int
     bos: Optional[int] = None  # put before every document when set (data.bos)
+    shards: dict[str, str] = field(default_factory=dict)  # {prefix: shard_identity}
 
     @property
     def unique_identifiers(self) -> dict:
-        """Part of megatron's dataset description, hashed into the sample-index cache names."""
+        """Part of megatron's dataset description, hashed into the sample-index cache names.
+        Megatron names a cache by the shard's path, not its contents, so a shard remade at the
+        same path (`make task-shards` into a resumed run's blend) had its old indices reused:
+        an IndexError, or samples cut at the old documents' bounds. The tokenizer's identifiers
+        are the one part of a GPTDatasetConfig megatron hashes that can carry the shards'."""
         ids = {"class": type(self).__name__, "eod": self.eod, "vocab_size": self.vocab_size}
         if self.bos is not None:  # absent without BOS: earlier runs' cache names stay the same
             ids["bos"] = self.bos
+        if self.shards:
+            ids["shards"] = self.shards
         return ids
 
     @classmethod
@@ -273,6 +282,19 @@ def _blend(items: list[BlendItem]) -> Optional[tuple[list[str], Optional[list[fl
     return [i.prefix for i in items], ([i.weight for i in items] if len(items) > 1 else None)
 
 
+def shard_identity(prefix: str) -> str:
+    """Which build of the shard `prefix` this is: its .idx's size and modification time (sample
+    indices depend on the document lengths alone, and a remade shard is a new .idx). A copy that
+    does not keep times (cp without -p) reads as another build: its indices are built again."""
+    st = os.stat(prefix + ".idx")
+    return f"{st.st_size}-{st.st_mtime_ns}"
+
+
+def shard_identities(d) -> dict[str, str]:
+    """{absolute prefix: shard_identity} of data.blend and data.valid_blend."""
+    return {os.path.abspath(b.prefix): shard_identity(b.prefix) for b in [*d.blend, *d.valid_blend]}
+
+
 def check_shards(d, blend_key: str = "data.blend") -> dict[str, dict]:
     """What megatron would fail on, or train wrongly on, in the shards of the data config `d`
     (data.blend, data.valid_blend; `blend_key` names the blend in errors, e.g. a stage's): each
@@ -303,6 +325,7 @@ def build_datasets(cfg: RunConfig, world_size: int, record: bool = False, steps:
     d, t = cfg.data, cfg.train
     masks = check_shards(d)
     tok = ShardTokenizer.from_sentencepiece(d.tokenizer, bos=d.bos)
+    tok.shards = shard_identities(d)
     if tok.vocab_size > cfg.model.vocab_size:
         raise ConfigError(f"model.vocab_size: {cfg.model.vocab_size} < tokenizer vocabulary "
                           f"{tok.vocab_size} ({d.tokenizer})")
@@ -344,24 +367,26 @@ def build_datasets(cfg: RunConfig, world_size: int, record: bool = False, steps:
                   for k, v in (("blend", d.blend), ("valid_blend", d.valid_blend))}
         os.makedirs(cfg.run_dir, exist_ok=True)
         path = os.path.join(cfg.run_dir, "data_inputs.json")
-        _warn_changed_masks(path, masks)
-        atomic_write(path, json.dumps(
-            {**blends, "task_loss": d.task_loss, "answer_masks": masks}, indent=2) + "\n")
+        _warn_changed(path, "shards", tok.shards, "shards remade")
+        _warn_changed(path, "answer_masks", masks, "answer masks changed")
+        atomic_write(path, json.dumps({**blends, "task_loss": d.task_loss, "shards": tok.shards,
+                                       "answer_masks": masks}, indent=2) + "\n")
     return train, (valid if d.valid_blend and valid_samples else None)
 
 
-def _warn_changed_masks(path: str, masks: dict) -> None:
-    """A resumed run whose answer masks differ from the ones its data_inputs.json recorded reads
-    other loss tokens from here on: say which (the run goes on; the new record replaces the old)."""
+def _warn_changed(path: str, key: str, now: dict, what: str) -> None:
+    """A resumed run whose shards or answer masks differ from the ones its data_inputs.json
+    recorded under `key` reads other samples or loss tokens from here on: say which (the run goes
+    on; the new record replaces the old)."""
     try:
         with open(path) as f:
-            old = json.load(f).get("answer_masks") or {}
-    except (OSError, ValueError):
+            old = json.load(f).get(key) or {}
+    except (OSError, ValueError, AttributeError):
         return
-    changed = sorted(k for k in masks.keys() & old.keys() if masks[k] != old[k])
+    changed = sorted(k for k in now.keys() & old.keys() if now[k] != old[k])
     if changed:
-        print(f"[lenext] warning: answer masks changed since {path} was written: "
-              f"{', '.join(changed)} (their loss tokens differ from the earlier steps')", flush=True)
+        print(f"[lenext] warning: {what} since {path} was written: {', '.join(changed)} (the steps "
+              "from here on read other samples or loss tokens than the earlier ones)", flush=True)
 
 
 def sample_indices(step: int, micro: int, rank: int, world: int, micro_batch: int,

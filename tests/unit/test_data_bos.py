@@ -142,3 +142,43 @@ def test_every_evaluation_defaults_to_the_training_bos(tmp_path):
     assert main(["eval", "passkey", "--model", model, "--lengths", "100", "--depths", "1",
                  "--keys", "1", "--max-new-tokens", "2", "--out", str(out), "--no-progress"]) == 0
     assert json.loads((out / "passkey.json").read_text())["protocol"]["bos"] is True
+
+
+def _write_shard(prefix, docs):
+    from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
+
+    b = IndexedDatasetBuilder(prefix + ".bin", dtype=np.uint16)
+    for d in docs:
+        b.add_document(torch.tensor(d, dtype=torch.int64), [len(d)])
+    b.finalize(prefix + ".idx")
+
+
+def test_a_shard_remade_at_its_path_gets_new_sample_indices_and_a_warning(tmp_path, capsys):
+    """Megatron names its sample-index cache by the shard's path: a shard remade there (other
+    documents) read through the old indices, an IndexError or samples cut at the old bounds."""
+    import json
+
+    prefix = str(tmp_path / "docs")
+    _write_shard(prefix, [[10 + i] * 9 + [2] for i in range(30)])  # 30 documents of 10 tokens
+    cfg = run_cfg(prefix, tmp_path / "cache")
+    cfg.run_dir = str(tmp_path / "run")
+    build_datasets(cfg, 1, record=True)
+    _write_shard(prefix, [[50 + i] * 2 + [2] for i in range(40)])  # remade: 40 documents of 3
+    capsys.readouterr()
+    train, _ = build_datasets(cfg, 1, record=True)
+    # the samples a fresh cache gives (the old indices: an IndexError past the 30th document)
+    fresh, _ = build_datasets(run_cfg(prefix, tmp_path / "fresh"), 1)
+    for n in range(0, 12, 2):
+        assert torch.equal(collate(train, range(n, n + 2))["tokens"], collate(fresh, range(n, n + 2))["tokens"])
+    assert "warning: shards remade since" in capsys.readouterr().out
+    assert json.loads((tmp_path / "run" / "data_inputs.json").read_text())["shards"] == \
+        train.config.tokenizer.shards
+    # the same documents again, under a later time: a new build too (the same count and sizes)
+    st = os.stat(prefix + ".idx")
+    os.utime(prefix + ".idx", ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    capsys.readouterr()
+    build_datasets(cfg, 1, record=True)
+    assert "warning: shards remade since" in capsys.readouterr().out
+    # an unchanged shard: the cache is read, no warning
+    build_datasets(cfg, 1, record=True)
+    assert "warning" not in capsys.readouterr().out
