@@ -27,6 +27,8 @@ import torch
 from lenext_dist.errors import CheckpointError
 
 _FORCE = "TORCH_FORCE_WEIGHTS_ONLY_LOAD"
+# a common DeepSpeed workaround users export; with _FORCE also set torch.load raises RuntimeError
+_FORCE_NO = "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD"
 
 
 def allowed_globals() -> list:
@@ -46,8 +48,9 @@ def allowed_globals() -> list:
 def weights_only_loads(what: str | os.PathLike) -> Iterator[None]:
     """Every torch.load inside (ours and DeepSpeed's) is weights_only with our allow-list; a file
     needing other globals raises CheckpointError naming `what` (a checkpoint file or folder)."""
-    old = os.environ.get(_FORCE)
+    old = {k: os.environ.get(k) for k in (_FORCE, _FORCE_NO)}
     os.environ[_FORCE] = "1"
+    os.environ.pop(_FORCE_NO, None)
     try:
         with torch.serialization.safe_globals(allowed_globals()):
             yield
@@ -59,10 +62,11 @@ def weights_only_loads(what: str | os.PathLike) -> Iterator[None]:
             f"{detail}. Checkpoints are loaded with torch.load(weights_only=True); only load "
             "checkpoints written by lenext_dist.train, and get this one again from its source") from None
     finally:
-        if old is None:
-            os.environ.pop(_FORCE, None)
-        else:
-            os.environ[_FORCE] = old
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def load(path: str | os.PathLike, **kw):

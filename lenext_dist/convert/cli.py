@@ -75,7 +75,8 @@ def build_parser(p: Optional[argparse.ArgumentParser] = None) -> argparse.Argume
     exp.add_argument("--tokenizer", help="SentencePiece model (default: the run's data.tokenizer)")
     exp.add_argument("--no-tokenizer", action="store_true", help="do not ship a tokenizer")
     exp.add_argument("--dtype", default="fp32", choices=CHOICES,
-                     help="weight dtype in model.safetensors (head scales stay fp32)")
+                     help="weight dtype in model.safetensors (what training keeps fp32 stays fp32: "
+                          "head scales, KERPLE's r1/r2)")
     exp.add_argument("--overwrite", action="store_true", help="replace a previous export in --out (only an export: "
                      "a folder holding anything else, or the checkpoint/run folder, is refused)")
     exp.add_argument("--verify", action="store_true",

@@ -12,6 +12,7 @@ placeholders, which is detected and never exported.
 
 Output folder:
     model.safetensors      Llama-named weights + model.layers.N.self_attn.head_scale [heads] fp32
+                           (and KERPLE's self_attn.position.* fp32 at any --dtype)
     config.json            model_type `lenext`, auto_map -> the shipped classes, position / rope /
                            scale_c / train_length / head_scale_source, lenext_source (provenance)
     generation_config.json
@@ -45,8 +46,8 @@ from lenext_dist.attention.names import HEAD_SCALE_KEY
 from lenext_dist.dtypes import TORCH_NAMES, canonical, torch_dtype
 
 from .keymap import (HF_HEAD_SCALE, IGNORED, MEGATRON_HEAD_SCALE, MEGATRON_QK_NORM, Shape,
-                     expected_shapes, megatron_to_hf)
-from .outdir import OutputError, _inside, check_out, staged
+                     expected_shapes, megatron_key, megatron_to_hf)
+from .outdir import OutputError, check_out, inside, staged
 
 HF_DIR = Path(__file__).resolve().parents[1] / "hf"
 ATTENTION_DIR = Path(__file__).resolve().parents[1] / "attention"
@@ -282,7 +283,7 @@ def export(checkpoint: Union[str, Path], out: Union[str, Path], *, tag: Optional
     replaces = check_out(final, overwrite, [step_dir, step_dir.parent, Path(cfg.checkpoint.dir),
                                             Path(cfg.run_dir)] + ([Path(head_scales)] if isinstance(
                                                 head_scales, (str, Path)) else []))
-    if any(_inside(final.resolve(), p.resolve()) for p in (step_dir.parent, Path(cfg.checkpoint.dir))):
+    if any(inside(final.resolve(), p.resolve()) for p in (step_dir.parent, Path(cfg.checkpoint.dir))):
         raise OutputError(f"--out {final} lies inside the checkpoint folder {step_dir.parent}; "
                           "choose an output folder outside it")
     m = cfg.model
@@ -355,11 +356,13 @@ def _tokenizer_info(info: Optional[dict], vocab_size: int) -> Optional[dict]:
 def _custom_payload(out: Path, cfg, hf_state: dict, scales: Tensor, tok_path: Optional[Path], *,
                     scale_c: float, head_scale_source: str, source: dict, dtype: str):
     """model_type lenext: head scales as fp32 buffers, our modeling code + attention copy."""
-    names = [HF_HEAD_SCALE.format(i=i) for i in range(cfg.model.num_layers)]
-    for name, row in zip(names, scales):
-        hf_state[name] = row.to(torch.float32).contiguous()
-    tensors = {k: (v if k in names else v.to(torch_dtype(dtype))).contiguous()
-               for k, v in hf_state.items()}
+    from lenext_dist.model.build import documented_fp32
+
+    for i, row in enumerate(scales):
+        hf_state[HF_HEAD_SCALE.format(i=i)] = row
+    # what training keeps fp32 (m_h, KERPLE's r1/r2) stays fp32, as the HF model's _apply keeps it
+    tensors = {k: v.to(torch.float32 if documented_fp32(megatron_key(k) or "") else torch_dtype(dtype))
+               .contiguous() for k, v in hf_state.items()}
     tok = _tokenizer_info(_tokenizer_files(out, tok_path, bos=cfg.data.bos) if tok_path else None,
                           cfg.model.vocab_size)
     ship_code(out)

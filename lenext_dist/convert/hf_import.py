@@ -3,8 +3,9 @@
 The inverse of the exports, read from the same tables: `keymap.KEYMAP` (hf_to_megatron),
 `stock.ROPE_PARAMETERS` (a rope_parameters dict is accepted only when our export of the scaling it
 names writes exactly that dict back), `stock.LLAMA4_MLP` / `stock.llama4_rope_rows` (Llama 4's
-names and Meta's RoPE pair layout, undone). `READERS` maps config.json's architecture to the reader
-of its config: LlamaForCausalLM (PI / NTK as a base / YaRN), MistralForCausalLM (sliding window),
+names and Meta's RoPE pair layout, undone). `MODEL_TYPES` maps config.json's model_type to the
+class transformers' AutoModelForCausalLM builds from it, `READERS` that class to the reader of its
+config: LlamaForCausalLM (PI / NTK as a base / YaRN), MistralForCausalLM (sliding window),
 SmolLM3ForCausalLM (no_rope_layers, layer_types), Llama4ForCausalLM (text model, dense MLPs, iRoPE,
 chunks, attention temperature, its weightless QK-norm), Qwen3ForCausalLM (QK-norm with weights)
 and our custom export (model_type lenext; learned head scales folded into q_proj). Anything our
@@ -43,7 +44,7 @@ from lenext_dist.errors import CheckpointError
 from . import stock
 from .export import qk_norm_keys
 from .keymap import HF_HEAD_SCALE, HF_Q_PROJ, HF_QK_NORM, Shape, expected_shapes, hf_to_megatron
-from .outdir import check_out, staged
+from .outdir import check_out, inside, staged
 
 TOKENIZER_FILES = ("tokenizer.model", "tokenizer.json", "tokenizer_config.json",
                    "special_tokens_map.json")
@@ -135,7 +136,7 @@ def stock_length(c: dict, factor: float = 1.0) -> int:
 def _llama(c: dict, where: Path) -> Reading:
     m = _common(c)
     rope, L = _rope(c, m["hidden_size"] // m["num_attention_heads"])
-    window = c.get("sliding_window") if c["architectures"][0] == "MistralForCausalLM" else None
+    window = c.get("sliding_window") if c["model_type"] == "mistral" else None  # Llama has none
     return Reading({**m, "seq_length": L}, {"position": "rope", "rope": rope, "window": window},
                    [("rope", window, None)] * m["num_layers"])
 
@@ -162,9 +163,6 @@ def _smollm3(c: dict, where: Path) -> Reading:
 
 def _llama4(c: dict, where: Path) -> Reading:
     c = {"use_qk_norm": True, **c}  # Llama4TextConfig's default
-    if c.get("model_type") == "llama4" or "text_config" in c:
-        raise ValueError("Llama4ForConditionalGeneration (multimodal): import the text model "
-                         "(a Llama4ForCausalLM folder)")
     n = c["num_hidden_layers"]
     moe = c.get("moe_layers")
     if moe is None or moe:
@@ -217,10 +215,16 @@ def _lenext(c: dict, where: Path) -> Reading:
     """Our custom export: every attention option is in config.json (attention_options) but the
     head scales (_fold_head_scales); the kernel choices an older export kept there are left
     behind (they were the training machine's)."""
+    from lenext_dist.hf.configuration_lenext import LENEXT_FORMAT
+
+    if (c.get("lenext_format") or 0) > LENEXT_FORMAT:
+        raise ValueError(f"lenext_format {c['lenext_format']}, newer than this lenext_dist reads "
+                         f"({LENEXT_FORMAT}): update lenext_dist")
     m = _common(c)
     options = {k: v for k, v in (c.get("attention_options") or {}).items()
                if k not in AttentionConfig.KERNEL_FIELDS}
-    attn = {"position": c["position"], "rope": c["rope"], **options}
+    # scale_c: each head's m_h where the weights hold no head scales (as the HF model's buffers)
+    attn = {"position": c["position"], "rope": c["rope"], "scale_c": float(c["scale_c"]), **options}
     if (options.get("temperature") or {}).get("kind") == "ssmax":
         # SSMax's learned m_h are the export's head scales, folded into the weights: the head
         # scale it needs starts at 1
@@ -232,7 +236,12 @@ def _lenext(c: dict, where: Path) -> Reading:
 READERS: dict[str, Callable[[dict, Path], Reading]] = {
     "LlamaForCausalLM": _llama, "MistralForCausalLM": _llama, "SmolLM3ForCausalLM": _smollm3,
     "Llama4ForCausalLM": _llama4, "Qwen3ForCausalLM": _qwen3, "LenextForCausalLM": _lenext}
-"""config.json `architectures[0]` -> its reader; any other architecture is refused by name."""
+"""The class transformers builds -> the reader of its config.json; any other is refused by name."""
+MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
+               "smollm3": "SmolLM3ForCausalLM", "llama4": "Llama4ForCausalLM",
+               "llama4_text": "Llama4ForCausalLM", "qwen3": "Qwen3ForCausalLM",
+               "lenext": "LenextForCausalLM"}
+"""config.json `model_type` -> the class AutoModelForCausalLM builds (lenext: by its auto_map)."""
 
 
 def _layout(specs: list, attention: dict) -> dict:
@@ -297,7 +306,12 @@ class LazyWeights:
 
 def _check_shards(folder: Path, index: str, files: dict) -> None:
     """Every shard the index names is there and holds the tensors it puts there (headers only),
-    before anything is written: a partial download is named as one."""
+    before anything is written: a partial download is named as one; a name that is not a file of
+    the folder ("../x", "/abs") is refused, never read."""
+    bad = next((s for s in files.values() if not isinstance(s, str) or s in ("", "..")
+                or Path(s).name != s), None)
+    if bad is not None:
+        raise _refuse(folder / index, f"weight_map names {bad!r}, not a file of this folder")
     for shard in sorted(set(files.values())):
         if not (folder / shard).is_file():
             raise _refuse(folder / shard, f"missing ({index} lists it): download it again")
@@ -359,9 +373,20 @@ def read_config(folder: Path, overrides=()) -> tuple[dict, Reading, str]:
         raise _refuse(f, f"not valid JSON ({e})") from None
     if not isinstance(c, dict):
         raise _refuse(f, f"not a JSON object (a {type(c).__name__})")
-    arch = (c.get("architectures") or [c.get("model_type", "?")])[0]
-    if arch not in READERS:
-        raise _refuse(f, f"architecture {arch!r} (importable: {', '.join(READERS)})")
+    named = (c.get("architectures") or [None])[0]
+    # transformers picks the class by model_type; a folder without one, by its architecture
+    kind = c.get("model_type") or {a: t for t, a in MODEL_TYPES.items()}.get(str(named))
+    if not isinstance(kind, str) or kind not in MODEL_TYPES:
+        raise _refuse(f, f"model_type {c.get('model_type')!r}, architecture {named!r} (importable "
+                         f"model_types: {', '.join(MODEL_TYPES)})")
+    if kind == "llama4" or "text_config" in c:  # AutoModelForCausalLM's text part of a Llama4Config
+        raise _refuse(f, "a multimodal model (Llama4ForConditionalGeneration): import its text model "
+                         "(model_type llama4_text, a Llama4ForCausalLM folder)")
+    arch = MODEL_TYPES[kind]
+    if named not in (None, arch):
+        raise _refuse(f, f"architecture {named!r} with model_type {kind!r}, from which transformers "
+                         f"builds {arch}: make the two agree")
+    c = {**c, "model_type": kind}
     if c.get("auto_map") and arch != "LenextForCausalLM" and not any(
             o.startswith("attention.") for o in overrides):
         raise _refuse(f, f"auto_map {sorted(c['auto_map'].values())}: the model runs its own code, "
@@ -410,9 +435,22 @@ def _tokenizer_adds_bos(folder: Path) -> bool:
         raise _refuse(tc, f"not a JSON object ({type(e).__name__}: {str(e)[:120]})") from None
 
 
-def run_config(c: dict, reading: Reading, out: Path, name: str, overrides: list[str]):
+def _tokenizer_files(folder: Path) -> list[Path]:
+    """The tokenizer files to copy. One linking outside the folder is refused (copyfile follows
+    links: tokenizer.json -> ~/.cache/huggingface/token would copy a secret into the run), but
+    the hub cache's snapshots/<rev>/file -> ../../blobs/<hash>."""
+    root = folder.resolve()
+    roots = [root] + ([root.parent.parent / "blobs"] if root.parent.name == "snapshots" else [])
+    found = [folder / t for t in TOKENIZER_FILES if (folder / t).is_file()]
+    outside = next((t for t in found if not any(inside(t.resolve(), r) for r in roots)), None)
+    if outside:
+        raise _refuse(outside, f"links to {outside.resolve()}, outside {folder}: put the file itself there")
+    return found
+
+
+def run_config(c: dict, reading: Reading, out: Path, name: str, overrides: list[str], source: Path):
     """The RunConfig written with the import (strict loader, so a bad override is one line)."""
-    from lenext_dist.config import load_config
+    from lenext_dist.config import ConfigError, load_config
 
     tok = (out / "tokenizer.model").resolve() if (out / "tokenizer.model").is_file() else ""
     bos = c.get("bos_at_document_start")
@@ -427,7 +465,10 @@ def run_config(c: dict, reading: Reading, out: Path, name: str, overrides: list[
             "checkpoint": {"init_from": str((out / "checkpoints").resolve())}}
     f = out / CONFIG
     f.write_text(yaml.safe_dump(tree, sort_keys=False))
-    return load_config(f, list(overrides))
+    try:
+        return load_config(f, list(overrides))
+    except ConfigError as e:  # it names the staged copy, deleted on the way out: name the source
+        raise ConfigError(str(e).replace(str(f), str(source / "config.json"))) from None
 
 
 def import_hf(folder, out, *, overrides: list[str] = (), name: Optional[str] = None) -> dict:
@@ -438,6 +479,7 @@ def import_hf(folder, out, *, overrides: list[str] = (), name: Optional[str] = N
 
     folder, final = Path(folder), Path(out)
     c, reading, arch = read_config(folder, overrides)
+    tokenizer = _tokenizer_files(folder)  # before any is read
     _tokenizer_adds_bos(folder)
     if (folder / "tokenizer.model").is_file():  # the run's data.tokenizer: checked before copying
         from lenext_dist.errors import UserError
@@ -450,10 +492,9 @@ def import_hf(folder, out, *, overrides: list[str] = (), name: Optional[str] = N
     replaces = check_out(final, None, [folder])  # no --overwrite: nothing replaced
     weights = LazyWeights(folder, reading)
     with staged(final, replaces) as tmp:
-        for t in TOKENIZER_FILES:
-            if (folder / t).is_file():
-                shutil.copyfile(folder / t, tmp / t)
-        cfg = run_config(c, reading, tmp, name or folder.resolve().name, overrides)
+        for t in tokenizer:
+            shutil.copyfile(t, tmp / t.name)
+        cfg = run_config(c, reading, tmp, name or folder.resolve().name, overrides, folder)
         m = cfg.model
         shape = Shape.from_run_config(cfg)
         why = (_unknown_names(weights, shape, cfg.attention.qk_norm.kind == "rms")
@@ -524,8 +565,9 @@ def _relocated(cfg, tmp: Path, final: Path):
 
 
 def _fold_head_scales(weights: LazyWeights, cfg) -> None:
-    """Our custom export's per-head scales [h] per layer: a uniform c stays attention.scale_c
-    (unless the config has a head scale, SSMax's m_h, which starts at 1 instead); anything else
+    """Our custom export's per-head scales [h] per layer (none in the weights: config.json's
+    scale_c, read into attention.scale_c, as the HF model's buffers start): a uniform c stays
+    attention.scale_c (unless the config has a head scale, SSMax's m_h, which starts at 1 instead); anything else
     is folded as the stock export folds it (stock_weights): into q_norm.weight on a layer with a
     learned QK-norm whose heads share one scale (the norm would undo a scaled q_proj), else into
     q_proj's rows, with scale_c 1; what no weight can carry is refused."""
@@ -533,11 +575,14 @@ def _fold_head_scales(weights: LazyWeights, cfg) -> None:
 
     m = cfg.model
     keys = [HF_HEAD_SCALE.format(i=i) for i in range(m.num_layers)]
-    if not all(k in weights for k in keys):
-        return
-    scales = torch.stack([weights[k].float() for k in keys])  # [layers, heads]
+    lacking = [k for k in keys if k not in weights]
+    if lacking and len(lacking) < len(keys):  # the HF model would run those layers at scale_c
+        raise _refuse(weights.folder, f"no {lacking[0]} ({len(keys) - len(lacking)} of {len(keys)} "
+                                      "layers have head scales): export it again")
+    scales = (torch.full((m.num_layers, m.num_attention_heads), float(cfg.attention.scale_c))
+              if lacking else torch.stack([weights[k].float() for k in keys]))  # [layers, heads]
     for k in keys:
-        del weights.names[k]
+        weights.names.pop(k, None)
     if not cfg.attention.head_scale.enabled and bool((scales == scales.flatten()[0]).all()):
         cfg.attention.scale_c = float(scales.flatten()[0])
         return

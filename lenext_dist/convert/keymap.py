@@ -226,6 +226,15 @@ def _convert(src: dict, s: Shape, from_side: str, to_side: str) -> dict[str, Ten
     return out
 
 
+def megatron_key(hf_key: str) -> str | None:
+    """The megatron key an HF key is a plain copy of (None for a part of a fused tensor, or an
+    unknown key)."""
+    for rule in KEYMAP:
+        if len(rule.hf) == 1 and (m := _regex(rule.hf[0]).match(hf_key)):
+            return _fmt(rule.megatron, m.groupdict())
+    return None
+
+
 def megatron_to_hf(state: dict, s: Shape) -> dict[str, Tensor]:
     """megatron GPTModel state dict -> HF state dict. Raises KeyError on an unmapped key or a
     missing required one (a converter must never silently drop or invent weights)."""
@@ -246,5 +255,5 @@ def hf_to_megatron(state: Mapping, s: Shape) -> dict[str, Tensor]:
 
 
 __all__ = ["Shape", "Rule", "KEYMAP", "SHAPES", "expected_shapes", "HF_Q_PROJ", "HF_HEAD_SCALE",
-           "MEGATRON_HEAD_SCALE", "MEGATRON_QK_NORM", "HF_QK_NORM", "megatron_to_hf", "hf_to_megatron", "split_qkv",
-           "merge_qkv", "split_gate_up", "merge_gate_up"]
+           "MEGATRON_HEAD_SCALE", "MEGATRON_QK_NORM", "HF_QK_NORM", "megatron_key", "megatron_to_hf",
+           "hf_to_megatron", "split_qkv", "merge_qkv", "split_gate_up", "merge_gate_up"]

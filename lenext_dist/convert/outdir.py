@@ -9,7 +9,8 @@ with `lenext_source` and nothing but the file names an export writes. It refuses
 - an `--out` holding any file an export did not write (a user's documents, a half-copied export
   with notes added, a home folder): the message names them;
 - an `--out` that is a symbolic link (the rename would replace the link, not its target).
-What a replacement deletes is printed before it happens.
+What a replacement deletes is printed before it happens; the previous export is renamed aside
+and deleted only once the new one is in its place.
 """
 from __future__ import annotations
 
@@ -36,7 +37,7 @@ class OutputError(CheckpointError):
     """--out cannot be written or replaced safely (the message says why and what to do)."""
 
 
-def _inside(p: Path, root: Path) -> bool:
+def inside(p: Path, root: Path) -> bool:
     return p == root or root in p.parents
 
 
@@ -68,7 +69,7 @@ def check_out(out: Path, overwrite: Optional[bool], protected: Iterable[Path]) -
     real = out.resolve()
     for p in protected:
         p = Path(p).resolve()
-        if _inside(p, real):
+        if inside(p, real):
             raise OutputError(f"--out {out} contains {p}, which this export reads; "
                               "choose an output folder outside the run")
     if not out.exists():
@@ -95,8 +96,8 @@ def check_out(out: Path, overwrite: Optional[bool], protected: Iterable[Path]) -
 
 @contextlib.contextmanager
 def staged(out: Path, replaces: list[Path]) -> Iterator[Path]:
-    """Yield `.{name}.partial` beside `out` to write into; on success it becomes `out` (after
-    removing `replaces`, the previous export), on any error it is removed, `out` untouched."""
+    """Yield `.{name}.partial` beside `out` to write into; on success it becomes `out` (see
+    _swap), on any error it is removed, `out` untouched."""
     tmp = out.with_name(f".{out.name}.partial")
     try:
         if tmp.is_symlink() or tmp.is_file():
@@ -110,14 +111,6 @@ def staged(out: Path, replaces: list[Path]) -> Iterator[Path]:
         yield tmp
         files = sorted(p.name for p in tmp.iterdir())
         (tmp / MARKER).write_text(json.dumps({"files": files}, indent=1) + "\n")
-        if replaces:
-            print(f"[lenext.convert] --overwrite: replacing the previous export {out} "
-                  f"({len(replaces)} files: {', '.join(p.name for p in replaces[:8])}"
-                  f"{' ...' if len(replaces) > 8 else ''})", file=sys.stderr)
-            shutil.rmtree(out)
-        elif out.exists():
-            out.rmdir()  # empty
-        os.replace(tmp, out)
     except BaseException as e:
         failed = _write_failure(e)
         free = _free(tmp) if failed else ""
@@ -126,6 +119,50 @@ def staged(out: Path, replaces: list[Path]) -> Iterator[Path]:
             raise OutputError(f"writing {out} failed: {failed} ({free} free there when it failed); "
                               "nothing was written; free space or choose a writable --out") from None
         raise
+    _swap(tmp, out, replaces)
+
+
+def _swap(tmp: Path, out: Path, replaces: list[Path]) -> None:
+    """The finished `tmp` becomes `out`. A previous export is renamed aside (`.{name}.old`) and
+    deleted only once `tmp` is in its place, so an rmtree failing halfway (EBUSY on NFS) or a kill
+    always leaves one whole export. `tmp` is deleted only while `out` is untouched."""
+    old = out.with_name(f".{out.name}.old")
+    try:
+        if replaces:
+            print(f"[lenext.convert] --overwrite: replacing the previous export {out} "
+                  f"({len(replaces)} files: {', '.join(p.name for p in replaces[:8])}"
+                  f"{' ...' if len(replaces) > 8 else ''})", file=sys.stderr)
+            if old.exists():  # a killed swap's leftover, older than `out`
+                shutil.rmtree(old)
+            os.replace(out, old)
+        elif out.exists():
+            out.rmdir()  # empty
+    except OSError as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise OutputError(f"cannot replace {out}: {_write_failure(e)}; {out} is unchanged, nothing "
+                          "was written; choose another --out") from None
+    try:
+        os.replace(tmp, out)
+    except OSError as e:
+        why = e.strerror or e
+        if not replaces:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise OutputError(f"cannot rename {tmp} to {out}: {why}; nothing was written; choose "
+                              "another --out") from None
+        try:
+            os.replace(old, out)
+        except OSError:
+            raise OutputError(f"cannot rename {tmp} to {out}: {why}, nor the previous export {old} "
+                              f"back: the new export is in {tmp}, the previous one in {old}; move "
+                              f"one of them to {out} by hand") from None
+        raise OutputError(f"cannot rename {tmp} to {out}: {why}; the previous export is back in "
+                          f"{out}, the new one left in {tmp}") from None
+    if replaces:
+        try:
+            shutil.rmtree(old)
+        except OSError as e:  # the export is done: what is left is a hidden copy of the old one
+            print(f"[lenext.convert] warning: could not delete the previous export, moved to {old} "
+                  f"({e.strerror or e}); delete it by hand", file=sys.stderr)
 
 
 def _write_failure(e: BaseException) -> str:

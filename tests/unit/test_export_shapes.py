@@ -144,3 +144,33 @@ def test_verify_of_a_non_fp32_export_is_refused_before_the_export(step_dir, tmp_
                          "--no-tokenizer", "--dtype", "bf16", "--verify"]) == 2
     assert capsys.readouterr().err.startswith("error: --verify needs --dtype fp32")
     assert not (tmp_path / "hf").exists()
+
+
+def test_a_bf16_export_keeps_what_training_keeps_fp32_in_fp32(tmp_path):
+    """--dtype bf16 kept only the head scales fp32: KERPLE's learned r1_raw / r2_raw, fp32 in
+    training (model.build.documented_fp32) and in the HF model, were rounded in the file."""
+    from safetensors.torch import load_file
+
+    from lenext_dist.convert.export import export
+
+    kerple = ["attention.position=kerple_log"]
+    (model,) = models(kerple)
+    state = model.state_dict()
+    for k in state:
+        if ".core_attention.position." in k:
+            state[k] = torch.tensor([1.2345678, 0.3141593, 2.7182818, 0.5772157])
+    step = tmp_path / "ckpt" / tag_for(1)
+    step.mkdir(parents=True)
+    torch.save({"module": state}, step / "mp_rank_00_model_states.pt")
+    save_config(load_config(None, [*BASE, *kerple]), step / "config.yaml")
+    (step / COMPLETE).write_text("1\n")
+    export(step, tmp_path / "hf", tokenizer="", dtype="bf16")
+    w = load_file(tmp_path / "hf" / "model.safetensors")
+    learned = [k for k in w if ".self_attn.position." in k]
+    assert len(learned) == 4  # r1_raw, r2_raw of 2 layers
+    for k in learned:
+        want = state[k.replace("model.layers", "decoder.layers").replace(
+            "self_attn.", "self_attention.core_attention.")]
+        assert w[k].dtype == torch.float32 and torch.equal(w[k], want), k
+    assert w["model.layers.0.self_attn.head_scale"].dtype == torch.float32
+    assert w["model.layers.0.self_attn.q_proj.weight"].dtype == torch.bfloat16

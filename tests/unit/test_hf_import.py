@@ -462,3 +462,150 @@ def test_export_options_with_from_hf_are_refused_in_one_line(tmp_path, capsys):
     assert rc == 2 and len(err.splitlines()) == 1, err
     assert "(--format stock, --scale-c 2.0, --verify, --tolerance 0.001) do not go with --from-hf" in err
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("make, named", [(_smollm3, "LlamaForCausalLM"), (_mistral, "LlamaForCausalLM"),
+                                         (_llama, "MistralForCausalLM")])
+def test_architectures_disagreeing_with_model_type_is_refused(tmp_path, make, named):
+    """transformers' AutoModelForCausalLM builds the class of model_type; the import read the
+    architectures entry: a SmolLM3 folder naming Llama was imported as Llama (RoPE on its NoPE
+    layers), a llama one naming Mistral with Mistral's window of 4096."""
+    hf_dir = tmp_path / "hf"
+    cfg = make()
+    cfg.architectures = [named]
+    cfg.save_pretrained(hf_dir)
+    with pytest.raises(ImportRefused, match=rf"hf/config.json: cannot import: architecture '{named}' "
+                                            rf"with model_type '{cfg.model_type}', from which") as e:
+        import_hf(hf_dir, tmp_path / "run")
+    assert "\n" not in str(e.value) and not (tmp_path / "run").exists()
+
+
+def test_a_folder_without_architectures_is_read_by_its_model_type(tmp_path, megatron_1rank):
+    """A Mistral folder without `architectures` (transformers needs only model_type): imported
+    with Mistral's window, as transformers runs it (it was refused as architecture 'mistral')."""
+    from transformers import AutoModelForCausalLM
+
+    hf_dir = tmp_path / "hf"
+    make_hf(hf_dir, _mistral(sliding_window=8))
+    c = json.loads((hf_dir / "config.json").read_text())
+    del c["architectures"]
+    (hf_dir / "config.json").write_text(json.dumps(c))
+    hf = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
+    info = import_hf(hf_dir, tmp_path / "run")
+    assert (info["architecture"], info["windows"]) == ("MistralForCausalLM", [8] * 4)
+    logits_equal(hf, tmp_path / "run" / "checkpoints" / "step_0000000")
+
+
+def test_shard_names_and_tokenizer_links_outside_the_folder_are_refused(tmp_path):
+    """weight_map's "../x" or "/abs/x" read weights from outside the folder; a tokenizer file
+    linking out (tokenizer.json -> ~/.cache/huggingface/token) copied a secret into the run. The
+    hub cache's own links (snapshots/<rev>/file -> ../../blobs/<hash>) still import."""
+    import shutil
+
+    def refused(folder, pattern):
+        with pytest.raises(ImportRefused, match=pattern) as e:
+            import_hf(folder, tmp_path / "run")
+        assert "\n" not in str(e.value) and not (tmp_path / "run").exists()
+
+    sharded = tmp_path / "sharded"
+    make_hf(sharded, _llama(), shard="60KB")
+    index = sharded / "model.safetensors.index.json"
+    idx = json.loads(index.read_text())
+    shard = sorted(sharded.glob("model-*.safetensors"))[1]
+    shutil.move(shard, tmp_path / shard.name)  # a valid shard, outside the folder
+    for outside in (f"../{shard.name}", str(tmp_path / shard.name)):
+        index.write_text(json.dumps({**idx, "weight_map": {k: outside if v == shard.name else v
+                                                           for k, v in idx["weight_map"].items()}}))
+        refused(sharded, rf"model.safetensors.index.json: cannot import: weight_map names "
+                         rf"'{outside}', not a file of this folder")
+
+    repo = tmp_path / "models--org--tiny"
+    snap = repo / "snapshots" / "abc123"
+    make_hf(snap, _llama())
+    (repo / "blobs").mkdir()
+    (repo / "blobs" / "f00d").write_text('{"add_bos_token": true}')
+    (snap / "tokenizer_config.json").symlink_to("../../blobs/f00d")
+    secret = tmp_path / "token"
+    secret.write_text("hf_secret")
+    (snap / "tokenizer.json").symlink_to(secret)
+    refused(snap, r"tokenizer.json: cannot import: links to .*token, outside .*abc123: put the file itself there")
+    (snap / "tokenizer.json").unlink()
+    info = import_hf(snap, tmp_path / "run")
+    assert info["tokenizer"] == ["tokenizer_config.json"]
+
+
+@pytest.fixture(scope="module")
+def custom(tmp_path_factory, megatron_1rank):
+    """A custom export (model_type lenext) of a tiny SmolLM3 import, with uniform head scales."""
+    tmp = tmp_path_factory.mktemp("custom")
+    make_hf(tmp / "hf", _smollm3(no_rope_layers=[1, 0, 1, 0]))
+    import_hf(tmp / "hf", tmp / "run")
+    export(tmp / "run" / "checkpoints", tmp / "custom", tokenizer="", scale_c=1.25)
+    return tmp / "custom"
+
+
+def _edited(custom, to, config=None, drop=()):
+    """A copy of the export `custom` at `to`, config.json updated with `config`, without the
+    weights `drop`."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(custom, to)
+    c = json.loads((to / "config.json").read_text())
+    (to / "config.json").write_text(json.dumps({**c, **(config or {})}))
+    state = load_file(to / "model.safetensors")
+    save_file({k: v for k, v in state.items() if k not in drop}, to / "model.safetensors")
+    return to
+
+
+SCALES = [f"model.layers.{i}.self_attn.head_scale" for i in range(4)]
+
+
+def test_a_custom_export_without_head_scales_imports_with_its_scale_c(custom, tmp_path):
+    """Without head_scale tensors the HF model runs every head at config.json's scale_c, which
+    the import never read (scale 1); some layers' scales only: refused, as is a newer format."""
+    from transformers import AutoModelForCausalLM
+
+    from lenext_dist.checkpoint.layout import run_config
+
+    folder = _edited(custom, tmp_path / "none", {"scale_c": 1.5}, drop=SCALES)
+    hf = AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True, dtype=torch.float32).eval()
+    import_hf(folder, tmp_path / "run")
+    step = tmp_path / "run" / "checkpoints" / "step_0000000"
+    assert run_config(step).attention.scale_c == 1.5
+    logits_equal(hf, step)
+    for name, config, drop, says in (
+            ("some", None, SCALES[1:2], r"no model.layers.1.self_attn.head_scale \(3 of 4 layers have"),
+            ("newer", {"lenext_format": 2}, (), r"config.json: cannot import: LenextForCausalLM with "
+                                                r"lenext_format 2, newer than this lenext_dist reads \(1\)")):
+        with pytest.raises(ImportRefused, match=says) as e:
+            import_hf(_edited(custom, tmp_path / name, config, drop), tmp_path / f"run-{name}")
+        assert "\n" not in str(e.value) and not (tmp_path / f"run-{name}").exists()
+
+
+def test_a_bad_value_of_config_json_names_config_json(custom, tmp_path):
+    """The run config is checked from a staged copy (.run.partial/config.yaml), deleted as the
+    error leaves: the message named that file, not the folder's config.json."""
+    from lenext_dist.config import ConfigError
+
+    folder = _edited(custom, tmp_path / "bad")
+    c = json.loads((folder / "config.json").read_text())
+    c["attention_options"]["window"] = -4
+    (folder / "config.json").write_text(json.dumps(c))
+    with pytest.raises(ConfigError) as e:
+        import_hf(folder, tmp_path / "run")
+    assert str(e.value).startswith(f"{folder / 'config.json'}: attention.window"), str(e.value)
+    assert ".partial" not in str(e.value) and not (tmp_path / "run").exists()
+
+
+def test_a_multimodal_llama4_folder_is_told_to_import_its_text_model(tmp_path):
+    hf_dir = tmp_path / "hf"
+    make_hf(hf_dir, _llama())
+    cfg = json.loads((hf_dir / "config.json").read_text())
+    for extra in ({"model_type": "llama4", "architectures": ["Llama4ForConditionalGeneration"]},
+                  {"model_type": "llama4", "architectures": ["Llama4ForCausalLM"]}):
+        (hf_dir / "config.json").write_text(json.dumps({**cfg, **extra}))
+        with pytest.raises(ImportRefused, match="a multimodal model .*: import its text model "
+                                                r"\(model_type llama4_text"):
+            import_hf(hf_dir, tmp_path / "run")

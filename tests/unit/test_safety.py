@@ -2,6 +2,7 @@
 error wrapper of every command (exit 2, one line, --debug for the traceback), eval flags, a
 truncated result JSON and shards, a malicious pickle given as head scales, one-process runs
 without MPI."""
+import contextlib
 import json
 import os
 import subprocess
@@ -349,6 +350,26 @@ def test_every_torch_load_inside_weights_only_loads_is_weights_only(tmp_path):
     assert got["zero_stage"] == ZeroStageEnum(2) and got["scaler"].cur_scale == 8
 
 
+
+def test_weights_only_loads_work_with_the_users_force_no_weights_only_switch(tmp_path, monkeypatch):
+    """TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1 (a DeepSpeed workaround) beside ours made torch.load
+    raise RuntimeError: a good file was called truncated. Unset inside, restored after."""
+    from lenext_dist.checkpoint import safe_load
+    from lenext_dist.errors import CheckpointError
+
+    monkeypatch.setenv("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "1")
+    monkeypatch.delenv("TORCH_FORCE_WEIGHTS_ONLY_LOAD", raising=False)
+    good = tmp_path / "good.pt"
+    torch.save({"t": torch.ones(2)}, good)
+    assert torch.equal(safe_load.load(good)["t"], torch.ones(2))
+    marker = tmp_path / "PWNED"
+    torch.save({"x": Evil(marker)}, tmp_path / "evil.pt")
+    with pytest.raises(CheckpointError, match="refused to load"):
+        safe_load.load(tmp_path / "evil.pt")
+    assert not marker.exists()
+    assert os.environ["TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD"] == "1"
+    assert "TORCH_FORCE_WEIGHTS_ONLY_LOAD" not in os.environ
+
 def test_convert_out_guard_refuses_what_is_not_a_previous_export(tmp_path):
     """--out: empty or absent is fine; non-empty needs --overwrite, which replaces only files a
     previous export listed in its marker; a folder holding the checkpoint being read is refused."""
@@ -371,6 +392,57 @@ def test_convert_out_guard_refuses_what_is_not_a_previous_export(tmp_path):
     with pytest.raises(OutputError, match="contains .*checkpoints, which this export reads"):
         check_out(tmp_path / "run", True, [ckpt])
 
+
+
+@pytest.mark.parametrize("fails, says", [
+    ("", None), ("aside", "hf is unchanged, nothing was written"),
+    ("in", "the previous export is back in .*hf, the new one left in .*.hf.partial$"),
+    ("in+back", "the new export is in .*.hf.partial, the previous one in .*.hf.old; move one"),
+    ("delete", None)])
+def test_overwrite_keeps_an_export_whichever_step_of_the_swap_fails(tmp_path, monkeypatch, capsys,
+                                                                    fails, says):
+    """--overwrite deleted the previous export, then renamed the new one in, in one try: an rmtree
+    failing halfway (EBUSY on NFS) deleted the finished new export too and said nothing was
+    written, and a kill between the two left only .partial, which the next run deletes. Now the
+    previous export is renamed aside and deleted last; a failed rename puts it back."""
+    import errno
+    import shutil
+    from pathlib import Path
+
+    from lenext_dist.convert import outdir
+
+    out, tmp, old = tmp_path / "hf", tmp_path / ".hf.partial", tmp_path / ".hf.old"
+    out.mkdir()
+    (out / "config.json").write_text("old")
+    (out / outdir.MARKER).write_text(json.dumps({"files": ["config.json"]}))
+    replaces = outdir.check_out(out, True, [])
+    real_replace, real_rmtree = os.replace, shutil.rmtree
+
+    def busy(p):
+        return OSError(errno.EBUSY, os.strerror(errno.EBUSY), str(p))
+
+    def replace(src, dst):
+        if {(out, old): "aside", (tmp, out): "in", (old, out): "back"}[Path(src), Path(dst)] in fails.split("+"):
+            raise busy(src)
+        real_replace(src, dst)
+
+    def rmtree(p, **kw):
+        if Path(p) == old and fails == "delete":
+            raise busy(p)
+        real_rmtree(p, **kw)
+
+    monkeypatch.setattr(outdir.os, "replace", replace)
+    monkeypatch.setattr(outdir.shutil, "rmtree", rmtree)
+    with pytest.raises(outdir.OutputError, match=says) if says else contextlib.nullcontext() as e:
+        with outdir.staged(out, replaces) as t:
+            (t / "config.json").write_text("new")
+    if says:
+        assert "\n" not in str(e.value)
+    else:
+        assert ("could not delete the previous export" in capsys.readouterr().err) == (fails == "delete")
+    read = [(d / "config.json").read_text() if d.exists() else None for d in (out, tmp, old)]
+    assert read == {"": ["new", None, None], "aside": ["old", None, None], "in": ["old", "new", None],
+                    "in+back": [None, "new", "old"], "delete": ["new", None, "old"]}[fails]
 
 def test_reshard_reads_the_ranks_in_number_order_and_refuses_zero3(tmp_path):
     """12 saved ranks: rank 10 comes after rank 9 (not after rank 1, as names sort); resharding is
