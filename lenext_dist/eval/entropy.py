@@ -8,7 +8,7 @@ Computed by query chunks with `attention.iter_attention_probs` (fp32): only
 q/k of one layer at a time come from `adapter.capture_qk`. The chunk is chosen so a chunk of
 probabilities stays under `mem_bytes`.
 
-Public API: `entropy_from_probs`, `entropy_by_position`, `evaluate_entropy`.
+Public API: `entropy_from_probs`, `entropy_by_position`, `visible_keys`, `evaluate_entropy`.
 """
 from __future__ import annotations
 
@@ -59,6 +59,17 @@ def _position_hooks(attn: nn.Module, s: int, device):
     return qs, getattr(pos, "score_mod", None)
 
 
+def visible_keys(model: nn.Module, n: int) -> np.ndarray:
+    """[layers, n] int: keys query i (0..n-1) of each attention layer sees, its mask's
+    visible_counts (a window, a layout's local layers, chunks, blocks); i + 1 (causal) where the
+    model holds no mask (a stock export, whose sliding window capture_qk refuses)."""
+    layers = attention_layers(model)
+    masks = [getattr(getattr(a, "position", None), "mask", None) for a in layers] \
+        if layout(model) == "lenext" else [None] * len(layers)
+    return np.stack([np.arange(1, n + 1) if m is None else m.visible_counts(n).numpy()
+                     for m in masks])
+
+
 def evaluate_entropy(model: nn.Module, docs: Sequence, length: int, *, samples: int = 8,
                      batch_size: int = 1, chunk_size: Optional[int] = None,
                      mem_bytes: int = DEFAULT_MEM_BYTES, progress: bool = True) -> dict:
@@ -102,13 +113,9 @@ def evaluate_entropy(model: nn.Module, docs: Sequence, length: int, *, samples: 
     if bar is not None:
         bar.close()
     ent = (total / len(windows)).float().numpy()
-    # keys visible to query i; per-layer windows (attention.layout): the most any layer sees, so
-    # the bound holds for every layer
-    masks = [getattr(getattr(a, "position", None), "mask", None) for a in layers] \
-        if kind == "lenext" else []
-    visible = (np.max([m.visible_counts(length).numpy() for m in masks], axis=0)
-               if masks and all(m is not None for m in masks) else np.arange(1, length + 1))
-    return {"entropy": ent, "upper_bound": np.log(visible),
+    # per-layer windows (attention.layout): the most any layer sees, so the bound holds for
+    # every layer
+    return {"entropy": ent, "upper_bound": np.log(visible_keys(model, length).max(0)),
             "samples": len(windows), "windows": [(docs[w.doc].name, w.start) for w in windows],
             "documents_skipped": skipped}
 

@@ -136,8 +136,9 @@ class TasksJob(DataJob):
         "--lengths 128,256,512 --tasks passkey,recall,copy --docs 32")
     section = staticmethod(sections.tasks)
     # 1: documents seeded by task name and length value (were: their list indices), baseline
-    # candidates from the generator's answer alphabet (were: the answers drawn in the cell)
-    protocol_version: ClassVar[int] = 1
+    # candidates from the generator's answer alphabet (were: the answers drawn in the cell);
+    # 2: baseline a fixed alphabet token (was: the one most frequent in context, i.e. kv's needle)
+    protocol_version: ClassVar[int] = 2
     lengths: list[int] = option(None, ints, "document lengths, e.g. 128,256,512", required=True)
     tasks: list[str] = option(None, task_names, f"comma-separated, from {','.join(TASK_NAMES)} (default: all)")
     docs: int = option(32, pos_int, "documents per (task, length)")

@@ -126,7 +126,7 @@ def test_a_result_of_an_older_protocol_is_not_taken_as_done(model_dir, tmp_path,
     job = TasksJob(model=model_dir, data=[DATA], lengths=[128], tasks=["kv"], docs=1, max_docs=2,
                    out=str(tmp_path))
     rec = json.loads(job.result_path.read_text())
-    assert rec["args"]["protocol_version"] == TasksJob.protocol_version == 1 and job.done()
+    assert rec["args"]["protocol_version"] == TasksJob.protocol_version == 2 and job.done()
     del rec["args"]["protocol_version"]  # as every result before it
     job.result_path.write_text(json.dumps(rec))
     assert not job.done()

@@ -324,11 +324,11 @@ def test_score_records_each_models_checkpoint_and_the_eval_protocol(tmp_path):
                       "--out", str(out), "--docs", "2"]) or json.loads((out / "results.json").read_text())
     assert "raise ImportError" not in (kept / "nope-s0" / "modeling_lenext.py").read_text()  # this checkout's
     assert rec["valid_loss"] == {"nope-s0": [[6000, 0.5]]}
-    assert rec["checkpoints"] == {"nope-s0": "step_0006000"} and rec["tasks_protocol_version"] == 1
+    assert rec["checkpoints"] == {"nope-s0": "step_0006000"} and rec["tasks_protocol_version"] == 2
     assert rec["grid"] == "distract_vary" and set(rec["cells"]["nope-s0"]) == {f[0] for f in FORMATS}
     assert len(list((out / "eval" / "nope-s0" / "step_0006000").glob("*/tasks*.json"))) == len(FORMATS)
     assert "Runs of grid distract_vary at their checkpoints nope-s0 step_0006000; `lenext eval tasks` " \
-           "protocol version 1." in (out / "REGIME.md").read_text()
+           "protocol version 2." in (out / "REGIME.md").read_text()
 
 
 def test_an_unknown_only_run_is_one_error_line_before_any_work(tmp_path):
