@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Optional
 
 from .analysis import render, summarize
+from lenext_dist.checkpoint.layout import COMPLETE
 from lenext_dist.flags import Parser
 
 HERE = Path(__file__).resolve().parent
@@ -185,8 +186,9 @@ class Study:
     def train(self, m: Model, exit_at: int = 0) -> Path:
         """Train m to plan.steps, or to exit_at (a segment: the schedule still over plan.steps)."""
         run_dir, end = self.out / "runs" / m.name, exit_at or self.plan.steps
-        last = run_dir / "checkpoints" / f"step_{end:07d}"
-        if not last.exists():
+        # its COMPLETE marker, not the folder: a run killed mid-save leaves a partial one
+        last = run_dir / "checkpoints" / f"step_{end:07d}" / COMPLETE
+        if not last.is_file():
             shards = self.shards(self.plan.L, m.train_set)
             self.log(f"[study] train {m.name} (to step {end} of {self.plan.steps})")
             self._timed(f"train {m.name}" + (f" to {end}" if exit_at else ""), lambda: self._launch(
@@ -198,7 +200,7 @@ class Study:
                  f"--data.valid_blend=[{{prefix: {shards / 'kv_valid'}, weight: 1.0}}]",
                  f"--train.exit_at={exit_at}", f"--checkpoint.interval={self.plan.every}",
                  f"--train.eval_interval={self.plan.every}", *m.overrides]))
-            if not last.exists():  # exit 0 on a stop signal: not the step it was asked for
+            if not last.is_file():  # exit 0 on a stop signal: not the step it was asked for
                 raise SystemExit(f"error: training {m.name} stopped before step {end} (a signal?); "
                                  "rerun the study to resume it")
         return run_dir / "checkpoints"
@@ -312,8 +314,8 @@ class Study:
                                          ("init 1", 1.0, 1.0)):
                 name = f"{m.name}-hs{s}-{variant.replace(' ', '')}"
                 run_dir = self.out / "runs" / name
-                last = run_dir / "checkpoints" / f"step_{p.headscale_steps:07d}"
-                if not last.exists():
+                last = run_dir / "checkpoints" / f"step_{p.headscale_steps:07d}" / COMPLETE
+                if not last.is_file():
                     cfg = search_config(
                         ckpt, run_dir, target=T, init=init, steps=p.headscale_steps, lr=0.1,
                         warmup=max(1, p.headscale_steps // 10), global_batch=batch,

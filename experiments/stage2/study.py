@@ -37,6 +37,7 @@ from pathlib import Path
 
 from experiments.nope_layouts.study import DEPTH, LAYOUTS, SCHEDULES
 from experiments.nope_length.study import REPO, TEST_SEED, Model, Plan, Study, publish, study_parser, work_folder
+from lenext_dist.checkpoint.layout import COMPLETE
 
 from .analysis import STAGE2, render, summarize
 
@@ -129,7 +130,7 @@ class Stage2:
         name = f"{m.name}-stage2-{base_tag}"  # the base in the name: a new base, a new run
         run_dir = self.out / "runs" / name
         tag = f"step_{p.stage2_steps:07d}"
-        if not (run_dir / "checkpoints" / tag).exists():
+        if not (run_dir / "checkpoints" / tag / COMPLETE).is_file():  # not a partial save
             shards = self.study.shards(p.stage2_factor * p.L)
             base = self.out / "runs" / m.name / "checkpoints" / base_tag
             self.log(f"[stage2] stage 2 of {m.name} from {base_tag} ({p.stage2_steps} steps at "

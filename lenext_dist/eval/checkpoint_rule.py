@@ -10,24 +10,22 @@ checkpoint beside it (experiments/nope_length does).
 """
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Callable, Optional, Sequence, Union
 
-STEP = re.compile(r"step_(\d+)$")
+from lenext_dist.checkpoint.layout import COMPLETE, step_of
 
 
 def checkpoint_tags(folder: Union[str, Path], every: int = 0, upto: int = 0) -> list[str]:
-    """The complete step_N folders of a checkpoint folder, in training order; with `every`, only
-    those of the run's checkpoint interval (a stop signal saves off it: a rule that read such a
-    checkpoint would depend on when the run was interrupted); with `upto`, none past that step
-    (a segment's rule: an interrupted later segment's checkpoints are not its own)."""
-    def step(name: str) -> int:
-        return int(STEP.match(name).group(1))
-
-    tags = [p.name for p in Path(folder).iterdir() if p.is_dir() and STEP.match(p.name)
-            and not (every and step(p.name) % every) and not (upto and step(p.name) > upto)]
-    return sorted(tags, key=step)
+    """The complete step_N folders (with their COMPLETE marker: a run killed mid-save leaves a
+    partial one) of a checkpoint folder, in training order; with `every`, only those of the
+    run's checkpoint interval (a stop signal saves off it: a rule that read such a checkpoint
+    would depend on when the run was interrupted); with `upto`, none past that step (a segment's
+    rule: an interrupted later segment's checkpoints are not its own)."""
+    tags = [p.name for p in Path(folder).iterdir() if (p / COMPLETE).is_file()
+            and (n := step_of(p.name)) is not None and not (every and n % every)
+            and not (upto and n > upto)]
+    return sorted(tags, key=step_of)
 
 
 def first_over_gate(tags: Sequence[str], score: Callable[[str], float], gate: float

@@ -95,25 +95,48 @@ def test_a_resumed_segment_reads_only_its_own_checkpoints(tmp_path, monkeypatch)
     from dataclasses import replace
 
     from experiments.nope_length import study as s
+    from lenext_dist.checkpoint.layout import COMPLETE
 
     study = s.Study(replace(s.quick_plan(), steps=100, interval=10), tmp_path)
     ckpt = tmp_path / "runs" / "nope-s0" / "checkpoints"
     trained = []
 
+    def save(n):
+        (ckpt / f"step_{n:07d}").mkdir(parents=True, exist_ok=True)
+        (ckpt / f"step_{n:07d}" / COMPLETE).write_text(f"{n}\n")
+
     def train(m, exit_at=0):
         trained.append(exit_at)
         for n in range(10, exit_at + 1, 10):
-            (ckpt / f"step_{n:07d}").mkdir(parents=True, exist_ok=True)
+            save(n)
         return ckpt
 
     for n in (60, 70, 80):  # the interrupted second segment's
-        (ckpt / f"step_{n:07d}").mkdir(parents=True)
+        save(n)
     monkeypatch.setattr(study, "train", train)
     monkeypatch.setattr(study, "export", lambda ckpt, tag, name: tag)
     monkeypatch.setattr(study, "evaluate", lambda tag, out, lengths, **kw: {
         "cells": [{"accuracy": 1.0 if int(tag[5:]) >= 70 else 0.0}]})
     rule = study.train_to_gate(study.plan.models[0], 50)
     assert (rule["chosen"], rule["final"], trained) == ("step_0000070", "step_0000100", [50, 100])
+
+
+def test_a_partial_save_at_the_last_step_is_not_a_trained_model(tmp_path, monkeypatch):
+    """A run killed mid-save leaves step_N without its COMPLETE marker: train() resumes it (and
+    refuses it if the run stops again), it does not take it as done."""
+    from experiments.nope_length import study as s
+    from lenext_dist.checkpoint.layout import COMPLETE
+
+    study = s.Study(s.quick_plan(), tmp_path)
+    m, launched = study.plan.models[0], []
+    last = tmp_path / "runs" / m.name / "checkpoints" / f"step_{study.plan.steps:07d}"
+    last.mkdir(parents=True)
+    monkeypatch.setattr(study, "shards", lambda length, train_set=(): tmp_path)
+    monkeypatch.setattr(study, "_launch", lambda *a: launched.append(a))
+    with pytest.raises(SystemExit, match="stopped before step"):
+        study.train(m)
+    (last / COMPLETE).write_text("1\n")
+    assert study.train(m) == last.parent and len(launched) == 1
 
 
 def test_a_models_training_set_makes_its_own_shards(tmp_path, monkeypatch):
