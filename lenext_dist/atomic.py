@@ -1,25 +1,38 @@
 """The one write-to-a-temporary-name-and-rename helper for single files.
 
 A reader (a resumed run, `lenext report`, a merge after a Slurm array) sees the old file or the
-new one, never half of one: the text goes to `<path>.tmp-<pid>` beside the target (same folder,
-so the rename stays on one file system) and `os.replace` (atomic on POSIX) puts it in place.
-The pid suffix keeps concurrent writers apart and lets data prep sweep a killed worker's
-leftovers (lenext_dist/prep/pool.py globs `*.tmp-<pid>*`). A failed write removes its temporary.
+new one, never half of one: the text goes to `<path>.tmp-<host>-<pid>` (temp_suffix) beside the
+target (same folder, so the rename stays on one file system) and `os.replace` (atomic on POSIX)
+puts it in place. The suffix keeps concurrent writers apart, on other nodes too, and lets data
+prep sweep a killed worker's leftovers (lenext_dist/prep/pool.py globs `*<temp_suffix(pid)>*`).
+A failed write removes its temporary.
 Folders of several files (an export) are staged differently: lenext_dist/convert/outdir.py.
 """
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
+import socket
 from pathlib import Path
-from typing import BinaryIO, Iterator, Union
+from typing import BinaryIO, Iterator, Optional, Union
+
+_HOST = hashlib.sha256(socket.gethostname().encode()).hexdigest()[:8]
+
+
+def temp_suffix(pid: Optional[int] = None) -> str:
+    """`.tmp-<host>-<pid>`: what a process's temporaries end with. The host tag keeps writers on
+    other nodes (or in containers of their own PID namespace) with the same PIDs off each other's
+    files in a shared folder: the Slurm tasks of one data prep in its --out, two jobs sharing
+    data.cache_dir."""
+    return f".tmp-{_HOST}-{os.getpid() if pid is None else pid}"
 
 
 @contextlib.contextmanager
 def atomic_file(path: Union[str, Path], *, fsync: bool = False) -> Iterator[BinaryIO]:
     """A binary file to write that appears at `path` whole when the block ends (and not at all
     if it raises). For writers that want a file object (numpy.save of megatron's cache)."""
-    tmp = f"{os.fspath(path)}.tmp-{os.getpid()}"
+    tmp = os.fspath(path) + temp_suffix()
     try:
         with open(tmp, "wb") as f:
             yield f

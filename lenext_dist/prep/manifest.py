@@ -18,7 +18,6 @@ import hashlib
 import json
 import os
 import re
-import socket
 from collections import Counter
 from typing import Iterable, Optional
 
@@ -33,14 +32,6 @@ _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*")
 # The longest file name made from --name is <name>_valid_answers.tmp-<host>-<pid>.idx (39 more
 # characters); file systems allow 255 bytes, and the name is ASCII (_NAME_RE).
 MAX_NAME = 200
-_HOST = hashlib.sha256(socket.gethostname().encode()).hexdigest()[:8]
-
-
-def temp_suffix(pid: Optional[int] = None) -> str:
-    """`.tmp-<host>-<pid>`: what a process's temporaries end with. The host tag keeps the
-    Slurm tasks of one run, on other nodes (or in containers of their own PID namespace) with
-    the same PIDs, off each other's files in the shared --out."""
-    return f".tmp-{_HOST}-{os.getpid() if pid is None else pid}"
 
 
 def check_name(name: str) -> None:

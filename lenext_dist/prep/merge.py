@@ -18,6 +18,8 @@ import time
 
 import numpy as np
 
+from lenext_dist.atomic import temp_suffix
+
 from .errors import PrepError
 from .lock import RunLock
 from .manifest import (
@@ -31,7 +33,6 @@ from .manifest import (
     output_prefix,
     parts_dir,
     partial_prefix,
-    temp_suffix,
     write_json_atomic,
 )
 from .mcore_io import IDX_HEAD, IDX_MAGIC, indexed_dataset

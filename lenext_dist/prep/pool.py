@@ -20,8 +20,9 @@ import signal
 import traceback
 from typing import Callable, Sequence
 
+from lenext_dist.atomic import temp_suffix
+
 from .errors import PrepError
-from .manifest import temp_suffix
 
 
 def _worker(tasks, fn, todo, results) -> None:
@@ -66,7 +67,7 @@ def _death(code: int) -> str:
 def run_pool(tasks: Sequence[tuple], fn: Callable, workers: int, on_progress: Callable,
              tmp_dir: str) -> None:
     """Run fn(*args, progress=...) for each (label, args) in `tasks` on `workers` forked
-    processes. `tmp_dir` is where a stopped worker may have left `*.tmp-<pid>*` files."""
+    processes. `tmp_dir` is where a stopped worker may have left `*<temp_suffix(pid)>*` files."""
     ctx = mp.get_context("fork")
     todo, results = ctx.Queue(), ctx.Queue()
     for i in range(len(tasks)):

@@ -21,8 +21,10 @@ from typing import Callable, Optional
 
 import numpy as np
 
+from lenext_dist.atomic import temp_suffix
+
 from .errors import EMPTY, EXCLUDED_SET, SHORT, Bad, PrepError
-from .manifest import answers_prefix, done_path, partial_prefix, parts_dir, temp_suffix, write_json_atomic
+from .manifest import answers_prefix, done_path, partial_prefix, parts_dir, write_json_atomic
 from .readers import open_reader
 from .task_source import TaskReader
 from .tokenizer import get_tokenizer, in_valid_split, sha256_file

@@ -21,3 +21,19 @@ def test_a_failed_write_keeps_the_old_file_and_removes_its_temporary(tmp_path):
     with pytest.raises(TypeError):
         atomic_write(p, object())  # neither str nor bytes: fails inside the write
     assert p.read_text() == "old" and os.listdir(tmp_path) == ["a.json"]
+
+
+def test_the_temporary_carries_the_host_and_pool_sweeps_it(tmp_path):
+    """`.tmp-<pid>` alone: two Slurm tasks (or two jobs sharing data.cache_dir) on other nodes
+    with the same PID wrote one temporary; and data prep's sweep of a killed worker's files
+    (pool.py: `*<temp_suffix(pid)>*`) missed it."""
+    import glob
+
+    from lenext_dist.atomic import atomic_file, temp_suffix
+
+    with atomic_file(tmp_path / "plan.json") as f:
+        f.write(b"{}")
+        (tmp,) = [p for p in os.listdir(tmp_path) if p != "plan.json"]
+        assert tmp == "plan.json" + temp_suffix()
+        assert glob.glob(str(tmp_path / f"*{temp_suffix(os.getpid())}")) == [str(tmp_path / tmp)]
+    assert os.listdir(tmp_path) == ["plan.json"]

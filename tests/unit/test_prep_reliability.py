@@ -22,7 +22,8 @@ from prep_helpers import REPO, SLIMPAJAMA, TOKENIZER, file_bytes, load_docs, sha
 from lenext_dist.prep import tokenizer as tokmod
 from lenext_dist.prep.errors import PrepError
 from lenext_dist.prep.lock import RunLock
-from lenext_dist.prep.manifest import check_name, parts_dir, temp_suffix
+from lenext_dist.atomic import temp_suffix
+from lenext_dist.prep.manifest import check_name, parts_dir
 from lenext_dist.prep.merge import merge
 from lenext_dist.prep.readers import Doc, JsonlReader, discover_inputs, open_reader
 from lenext_dist.prep import units
