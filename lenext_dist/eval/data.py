@@ -103,8 +103,10 @@ def _iter_texts(path: str, text_key: str) -> Iterator[tuple[str, str]]:
 
 
 def _jsonl_titles(path: str) -> list[Optional[str]]:
-    """meta.title of each line. Bytes that are not UTF-8 or a stream that is not zstd give no
-    titles: the reader that follows reports the damage by line (a one-line error)."""
+    """meta.title of each record, lines as JsonlReader splits them (at "\n" only, blank lines
+    none: a title per physical line shifted every name after a blank one). Bytes that are not
+    UTF-8 or a stream that is not zstd give no titles: the reader that follows reports the
+    damage by line (a one-line error)."""
     import io
 
     import zstandard
@@ -113,15 +115,15 @@ def _jsonl_titles(path: str) -> list[Optional[str]]:
         if path.endswith(".zst"):
             with open(path, "rb") as f:
                 stream = io.TextIOWrapper(zstandard.ZstdDecompressor().stream_reader(f), "utf-8",
-                                          errors="replace")
+                                          errors="replace", newline="\n")
                 lines = list(stream)
         else:
-            with open(path, encoding="utf-8", errors="replace") as f:
+            with open(path, encoding="utf-8", errors="replace", newline="\n") as f:
                 lines = list(f)
     except zstandard.ZstdError:
         return []
     out: list[Optional[str]] = []
-    for line in lines:
+    for line in (x for x in lines if not x.isspace()):
         try:
             meta = json.loads(line).get("meta")
         except (ValueError, AttributeError):

@@ -29,6 +29,12 @@ def _cpu() -> str:
     return f"{name or platform.processor() or platform.machine()}, {os.cpu_count()} cores"
 
 
+def _model(m: dict) -> str:
+    """A row's model: its position; a stock export, which has none (no lenext attention, a
+    Llama config), by its folder's name."""
+    return m["config"].get("position") or m.get("position") or os.path.basename(m["path"])
+
+
 def table(runs: Sequence[str]) -> str:
     results = []
     for d in runs:
@@ -42,11 +48,11 @@ def table(runs: Sequence[str]) -> str:
     head = " | ".join(f"{n // L}L" if n % L == 0 else str(n) for n in lengths)
     lines = [f"| model | task | c | {head} |", "|---|---|---|" + "---|" * len(lengths)]
     base: dict = {}
-    for _, j in sorted(results, key=lambda r: (r[1]["model"]["position"], r[1]["model"]["scale_c"])):
+    for _, j in sorted(results, key=lambda r: (_model(r[1]["model"]), r[1]["model"]["scale_c"])):
         m = j["model"]
         for task in j["tasks"]:
             cells = {c["length"]: c for c in j["cells"] if c["task"] == task}
-            lines.append(f"| {m['config'].get('position', m['position'])} | {task} | "
+            lines.append(f"| {_model(m)} | {task} | "
                          f"{m['scale_c']:g} | " + " | ".join(
                              f"{cells[n]['accuracy']:.2f}" if n in cells else "-" for n in lengths)
                          + " |")

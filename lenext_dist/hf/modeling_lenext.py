@@ -25,8 +25,9 @@ before the model is built (scale_c only matters for weights without head_scale b
 
 Padding: right padding only (each attention_mask row is ones then zeros, as lm-evaluation-harness
 pads log-likelihood batches): with causal attention a pad never reaches a real token, so the real
-positions compute exactly what they compute unpadded; left padding (zeros before a one) and padding
-with a KV cache raise. Batch rows share positions.
+positions compute exactly what they compute unpadded; left padding (zeros before a one), padding
+with a KV cache (use_cache=None is config.use_cache) and a mask that is not [batch, seq] (4-D)
+raise. Batch rows share positions.
 
 Packed documents: `forward(..., document_ids=ids)` with ids [b, s] (e.g.
 `model.document_ids(input_ids)`: split after EOS and at BOS) keeps attention inside each document,
@@ -266,7 +267,16 @@ class LenextModel(LenextPreTrainedModel):
         document_ids [b, s]: packed documents (see the module docstring)."""
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("specify exactly one of input_ids or inputs_embeds")
-        if attention_mask is not None and attention_mask.dim() == 2 and not bool(attention_mask.all()):
+        if attention_mask is not None and getattr(attention_mask, "ndim", None) != 2:
+            # attention is causal and reads a [batch, seq] padding mask only: any other mask (a
+            # 4-D one, a dict of them) would be ignored, not applied
+            got = (f"{attention_mask.ndim}-D" if isinstance(attention_mask, Tensor)
+                   else type(attention_mask).__name__)
+            raise ValueError(f"lenext: attention_mask must be 2-D [batch, seq] (ones then zeros), "
+                             f"got {got}")
+        # before the padding check: use_cache=None with config.use_cache builds a cache too
+        use_cache = self.config.use_cache if use_cache is None else use_cache
+        if attention_mask is not None and not bool(attention_mask.all()):
             # right padding is harmless under causal attention; a zero before a one is not
             right_padded = bool((attention_mask[:, 1:] <= attention_mask[:, :-1]).all())
             if not right_padded or past_key_values is not None or use_cache:
@@ -276,7 +286,6 @@ class LenextModel(LenextPreTrainedModel):
                     "equal length")
         if inputs_embeds is None:
             inputs_embeds = self.embed_tokens(input_ids)
-        use_cache = self.config.use_cache if use_cache is None else use_cache
         if use_cache and past_key_values is None:
             past_key_values = DynamicCache(config=self.config)
         cache = past_key_values if use_cache or past_key_values is not None else None

@@ -41,3 +41,17 @@ def test_into_replaces_between_the_markers_only(tmp_path, capsys):
     assert main(["--runs", str(tmp_path / "nope"), "--into", str(bare)]) == 2
     assert "no <!-- demo-results:start -->" in capsys.readouterr().err
     assert main(["--runs", str(tmp_path / "missing")]) == 2
+
+
+def test_a_stock_export_without_a_position_is_named_by_its_folder(tmp_path):
+    """A stock export has no lenext attention, so its JSON has no `position`, nor its (Llama)
+    config: the lookup's eager default made that `error: 'position'`."""
+    _result(tmp_path / "nope", "nope", 1.0, [1.0, 0.5, 0.0, 0.0])
+    f = tmp_path / "stock" / "tasks_c1.json"
+    _result(f.parent, "nope", 1.0, [0.9, 0.4, 0.0, 0.0])
+    j = json.loads(f.read_text())
+    j["model"] = {"train_length": 64, "scale_c": 1.0, "path": "/w/hf/nope-stock",
+                  "config": {"model_type": "llama"}}
+    f.write_text(json.dumps(j))
+    md = table([str(tmp_path / "nope"), str(f.parent)])
+    assert "| nope-stock | kv | 1 | 0.90 | 0.40 | 0.00 | 0.00 |" in md and "| nope | kv | 1 |" in md

@@ -39,5 +39,19 @@ def test_txt_jsonl_filters(tmp_path):
         load_tokenizer(str(tmp_path))
 
 
+@pytest.mark.parametrize("name", ["c.jsonl", "c.jsonl.zst"])
+def test_jsonl_titles_skip_blank_lines_as_the_reader_does(tmp_path, name):
+    """The reader makes no record of a blank line (nor splits at a lone CR): a title per
+    physical line named every document after a blank one by its predecessor's title."""
+    import zstandard
+
+    rec = [json.dumps({"text": f"doc {t} " * 5, "meta": {"title": t}}) for t in ("one", "two")]
+    body = (rec[0] + "\n\n  \n" + rec[1].replace(", ", ",\r ", 1) + "\n").encode()
+    (tmp_path / name).write_bytes(zstandard.ZstdCompressor().compress(body) if name.endswith(".zst")
+                                  else body)
+    ds = load_documents([str(tmp_path / name)], SAMPLE_TOKENIZER)
+    assert [d.name for d in ds.docs] == [f"{name}:one", f"{name}:two"]
+
+
 def test_round_robin():
     assert round_robin([[1, 2, 3], [4], [5, 6]]) == [1, 4, 5, 2, 6, 3]

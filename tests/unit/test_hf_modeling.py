@@ -215,6 +215,11 @@ def test_left_padding_is_refused_right_padding_is_exact():
     with pytest.raises(NotImplementedError, match="right padding"):  # padding + cache
         mdl(input_ids=ids(2, 5), attention_mask=torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]]),
             use_cache=True)
+    assert mdl.config.use_cache  # use_cache=None: the config's, a cache of pad keys
+    with pytest.raises(NotImplementedError, match="right padding"):
+        mdl(input_ids=ids(2, 5), attention_mask=torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]]))
+    with pytest.raises(ValueError, match="must be 2-D .* got 4-D"):  # was run as plain causal
+        mdl(input_ids=ids(1, 5), attention_mask=torch.ones(1, 1, 5, 5).tril(), use_cache=False)
     x = ids(2, 9)
     mask = torch.tensor([[1] * 9, [1] * 6 + [0] * 3])
     with torch.no_grad():
