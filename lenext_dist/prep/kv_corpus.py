@@ -30,6 +30,7 @@ from lenext_dist.atomic import atomic_write
 from lenext_dist.flags import Parser
 
 from .errors import PrepError
+from .tokenizer import refuse_other_model
 
 FILLER = [c + v for c in "bdfghkl" for v in "aeiou"][:32]
 
@@ -94,24 +95,6 @@ def train_word_tokenizer(prefix: str) -> str:
     return prefix + ".model"
 
 
-def _same_model(a: bytes, b: bytes) -> bool:
-    """Two SentencePiece models alike but for the output path they were trained to (the same
-    command run with --out spelled another way)."""
-    from google.protobuf.message import DecodeError
-    from sentencepiece import sentencepiece_model_pb2 as pb
-
-    protos = []
-    for data in (a, b):
-        m = pb.ModelProto()
-        try:
-            m.ParseFromString(data)
-        except DecodeError:
-            return False
-        m.trainer_spec.ClearField("model_prefix")
-        protos.append(m)
-    return protos[0] == protos[1]
-
-
 def _tokenizer(out: Path) -> str:
     """Train the word tokenizer into <out>/tokenizer.model; one already there is kept when it is
     the same model (a rerun) and refused when it is another (shards may have been made with it)."""
@@ -120,10 +103,7 @@ def _tokenizer(out: Path) -> str:
         return train_word_tokenizer(os.fspath(out / "tokenizer"))
     tmp = out / f"tokenizer.tmp-{os.getpid()}"
     try:
-        new = Path(train_word_tokenizer(os.fspath(tmp))).read_bytes()
-        if not _same_model(model.read_bytes(), new):
-            raise PrepError(f"{model}: a different tokenizer is already there; choose another "
-                            "--out or remove it")
+        refuse_other_model(os.fspath(model), train_word_tokenizer(os.fspath(tmp)))
     finally:
         for ext in (".model", ".vocab"):
             Path(os.fspath(tmp) + ext).unlink(missing_ok=True)

@@ -25,6 +25,7 @@ Python give the same bytes.
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import gzip
 import hashlib
@@ -32,6 +33,7 @@ import json
 import os
 import random
 import re
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -41,7 +43,7 @@ import zlib
 from typing import Iterable
 
 from .errors import PrepError
-from .tokenizer import sha256_file
+from .tokenizer import refuse_other_model, sha256_file
 
 DEFAULT_OUT = os.path.join("data", "sample")  # from the root of a checkout, where it is kept
 
@@ -165,13 +167,34 @@ def write_starcoder_parquet(path: str, rows: list[dict], row_group_size: int = 3
 
 # ----------------------------------------------------------------------------- build
 def build_sample(out: str = DEFAULT_OUT, work: str | None = None, command: str = "") -> dict:
-    """Build data/sample; returns the sources.json content."""
+    """Build data/sample; returns the sources.json content. It is built in a folder beside `out`
+    and moved in at the end, so that a different tokenizer already in `out` is refused with
+    nothing there changed (shards and checkpoints may have been made with it); the same is kept."""
+    parent = os.path.dirname(os.path.abspath(out))
+    os.makedirs(parent, exist_ok=True)
+    stage = tempfile.mkdtemp(prefix=".sample.tmp-", dir=parent)  # one file system: moves are renames
+    try:
+        downloads = tempfile.TemporaryDirectory(prefix="lenext-sample-") if work is None \
+            else contextlib.nullcontext(work)
+        with downloads as w:
+            info = _build(stage, w, command)
+        model, new = os.path.join(out, "tokenizer.model"), os.path.join(stage, "tokenizer.model")
+        refuse_other_model(model, new)
+        if os.path.exists(model):  # the same model: kept as it is (shard plans hold its sha256)
+            os.remove(new)
+        for root, _, names in os.walk(stage):
+            dest = os.path.join(out, os.path.relpath(root, stage))
+            os.makedirs(dest, exist_ok=True)
+            for n in names:
+                os.replace(os.path.join(root, n), os.path.join(dest, n))
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+    return info
+
+
+def _build(out: str, work: str, command: str) -> dict:
     from .train_tokenizer import sample_lines, train_sentencepiece
 
-    tmp = None
-    if work is None:
-        tmp = tempfile.TemporaryDirectory(prefix="lenext-sample-")
-        work = tmp.name
     os.makedirs(work, exist_ok=True)
     rng = random.Random(SEED)
 
@@ -262,6 +285,4 @@ def build_sample(out: str = DEFAULT_OUT, work: str | None = None, command: str =
     with open(os.path.join(out, "sources.json"), "w", encoding="utf-8") as f:
         json.dump(info, f, indent=2, sort_keys=True)
         f.write("\n")
-    if tmp is not None:
-        tmp.cleanup()
     return info

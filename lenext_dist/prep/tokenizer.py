@@ -40,6 +40,37 @@ def sha256_file(path: str, chunk: int = 1 << 22) -> str:
     return h.hexdigest()
 
 
+def refuse_other_model(existing: str, new: str) -> None:
+    """Refuse to put the model at `new` in place of another one at `existing`: shards and
+    checkpoints made with that one would silently stop matching it."""
+    if os.path.exists(existing) and not _same_model(*map(_read, (existing, new))):
+        raise PrepError(f"{existing}: a different tokenizer is already there; choose another "
+                        "--out or remove it")
+
+
+def _read(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def _same_model(a: bytes, b: bytes) -> bool:
+    """Two SentencePiece models alike but for the output path they were trained to (the same
+    command run with --out spelled another way)."""
+    from google.protobuf.message import DecodeError
+    from sentencepiece import sentencepiece_model_pb2 as pb
+
+    protos = []
+    for data in (a, b):
+        m = pb.ModelProto()
+        try:
+            m.ParseFromString(data)
+        except DecodeError:
+            return False
+        m.trainer_spec.ClearField("model_prefix")
+        protos.append(m)
+    return protos[0] == protos[1]
+
+
 def load_sentencepiece(path: str, what: str = "",
                        hint: str = "pass the tokenizer.model the data was prepared with"):
     """The SentencePieceProcessor of the .model file `path`; a missing or unreadable file, or one

@@ -24,6 +24,7 @@ import numpy as np
 from lenext_dist.atomic import temp_suffix
 
 from .errors import EMPTY, EXCLUDED_SET, SHORT, Bad, PrepError
+from .lock import RunLock
 from .manifest import answers_prefix, done_path, partial_prefix, parts_dir, write_json_atomic
 from .readers import open_reader
 from .task_source import TaskReader
@@ -128,23 +129,25 @@ def process_unit(
 ) -> dict:
     """Tokenize one unit of input file `entry` into partial shards; return (and write) its
     done-record. Disk errors become a PrepError saying where, with nothing half-written left."""
-    try:
-        return _process_unit(unit, entry, out_dir, name, settings, fingerprint, command, progress)
-    except OSError as e:
-        full = e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
-        raise PrepError(
-            f"{unit_label(unit, entry['path'])}: {e.strerror or e} "
-            f"({e.filename or out_dir}). "
-            + ("Free disk space under --out (or use another --out); " if full else "")
-            + "finished units are kept: rerun the same command to resume."
-        ) from None
+    where = unit_label(unit, entry["path"])
+    # Locked per unit, not only per task: tasks submitted with another task count share units.
+    with RunLock(parts_dir(out_dir, name), where, unit=unit["key"]):
+        try:
+            return _process_unit(unit, entry, out_dir, name, settings, fingerprint, command, progress)
+        except OSError as e:
+            full = e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+            raise PrepError(
+                f"{where}: {e.strerror or e} ({e.filename or out_dir}). "
+                + ("Free disk space under --out (or use another --out); " if full else "")
+                + "finished units are kept: rerun the same command to resume."
+            ) from None
 
 
 def _process_unit(unit, entry, out_dir, name, settings, fingerprint, command, progress):
     t0 = time.time()
     path = entry["path"]
     _check_unchanged(path, entry)
-    # A killed run may have left temp files of this unit; only its owner task touches them.
+    # A killed run may have left temp files of this unit; only the holder of its lock touches them.
     for stale in glob.glob(os.path.join(parts_dir(out_dir, name), glob.escape(unit["key"]) + ".*tmp-*")):
         os.remove(stale)
     tok = get_tokenizer(settings["tokenizer"], settings["threads"])

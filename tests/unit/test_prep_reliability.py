@@ -183,6 +183,28 @@ def test_a_second_run_on_the_same_out_is_refused_while_the_first_holds_it(tmp_pa
             shard(SLIMPAJAMA[:2], tmp_path, "a", task_index=0, num_tasks=2)
 
 
+def test_a_task_of_another_task_count_refuses_a_unit_another_task_is_tokenizing(tmp_path):
+    """Resubmitted with NUM_TASKS 2 while task 1 of 4 still runs: units[1::2] and units[1::4]
+    share unit 1, whose start-up cleanup would delete the live temporaries of task 1 of 4
+    (which then fails with ENOENT). The unit's lock refuses it instead, naming the cause."""
+    shard(SLIMPAJAMA[:4], tmp_path, "c", task_index=0, num_tasks=4)
+    parts = parts_dir(str(tmp_path), "c")
+    key = json.load(open(os.path.join(parts, "plan.json")))["units"][1]["key"]
+    live = os.path.join(parts, f"{key}.train.tmp-otherhost-1.bin")  # task 1 of 4, mid-unit
+    open(live, "wb").close()
+    from lenext_dist.prep.lock import try_lock
+
+    with RunLock(parts, "shard", (1, 4)):
+        fd = try_lock(os.path.join(parts, f"lock.unit-{key}"))
+        try:
+            with pytest.raises(PrepError, match=r"is tokenizing .* another task count \(--num-tasks"):
+                shard(SLIMPAJAMA[:4], tmp_path, "c", task_index=1, num_tasks=2)
+            assert os.path.exists(live)
+        finally:
+            os.close(fd)
+    shard(SLIMPAJAMA[:4], tmp_path, "c", task_index=1, num_tasks=2)  # once it has finished
+
+
 @pytest.mark.parametrize("name", ["../../x", "a/b", "..", ".hidden", ""])
 def test_names_that_leave_out_are_refused(tmp_path, name):
     with pytest.raises(PrepError, match="outputs must stay inside --out"):
