@@ -1,6 +1,7 @@
 """Helpers for tests that run the real commands (launch/pretrain.py under real launchers)."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -57,6 +58,15 @@ def env(threads: int = 1) -> dict:
     return e
 
 
+LAUNCHER = "torchrun"
+"""The launcher of tests whose subject is not the launcher: torchrun starts a 2-rank run in about
+8 s where DeepSpeed's runner + launch.py take 13-16 s (two more processes importing deepspeed;
+measured here, 6 steps of the tiny model). The DeepSpeed launcher, a user's entry point, keeps
+tests of its own: test_pretrain_ranks, test_two_nodes, test_concurrent_runs, test_resume's signal
+and refusal tests (torchrun adds a traceback of its own to a rank's exit 1), test_run_dir_cli,
+test_pretrain_cli, and every `lenext train` (launch.launch_command)."""
+
+
 def launcher_cmd(launcher: str, nproc: int, port: int) -> list[str]:
     if launcher == "deepspeed":
         return [str(BIN / "deepspeed"), "--num_gpus", str(nproc), "--master_addr", "127.0.0.1",
@@ -87,8 +97,17 @@ def start(cmd: list[str], log: Path) -> subprocess.Popen:
 
 
 def kill9(proc: subprocess.Popen) -> None:
+    """SIGKILL to the launcher's process group and every process under it, as Slurm's kill of a
+    job (its cgroup) does: torchrun starts each rank in a session of its own, out of the group."""
+    import psutil
+
+    tree = psutil.Process(proc.pid).children(recursive=True)
     os.killpg(proc.pid, signal.SIGKILL)
+    for p in tree:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            p.kill()
     proc.wait(timeout=60)
+    psutil.wait_procs(tree, timeout=60)
 
 
 def wait_for(pred, timeout: float = 300, every: float = 0.01) -> bool:

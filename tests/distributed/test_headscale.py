@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from helpers import free_port, losses, pretrain_cmd, run, write_config
+from helpers import LAUNCHER, free_port, losses, pretrain_cmd, run, write_config
 from lenext_dist.checkpoint.weights import read_weights
 
 pytestmark = pytest.mark.distributed
@@ -18,7 +18,7 @@ def base(sample_shards, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("hs_base")
     cfg = write_config(tmp, sample_shards, "base", train={"steps": 4, "eval_interval": 0},
                        checkpoint={"interval": 0})
-    run(pretrain_cmd(cfg, "deepspeed", 2, free_port()))
+    run(pretrain_cmd(cfg, LAUNCHER, 2, free_port()))
     return tmp / "base" / "checkpoints"
 
 
@@ -32,7 +32,7 @@ def test_headscale_search_changes_only_head_scales(base, sample_shards, tmp_path
         checkpoint={"init_from": str(base), "interval": 0},
         data={"seed": 4321},
         parallel={"zero_stage": 2})
-    p = run(pretrain_cmd(hs, "deepspeed", 2, free_port()))
+    p = run(pretrain_cmd(hs, LAUNCHER, 2, free_port()))
     assert "head scales start at 1.2" in p.stdout and "m_h min" in p.stdout
 
     before = read_weights(str(base))
@@ -66,7 +66,7 @@ def test_clamped_search_is_the_same_under_zero_1_2_3(base, sample_shards, tmp_pa
             optim={"lr": 0.1, "warmup_steps": 1, "weight_decay": 0.0},
             checkpoint={"init_from": str(base), "interval": 0}, data={"seed": 4321},
             parallel={"zero_stage": stage})
-        run(pretrain_cmd(cfg, "deepspeed", 2, free_port()))
+        run(pretrain_cmd(cfg, LAUNCHER, 2, free_port()))
         curves[stage] = losses(tmp_path / f"z{stage}")
         record = json.loads((tmp_path / f"z{stage}" / "head_scales.json").read_text())
         scales[stage] = torch.tensor(record["head_scales"])

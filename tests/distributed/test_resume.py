@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import free_port, kill9, losses, pretrain_cmd, run, start, wait_for, write_config
+from helpers import LAUNCHER, free_port, kill9, losses, pretrain_cmd, run, start, wait_for, write_config
 
 pytestmark = pytest.mark.distributed
 
@@ -20,19 +20,19 @@ def _complete(ckpt: Path) -> list[str]:
 def test_kill9_at_random_step_then_resume_is_bitwise(sample_shards, tmp_path):
     train = {"steps": STEPS, "eval_interval": 0}
     ref = write_config(tmp_path, sample_shards, "ref", train=train, checkpoint={"interval": 0})
-    run(pretrain_cmd(ref, "deepspeed", 2, free_port()))
+    run(pretrain_cmd(ref, LAUNCHER, 2, free_port()))
     expected = losses(tmp_path / "ref")
 
     cfg = write_config(tmp_path, sample_shards, "kill", train=train, checkpoint={"interval": 2})
     kill_after = random.Random().randint(3, STEPS - 2)  # past the first checkpoint, before the end
-    proc = start(pretrain_cmd(cfg, "deepspeed", 2, free_port()), tmp_path / "kill.log")
+    proc = start(pretrain_cmd(cfg, LAUNCHER, 2, free_port()), tmp_path / "kill.log")
     metrics = tmp_path / "kill" / "metrics.jsonl"
     assert wait_for(lambda: metrics.exists() and len(metrics.read_text().splitlines()) >= kill_after,
                     timeout=240), (tmp_path / "kill.log").read_text()[-3000:]
     kill9(proc)
     assert (tmp_path / "kill" / "checkpoints" / "latest").exists()
 
-    p = run(pretrain_cmd(cfg, "deepspeed", 2, free_port()))
+    p = run(pretrain_cmd(cfg, LAUNCHER, 2, free_port()))
     assert "resumed from" in p.stdout
     got = losses(tmp_path / "kill")
     assert got == expected  # float equality: bitwise identical curve
@@ -51,7 +51,7 @@ def test_kill9_during_checkpoint_write_keeps_previous(sample_shards, tmp_path):
     ckpt = tmp_path / "mid" / "checkpoints"
     caught = None
     for _attempt in range(3):  # the window is short; try a few times before giving up
-        proc = start(pretrain_cmd(cfg, "deepspeed", 2, free_port()), tmp_path / "mid.log")
+        proc = start(pretrain_cmd(cfg, LAUNCHER, 2, free_port()), tmp_path / "mid.log")
 
         def partial():
             for d in ckpt.glob("step_*"):
@@ -71,7 +71,7 @@ def test_kill9_during_checkpoint_write_keeps_previous(sample_shards, tmp_path):
     latest = (ckpt / "latest").read_text().strip()
     assert latest < caught.name and latest in _complete(ckpt)
 
-    p = run(pretrain_cmd(cfg, "deepspeed", 2, free_port()))
+    p = run(pretrain_cmd(cfg, LAUNCHER, 2, free_port()))
     assert f"resumed from {ckpt}/{latest}" in p.stdout
     assert (ckpt / "latest").read_text().strip() == f"step_{STEPS:07d}"
 
@@ -121,13 +121,13 @@ def test_resume_at_another_data_parallel_size_continues_the_curve(sample_shards,
                   checkpoint={"interval": 3, "keep_last": 0})
     cfg = {n: write_config(tmp_path, sample_shards, f"dp{n}", **common) for n in (1, 2)}
     for n in (1, 2):
-        run(pretrain_cmd(cfg[n], "deepspeed", n, free_port()))
+        run(pretrain_cmd(cfg[n], LAUNCHER, n, free_port()))
     ref = losses(tmp_path / "dp1")
     assert sorted(ref) == list(range(1, 7))
     assert losses(tmp_path / "dp2") == pytest.approx(ref, rel=1e-5)  # same global batch, same curve
     for saved, now in ((2, 1), (1, 2)):
         _rewind(tmp_path / f"dp{saved}" / "checkpoints", "step_0000003")
-        p = run(pretrain_cmd(cfg[saved], "deepspeed", now, free_port()))
+        p = run(pretrain_cmd(cfg[saved], LAUNCHER, now, free_port()))
         assert f"ZeRO partitions of {saved} ranks resharded to {now}" in p.stdout
         got = losses(tmp_path / f"dp{saved}")
         assert got == pytest.approx(ref, rel=1e-5), (saved, now, got, ref)
@@ -136,7 +136,8 @@ def test_resume_at_another_data_parallel_size_continues_the_curve(sample_shards,
 def test_resume_of_zero3_at_another_size_is_refused_before_any_work(sample_shards, tmp_path):
     cfg = write_config(tmp_path, sample_shards, "z3", train={"steps": 2, "eval_interval": 0},
                        parallel={"zero_stage": 3}, checkpoint={"interval": 0})
-    run(pretrain_cmd(cfg, "deepspeed", 2, free_port()))
+    run(pretrain_cmd(cfg, LAUNCHER, 2, free_port()))
+    # the user's entry point: torchrun prints a traceback of its own for any rank's exit 1
     p = run(pretrain_cmd(cfg, "deepspeed", 1, free_port(), "--train.steps=3"), check=False)
     assert p.returncode != 0 and "Traceback" not in p.stderr
     assert "holds ZeRO-3 optimizer partitions of 2 ranks; this run has 1" in p.stderr

@@ -9,7 +9,7 @@ resumed again at 1 rank from a checkpoint inside stage 1. Which samples a stage 
 tests/unit/test_stages_data.py's."""
 import pytest
 
-from helpers import free_port, kill9, losses, pretrain_cmd, run, start, wait_for, write_config
+from helpers import LAUNCHER, free_port, kill9, losses, pretrain_cmd, run, start, wait_for, write_config
 from test_resume import _rewind
 
 pytestmark = pytest.mark.distributed
@@ -22,7 +22,7 @@ COMMON = dict(train={"steps": STEPS, "eval_interval": 0, "global_batch_size": 8,
 
 def test_a_boundary_crossed_in_process_equals_a_resume_there_and_survives_kill9(sample_shards, tmp_path):
     staged = write_config(tmp_path, sample_shards, "staged", **COMMON)
-    p = run(pretrain_cmd(staged, "deepspeed", 2, free_port()))
+    p = run(pretrain_cmd(staged, LAUNCHER, 2, free_port()))
     assert "stage 1: steps [4, 10), seq_length 64" in p.stdout and "global 4 = 256 tokens/step" in p.stdout
     expected = losses(tmp_path / "staged")
     assert sorted(expected) == list(range(1, STEPS + 1))
@@ -34,13 +34,13 @@ def test_a_boundary_crossed_in_process_equals_a_resume_there_and_survives_kill9(
     # a new process from the boundary's checkpoint, killed inside stage 1 (checkpoints every step)
     ckpt = tmp_path / "staged" / "checkpoints"
     _rewind(ckpt, f"step_{BOUNDARY:07d}")
-    proc = start(pretrain_cmd(staged, "deepspeed", 2, free_port()), tmp_path / "staged.log")
+    proc = start(pretrain_cmd(staged, LAUNCHER, 2, free_port()), tmp_path / "staged.log")
     assert wait_for(lambda: (ckpt / f"step_{BOUNDARY + 2:07d}").is_dir(), timeout=300), \
         (tmp_path / "staged.log").read_text()[-3000:]
     kill9(proc)
     log = (tmp_path / "staged.log").read_text()
     assert f"resumed from {ckpt}/step_{BOUNDARY:07d}" in log, log[-3000:]
-    p = run(pretrain_cmd(staged, "deepspeed", 2, free_port()))
+    p = run(pretrain_cmd(staged, LAUNCHER, 2, free_port()))
     resumed_at = int(p.stdout.split("resumed from ")[1].split(": step ")[1].split(",")[0])
     assert BOUNDARY < resumed_at < STEPS, p.stdout[-3000:]  # inside stage 1
     got = losses(tmp_path / "staged")
@@ -51,7 +51,7 @@ def test_a_boundary_crossed_in_process_equals_a_resume_there_and_survives_kill9(
     # at 1 rank from a checkpoint inside stage 1 (ZeRO-2 partitions cut again; float tolerance:
     # one rank sums the global batch in another order)
     _rewind(tmp_path / "staged" / "checkpoints", f"step_{BOUNDARY + 1:07d}")
-    p = run(pretrain_cmd(staged, "deepspeed", 1, free_port()))
+    p = run(pretrain_cmd(staged, LAUNCHER, 1, free_port()))
     assert "resharded to 1" in p.stdout
     one = losses(tmp_path / "staged")
     assert one == pytest.approx(expected, rel=1e-5)

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from helpers import REPO, free_port, losses, pretrain_cmd, run, write_config
+from helpers import LAUNCHER, REPO, free_port, losses, pretrain_cmd, run, write_config
 from launch_helpers import start_with_env
 
 pytestmark = pytest.mark.distributed
@@ -19,7 +19,7 @@ TRAIN = {"steps": 6, "eval_interval": 0}
 def single_launcher(sample_shards, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("one_launcher")
     cfg = write_config(tmp, sample_shards, "one", train=TRAIN, checkpoint={"interval": 0})
-    run(pretrain_cmd(cfg, "deepspeed", 2, free_port()))
+    run(pretrain_cmd(cfg, LAUNCHER, 2, free_port()))
     return losses(tmp / "one")
 
 

@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from helpers import REPO, env, free_port, losses, write_config
+from helpers import LAUNCHER, REPO, env, free_port, losses, write_config
 
 pytestmark = pytest.mark.distributed
 
@@ -111,15 +111,15 @@ def test_kill9_and_resume_under_ulysses_is_bitwise(sample_shards, tmp_path):
                parallel={"ulysses_size": 2, "zero_stage": 3},
                attention={"position": "alibi"})  # head-sliced bias rows across the restart
     ref = write_config(tmp_path, sample_shards, "ref", checkpoint={"interval": 0}, **sec)
-    run(pretrain_cmd(ref, "deepspeed", 2, free_port()))
+    run(pretrain_cmd(ref, LAUNCHER, 2, free_port()))
     expected = losses(tmp_path / "ref")
     cfg = write_config(tmp_path, sample_shards, "kill", checkpoint={"interval": 2}, **sec)
     kill_after = random.Random().randint(3, steps - 1)  # past the first checkpoint
-    proc = start(pretrain_cmd(cfg, "deepspeed", 2, free_port()), tmp_path / "kill.log")
+    proc = start(pretrain_cmd(cfg, LAUNCHER, 2, free_port()), tmp_path / "kill.log")
     metrics = tmp_path / "kill" / "metrics.jsonl"
     assert wait_for(lambda: metrics.exists() and len(metrics.read_text().splitlines()) >= kill_after,
                     timeout=240), (tmp_path / "kill.log").read_text()[-3000:]
     kill9(proc)
-    p = run(pretrain_cmd(cfg, "deepspeed", 2, free_port()))
+    p = run(pretrain_cmd(cfg, LAUNCHER, 2, free_port()))
     assert "resumed from" in p.stdout and "ulysses 2" in p.stdout
     assert losses(tmp_path / "kill") == expected  # float equality: bitwise identical curve

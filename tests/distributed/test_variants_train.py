@@ -1,13 +1,13 @@
 """Each attention variant of project issue 7, each per-layer layout and each temperature schedule
 (issue 34), QK-norm and partial RoPE (issue 42) trains under ZeRO-2 on 2 gloo ranks on real text
-(launch/pretrain.py under the deepspeed launcher, the tiny model of tests/helpers.py, 4 steps), is
+(launch/pretrain.py under helpers.LAUNCHER, the tiny model of tests/helpers.py, 4 steps), is
 exported, and `lenext eval ppl` runs on it at 1x/2x/4x its training length."""
 import json
 import math
 
 import pytest
 
-from helpers import REPO, free_port, losses, pretrain_cmd, run, write_config
+from helpers import LAUNCHER, REPO, free_port, losses, pretrain_cmd, run, write_config
 
 pytestmark = pytest.mark.distributed
 
@@ -73,7 +73,7 @@ def test_variant_trains_under_zero2(case, sample_shards, tmp_path):
     cfg = write_config(tmp_path, sample_shards, case, attention=CASES[case],
                        model=MODEL.get(case, {}), train={"steps": 4, "eval_interval": 0},
                        parallel={"zero_stage": 2}, checkpoint={"interval": 0})
-    p = run(pretrain_cmd(cfg, "deepspeed", 2, free_port()), timeout=240)
+    p = run(pretrain_cmd(cfg, LAUNCHER, 2, free_port()), timeout=240)
     curve = losses(tmp_path / case)
     assert sorted(curve) == [1, 2, 3, 4], curve
     assert all(math.isfinite(x) for x in curve.values()), curve
@@ -136,7 +136,7 @@ def test_sliding_window_at_eval_time_on_a_nope_model(sample_shards, tmp_path):
     trained without it; at W <= L nothing changes, past L the window caps the context."""
     cfg = write_config(tmp_path, sample_shards, "nope", train={"steps": 2, "eval_interval": 0},
                        checkpoint={"interval": 0})
-    run(pretrain_cmd(cfg, "deepspeed", 1, free_port()), timeout=240)
+    run(pretrain_cmd(cfg, LAUNCHER, 1, free_port()), timeout=240)
     from lenext_dist.cli import main as lenext
     from lenext_dist.convert.export import export
 

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from helpers import REPO, env, free_port, pretrain_cmd, run, write_config
+from helpers import LAUNCHER, REPO, env, free_port, pretrain_cmd, run, write_config
 
 pytestmark = pytest.mark.e2e
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -28,7 +28,7 @@ def test_bos_and_document_mask_from_shards_to_eval(sample_shards, tmp_path):
     cfg = write_config(tmp_path, sample_shards, "bos", train={"steps": 2, "eval_interval": 0},
                        checkpoint={"interval": 0}, data={"bos": True, "document_mask": True},
                        attention={"position": "rope"})
-    out = run(pretrain_cmd(cfg, "deepspeed", 1, free_port()))
+    out = run(pretrain_cmd(cfg, LAUNCHER, 1, free_port()))
     assert "done at step 2" in out.stdout
     hf = tmp_path / "hf"
     p = subprocess.run([sys.executable, "-m", "lenext_dist.convert", "--checkpoint",

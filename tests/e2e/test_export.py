@@ -1,6 +1,6 @@
 """Export real training runs to HF and check the function is the same.
 
-Two real runs of launch/pretrain.py under the deepspeed launcher (2 gloo ranks, 4 steps each):
+Two real runs of launch/pretrain.py (helpers.LAUNCHER, 2 gloo ranks, 4 steps each):
 ZeRO-3 + GQA + NoPE and ZeRO-2 + MHA + RoPE. Each is exported with the real CLI
 (`python -m lenext_dist.convert`) and loaded offline with `AutoModelForCausalLM(...,
 trust_remote_code=True)`; its logits must equal the megatron model's (built in process from the
@@ -15,7 +15,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from helpers import REPO, env, free_port, pretrain_cmd, run, write_config
+from helpers import LAUNCHER, REPO, env, free_port, pretrain_cmd, run, write_config
 
 pytestmark = pytest.mark.e2e
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -38,7 +38,7 @@ def runs(sample_shards, tmp_path_factory):
         cfg = write_config(tmp, sample_shards, name,
                            train={"steps": 4, "eval_interval": 0}, checkpoint={"interval": 0},
                            **sections)
-        run(pretrain_cmd(cfg, "deepspeed", 2, free_port()))
+        run(pretrain_cmd(cfg, LAUNCHER, 2, free_port()))
         out[name] = tmp / name / "checkpoints"
     # HeadScale (PEFT of the per-head scales, all else frozen) from the RoPE run, ZeRO-3
     cfg = write_config(tmp, sample_shards, "headscale", parallel={"zero_stage": 3},
@@ -48,7 +48,7 @@ def runs(sample_shards, tmp_path_factory):
                        train={"steps": 2, "eval_interval": 0, "mode": "headscale"},
                        optim={"lr": 0.1, "weight_decay": 0.0, "warmup_steps": 1},
                        checkpoint={"interval": 0, "init_from": str(out["z2_mha_rope"])})
-    run(pretrain_cmd(cfg, "deepspeed", 2, free_port()))
+    run(pretrain_cmd(cfg, LAUNCHER, 2, free_port()))
     out["headscale"] = tmp / "headscale" / "checkpoints"
     return out
 

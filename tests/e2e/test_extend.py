@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from helpers import REPO, env, free_port, pretrain_cmd, run, write_config
+from helpers import LAUNCHER, REPO, env, free_port, pretrain_cmd, run, write_config
 
 pytestmark = pytest.mark.e2e
 
@@ -13,7 +13,7 @@ pytestmark = pytest.mark.e2e
 def test_extend_workflow_on_a_tiny_nope_run(sample_shards, tmp_path):
     base = write_config(tmp_path, sample_shards, "base", train={"steps": 6, "eval_interval": 0},
                         checkpoint={"interval": 0})
-    run(pretrain_cmd(base, "deepspeed", 2, free_port()))
+    run(pretrain_cmd(base, LAUNCHER, 2, free_port()))
     out = tmp_path / "ext"
     cmd = [sys.executable, "-m", "lenext_dist", "extend", "--base", str(tmp_path / "base"),
            "--targets", "64", "--out", str(out), "--steps", "3", "--global-batch", "4", "--warmup", "1",

@@ -11,7 +11,7 @@ import sys
 import pytest
 import torch
 
-from helpers import REPO, env, free_port, pretrain_cmd, run
+from helpers import LAUNCHER, REPO, env, free_port, pretrain_cmd, run
 
 pytestmark = pytest.mark.e2e
 L = 32
@@ -49,7 +49,7 @@ def test_import_train_2_ranks_zero2_export(sample_shards, tmp_path):
     source = standin(hf_dir, [1, 0])  # RoPE then NoPE (SmolLM3's interleave)
     out = lenext("convert", "--from-hf", hf_dir, "--out", imp, *data(sample_shards), *QUIET)
     assert "SmolLM3ForCausalLM" in out and (imp / "tokenizer.model").is_file()
-    run(pretrain_cmd(imp / "config.yaml", "deepspeed", 2, free_port(), f"run_dir={trained}",
+    run(pretrain_cmd(imp / "config.yaml", LAUNCHER, 2, free_port(), f"run_dir={trained}",
                      "parallel.zero_stage=2", "train.steps=3", "train.micro_batch_size=2",
                      "train.global_batch_size=4", "train.eval_interval=0", "optim.lr=1e-5",
                      "optim.warmup_steps=1", "checkpoint.interval=0"), timeout=600)

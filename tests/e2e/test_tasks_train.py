@@ -12,7 +12,7 @@ import sys
 import numpy as np
 import pytest
 
-from helpers import REPO, free_port, pretrain_cmd, run, write_config
+from helpers import LAUNCHER, REPO, free_port, pretrain_cmd, run, write_config
 
 pytestmark = pytest.mark.e2e
 
@@ -39,7 +39,7 @@ def test_task_shards_feed_pretraining_through_the_blend(sample_shards, tmp_path)
                        data={"blend": [{"prefix": prose, "weight": 0.5},
                                        {"prefix": tasks, "weight": 0.5}],
                              "task_loss": "answers"})  # the answer masks written beside the shard
-    run(pretrain_cmd(cfg, "deepspeed", 1, free_port()))
+    run(pretrain_cmd(cfg, LAUNCHER, 1, free_port()))
     losses = [json.loads(line)["loss"] for line in open(tmp_path / "mix" / "metrics.jsonl")
               if '"loss"' in line]
     assert len(losses) == 6 and all(math.isfinite(x) for x in losses)
