@@ -235,8 +235,9 @@ class ParallelConfig:
     offload_optimizer: bool = False
     """ZeRO-Offload (stages 1-3): optimizer state and fp32 master weights live on the CPU and torch
     AdamW steps them there (nothing compiles; DeepSpeed's cpu_adam is not used)."""
-    backend: Optional[str] = None
-    """torch.distributed backend; null picks DeepSpeed's accelerator default (nccl / gloo on CPU)."""
+    backend: Optional[Literal["nccl", "gloo"]] = None
+    """torch.distributed backend: nccl (GPUs) or gloo (CPU); null picks DeepSpeed's accelerator
+    default (the same two)."""
     reduce_dtype: Optional[Literal["fp32", "bf16", "fp16"]] = "fp32"
     """Dtype of the gradient all-reduce / reduce-scatter (DeepSpeed `communication_data_type`).
     fp32 sums the ranks' bf16 gradients without rounding each partial sum to 8 mantissa bits, at
@@ -309,6 +310,9 @@ class LoggingConfig:
 
     def __post_init__(self):
         _check(self.interval > 0, "logging.interval", "must be > 0")
+        _check(self.peak_tflops is None or self.peak_tflops > 0, "logging.peak_tflops",
+               f"must be > 0 (the MFU's denominator), got {self.peak_tflops}; null: the device's table "
+               "value, else measured")
 
 
 @dataclass

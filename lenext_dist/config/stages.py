@@ -164,8 +164,23 @@ def check_stages(cfg) -> None:
         _check(st.start_step < cfg.train.steps, f"{where}.start_step",
                f"{st.start_step} must be < train.steps {cfg.train.steps}")
         prev = st.start_step
+        if st.rope_base is not None:
+            _check_rotary(cfg, f"{where}.rope_base")
     for k in range(1, len(cfg.train.stages) + 1):
         stage_config(cfg, k)
+
+
+def _check_rotary(cfg, key: str) -> None:
+    """A stage's RoPE theta needs a layer that reads attention.rope.base, RoPE's or XPOS's (a RoPE
+    subclass); without one it would be ignored (as a stage's rope_scaling is refused there, by
+    the attention checks stage_config runs)."""
+    from lenext_dist.attention import layout
+    from lenext_dist.attention.registry import POSITIONS
+    from lenext_dist.attention.rope import RoPE
+
+    names = layout.layer_names(cfg.attention, cfg.model.num_layers)
+    _check(any(issubclass(POSITIONS[x], RoPE) for x in names), key,
+           f"sets RoPE's theta, but no layer ({layout.describe(names)}) rotates with RoPE: remove it")
 
 
 def describe(cfg, k: int) -> str:

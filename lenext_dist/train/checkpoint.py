@@ -33,6 +33,7 @@ from lenext_dist.checkpoint.weights import read_weights, unreadable
 from lenext_dist.config import AttentionConfig, RunConfig, save_config, stages, to_dict
 from lenext_dist.errors import CheckpointError
 from lenext_dist.model.megatron_env import on_cpu
+from lenext_dist.train import optim
 
 
 def rng_state() -> dict:
@@ -216,8 +217,24 @@ def check_resume(cfg: RunConfig, step_dir: str | os.PathLike) -> list[str]:
             f"parallel.zero_stage={cfg.parallel.zero_stage}: resume with parallel.zero_stage="
             f"{old.parallel.zero_stage}, or start a new run from its weights "
             f"(checkpoint.init_from={step_dir}; the optimizer state starts afresh)")
+    if cfg.optim.no_decay_embeddings != old.optim.no_decay_embeddings:  # torch would fail inside its load
+        raise CheckpointError(
+            f"{step_dir} was trained with optim.no_decay_embeddings={old.optim.no_decay_embeddings}, "
+            f"which sets the optimizer's parameter groups; resume with optim.no_decay_embeddings="
+            f"{old.optim.no_decay_embeddings}, or start a new run from its weights "
+            f"(checkpoint.init_from={step_dir}; the optimizer state starts afresh)")
+    return _changes(cfg, old, _DATA_KEYS)
+
+
+def optim_changes(cfg: RunConfig, step_dir: str | os.PathLike) -> list[str]:
+    """`key: old -> new` for each optim.* key changed since the checkpoint: this run's values
+    apply (load keeps this run's optimizer settings, optim.settings_kept)."""
+    return _changes(cfg, saved_config(step_dir), ("optim",))
+
+
+def _changes(cfg: RunConfig, old: RunConfig, roots) -> list[str]:
     now, then = _flat(to_dict(cfg)), _flat(to_dict(old))
-    return [f"{k}: {then.get(k)!r} -> {now.get(k)!r}" for k in _changed(now, then) if _under(k, _DATA_KEYS)]
+    return [f"{k}: {then.get(k)!r} -> {now.get(k)!r}" for k in _changed(now, then) if _under(k, roots)]
 
 
 def _under(k: str, roots) -> bool:
@@ -241,7 +258,8 @@ def _model_changes(cfg: RunConfig, old: RunConfig, where: str) -> list[str]:
 def load(engine, root: str, tag: str, reshard: bool = False) -> dict:
     """Full resume: module, optimizer and our client state (step, samples, RNG). reshard: the
     checkpoint's ZeRO-1/2 partitions are of another data-parallel size (train/reshard.py)."""
-    with weights_only_loads(Path(root) / tag), unreadable(Path(root) / tag):
+    with weights_only_loads(Path(root) / tag), unreadable(Path(root) / tag), \
+            optim.settings_kept(engine.optimizer):  # the checkpoint's state, this run's optim.*
         if reshard:
             from lenext_dist.train.reshard import load_resharded
 

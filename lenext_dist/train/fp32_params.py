@@ -11,16 +11,22 @@ them to bf16 with everything else and makes its fp32 master copy *from the bf16 
    trainable ones from their masters (`safe_get_full_fp32_param`: a small collective per
    parameter under ZeRO, so every rank calls it).
 
+4. `frozen(engine)` into a checkpoint's client state, `restore` from it on resume: a frozen
+   parameter has no master, and its captured value on resume is the fresh model's (init_from is
+   skipped), while the module file holds the trained value in bf16 (KERPLE's r1/r2 in a HeadScale
+   run). A checkpoint without them (saved before they were kept) leaves `fp32_value` the loaded
+   bf16 value (the shadow no longer matches it).
+
 ZeRO-0 with bf16 (DeepSpeed's DDP bf16 wrapper) has masters the safe_* accessors cannot reach: its
 trainable fp32 parameters get no shadow and run in bf16 as before (the config already refuses
-clamped head scales there). A frozen parameter keeps its captured shadow; after a checkpoint load
-changes it, `fp32_value` sees the mismatch and uses the loaded (bf16) value.
+clamped head scales there).
 """
 from __future__ import annotations
 
 import torch
 
 from lenext_dist.attention.precision import FP32_ATTR
+from lenext_dist.checkpoint.layout import FROZEN_FP32
 
 
 def capture(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -62,6 +68,15 @@ def refresh(engine) -> None:
             master = safe_get_full_fp32_param(p)
             if master is not None:
                 setattr(p, FP32_ATTR, master.detach().to(p.device, torch.float32).view(p.shape))
+
+
+FROZEN = FROZEN_FP32  # the client-state key of `frozen` in a checkpoint
+
+
+def frozen(engine) -> dict[str, torch.Tensor]:
+    """{name: fp32 value, on the CPU} of the frozen shadowed parameters."""
+    return {n: getattr(p, FP32_ATTR).cpu() for n, p in engine.module.named_parameters()
+            if not p.requires_grad and getattr(p, FP32_ATTR, None) is not None}
 
 
 def has_trainable(engine) -> bool:

@@ -288,8 +288,12 @@ def _checkpoint_to_resume(cfg: RunConfig, world: int, resume: bool) -> tuple[Opt
     tag = latest_tag(cfg.checkpoint.dir) if resume else None
     if not tag:
         return tag, False
-    for note in checkpoint.check_resume(cfg, os.path.join(cfg.checkpoint.dir, tag)):
+    step_dir = os.path.join(cfg.checkpoint.dir, tag)
+    for note in checkpoint.check_resume(cfg, step_dir):
         _print0(f"[lenext] warning: resuming with a changed data order: {note}")
+    changed = checkpoint.optim_changes(cfg, step_dir)
+    if changed:
+        _print0(f"[lenext] optimizer settings changed since the checkpoint (this run's apply): {'; '.join(changed)}")
     # another data-parallel size: ZeRO-1/2 partitions are cut again, ZeRO-3 refused here
     return tag, check_dp_size(Path(cfg.checkpoint.dir) / tag, cfg.parallel.zero_stage, world)
 
@@ -301,6 +305,7 @@ def _resume(run: _Run) -> tuple[int, int]:
         return 0, 0
     client = checkpoint.load(run.engine, cfg.checkpoint.dir, run.tag, reshard=run.reshard)
     step, consumed = client["step"], client["consumed_samples"]
+    fp32_params.restore(run.engine, client.get(fp32_params.FROZEN, {}))  # frozen ones: saved exact
     fp32_params.refresh(run.engine)  # the loaded fp32 masters into the forward's fp32 values
     _print0(f"[lenext] resumed from {cfg.checkpoint.dir}/{run.tag}: step {step}, {consumed:,} samples"
             + (f" (ZeRO partitions of {saved_dp_size(Path(cfg.checkpoint.dir) / run.tag)} ranks "
@@ -432,7 +437,8 @@ def _save_if_due(run: _Run, stop: StopSignal, signalled: bool, step: int, consum
         return False
     if signalled:
         _print0(f"[lenext] {stop.name} received: saving a checkpoint at step {step} and exiting")
-    checkpoint.save(run.engine, run.base, step, consumed)  # the whole run's config, stages included
+    checkpoint.save(run.engine, run.base, step, consumed,  # the whole run's config, stages included
+                    extra={fp32_params.FROZEN: fp32_params.frozen(run.engine)})
     return True
 
 

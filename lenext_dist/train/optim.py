@@ -6,6 +6,7 @@ needs no scheduler state and cannot drift.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 from types import SimpleNamespace
 from typing import Optional
@@ -112,6 +113,38 @@ def release_engine(engine) -> None:
     of train.stages or a case of the GPU check, ran beside this one's weights, fp32 master and
     Adam states (found on an H100, 27 Nov; tests/unit/test_train_engine.py)."""
     engine.destroy()
+
+
+@contextlib.contextmanager
+def settings_kept(optimizer):
+    """This run's optimizer settings (build_optimizer's) across a checkpoint load, which keeps only
+    the state (moments, step). torch's Optimizer.load_state_dict, called by DeepSpeed's load at
+    every ZeRO stage, replaces each param group's settings (betas, eps, weight_decay, the kernel)
+    by the checkpoint's (torch/optim/optimizer.py, update_group), and DeepSpeed's ZeRO-1/2 and bf16
+    optimizers take its gradient clipping (`clip_grad`: _load_global_state, _load_legacy_checkpoint):
+    a changed optim.* was ignored on resume, and applied by a resume at another rank count (which
+    loads no optimizer state dict, train/reshard.py)."""
+    base = getattr(optimizer, "optimizer", optimizer)  # DeepSpeed's wrappers hold torch's AdamW
+    kept = [{k: v for k, v in g.items() if k != "params"} for g in base.param_groups]
+    clip = getattr(optimizer, "clip_grad", None)
+    yield
+    for g, settings in zip(base.param_groups, kept, strict=True):
+        g.update(settings)
+    if clip is not None:
+        optimizer.clip_grad = clip
+    place_steps(base)
+
+
+def place_steps(optimizer: torch.optim.Optimizer) -> None:
+    """A fused (optim.fused, the default) or capturable AdamW reads its step on the parameter's
+    device, fp32 (the CUDA kernel takes device pointers). torch's load_state_dict places it so by
+    the saved groups' flags; a step loaded under others (or assigned, train/reshard.py) is moved."""
+    for g in optimizer.param_groups:
+        if g.get("fused") or g.get("capturable"):
+            for p in g["params"]:
+                state = optimizer.state.get(p, {})
+                if torch.is_tensor(state.get("step")):
+                    state["step"] = state["step"].to(p.device, torch.float32)
 
 
 def set_lr(optimizer, lr: float) -> None:

@@ -11,7 +11,10 @@ into DP equal partitions; rank r holds partition r (`single_partition_of_fp32_gr
 without its padding as SINGLE_PARTITION_OF_FP32_GROUPS) and the torch optimizer's state of that
 partition (exp_avg, exp_avg_sq: same padded shape; step), saved as BASE_OPTIMIZER_STATE with the
 padding given by GROUP_PADDINGS. Concatenating the saved ranks' unpadded pieces gives the group's
-full vector, which is padded and cut again for the current DP size. The module weights come from
+full vector, which is padded and cut again for the current DP size. ZeRO-1 with bf16 weights and
+fp32 gradient accumulation (our bf16 config) runs DeepSpeed's BF16_Optimizer instead, with the
+same layout (the padding aligned to 2 x DP) under other names: `fp32_groups_flat_partition`,
+saved with its padding (bf16_optimizer.py, state_dict). The module weights come from
 the module file (`load_module_only`), the data position from our client state (consumed samples
 are global, so the data order does not depend on the rank count).
 
@@ -77,8 +80,8 @@ def unpadded(saved_state: torch.Tensor, padding: int) -> torch.Tensor:
 def load_resharded(engine, step_dir: Path) -> dict:
     """Module weights, fp32 masters and Adam state of a ZeRO-1/2 checkpoint written at another DP
     size; returns our client state. Call on every rank."""
-    from deepspeed.checkpoint.constants import (BASE_OPTIMIZER_STATE, GROUP_PADDINGS,
-                                                OPTIMIZER_STATE_DICT, SINGLE_PARTITION_OF_FP32_GROUPS)
+    from deepspeed.checkpoint.constants import (BASE_OPTIMIZER_STATE, GROUP_PADDINGS, OPTIMIZER_STATE_DICT,
+                                                SINGLE_PARTITION_OF_FP32_GROUPS, ZERO_STAGE)
 
     from lenext_dist.checkpoint.safe_load import weights_only_loads
 
@@ -99,23 +102,23 @@ def load_resharded(engine, step_dir: Path) -> dict:
     def mine(full: torch.Tensor, part: torch.Tensor) -> torch.Tensor:
         return partition(full, part, rank, dp, step_dir).to(part.device)
 
-    for i, part in enumerate(opt.single_partition_of_fp32_groups):
-        full = torch.cat([sd[SINGLE_PARTITION_OF_FP32_GROUPS][i].reshape(-1) for sd in saved])
-        part.data.copy_(mine(full, part))
+    def masters(sd: dict, i: int) -> torch.Tensor:
+        # ZeRO-1/2 save them unpadded (stage_1_and_2.py state_dict), BF16_Optimizer padded and
+        # without a ZERO_STAGE entry (bf16_optimizer.py state_dict)
+        m = sd[SINGLE_PARTITION_OF_FP32_GROUPS][i]
+        return m.reshape(-1) if ZERO_STAGE in sd else unpadded(m, sd[GROUP_PADDINGS][i])
+
+    parts = getattr(opt, "single_partition_of_fp32_groups", None) or opt.fp32_groups_flat_partition
+    for i, part in enumerate(parts):
+        part.data.copy_(mine(torch.cat([masters(sd, i) for sd in saved]), part))
         states = [sd[BASE_OPTIMIZER_STATE]["state"].get(i, {}) for sd in saved]
         new = {}
-        # a fused (optim.fused, the default) or capturable AdamW reads its step on the parameter's
-        # device, fp32 (torch's Optimizer.load_state_dict moves it so; the CUDA kernel takes device
-        # pointers): the step was loaded to the CPU above and is assigned below without that policy
-        g = opt.optimizer.param_groups[i]
-        on_device = bool(g.get("fused") or g.get("capturable"))
         for key, value in states[0].items():
             if torch.is_tensor(value) and value.dim() > 0:  # partition-shaped: exp_avg, exp_avg_sq
                 pieces = [unpadded(s[key], sd[GROUP_PADDINGS][i]) for s, sd in zip(states, saved)]
                 new[key] = mine(torch.cat(pieces), part).clone()
-            elif torch.is_tensor(value) and on_device:  # the step count, the same on every rank
-                new[key] = value.to(part.device, torch.float32, copy=True)
-            else:
+            else:  # the step count, the same on every rank (checkpoint.load places it for a fused
+                # kernel: optim.settings_kept)
                 new[key] = value.clone() if torch.is_tensor(value) else value
         if new:
             opt.optimizer.state[part] = new

@@ -132,9 +132,14 @@ def test_resume_refuses_another_model_and_reports_another_data_order(tmp_path):
                            ("model.train_length", ["model.seq_length=256"]),
                            ("train.mode", headscale),
                            ("attention.head_scale.enabled", headscale[2:3]),
-                           ("parallel.zero_stage", ["parallel.zero_stage=3"])):
+                           ("parallel.zero_stage", ["parallel.zero_stage=3"]),
+                           # other param groups: torch's load raised mid-load
+                           ("optim.no_decay_embeddings", ["optim.no_decay_embeddings=true"])):
         with pytest.raises(CheckpointError, match=key.replace(".", r"\.")):
             checkpoint.check_resume(load_config(None, overrides), step)
+    # applied on resume (optim.settings_kept), and reported
+    assert checkpoint.optim_changes(load_config(None, ["optim.lr=0.1", "optim.weight_decay=0"]), step) == [
+        "optim.lr: 0.001 -> 0.1", "optim.weight_decay: 0.1 -> 0.0"]
     notes = checkpoint.check_resume(load_config(None, ["data.seed=7", "train.steps=99",
                                                        "data.task_loss=answers"]), step)
     assert notes == ["data.seed: 1234 -> 7", "data.task_loss: 'all' -> 'answers'", "train.steps: 200 -> 99"]

@@ -70,7 +70,9 @@ def test_missing_required_key_names_key_and_file(tmp_path):
     ("optim.lr=1e999", "optim.lr: must be a finite number"),
     ("optim.weight_decay=nan", "optim.weight_decay: must be >= 0 (0: no decay), got nan"),
     ("model.norm_epsilon=.nan", "model.norm_epsilon: must be a finite number, got nan"),
-    ("logging.peak_tflops=-.inf", "logging.peak_tflops: must be a finite number, got -inf"),
+    ("logging.peak_tflops=.inf", "logging.peak_tflops: must be a finite number, got inf"),
+    ("logging.peak_tflops=0", "logging.peak_tflops: must be > 0"),  # MFU was logged negative / inf
+    ("parallel.backend=ncc", "parallel.backend: must be one of ['nccl', 'gloo'], got 'ncc'"),  # torch asserted
     ("attention.scale_c=inf", "attention.scale_c: must be a finite number"),
     ("attention.head_scale.init=.inf", "attention.head_scale.init: must be a finite number"),
     ("optim.eps=-1", "optim.eps: must be > 0 (AdamW divides by sqrt(v) + eps), got -1.0"),

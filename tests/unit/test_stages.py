@@ -9,8 +9,10 @@ from lenext_dist.config import ConfigError, load_config, stages
 
 
 def _load(tmp_path, train_stages, **train):
+    """A RoPE model (a stage's rope_base needs RoPE layers) with these stages."""
     p = tmp_path / "s.yaml"
-    p.write_text(yaml.safe_dump({"train": {"steps": 10, "micro_batch_size": 2, "global_batch_size": 8,
+    p.write_text(yaml.safe_dump({"attention": {"position": "rope"},
+                                 "train": {"steps": 10, "micro_batch_size": 2, "global_batch_size": 8,
                                            **train, "stages": train_stages}}))
     return load_config(p)
 
@@ -61,6 +63,17 @@ def test_bad_stages_are_one_line_errors(tmp_path, bad, key):
     assert re.search(key, str(e.value)) and "\n" not in str(e.value), str(e.value)
 
 
+def test_a_stage_theta_needs_a_layer_that_rotates_with_it(tmp_path):
+    """A stage's rope_base on a model whose layers have no RoPE was accepted and ignored (its
+    rope_scaling was refused); XPOS rotates with RoPE's theta and keeps it."""
+    _load(tmp_path, [{"start_step": 4, "rope_base": 1.0e5}])
+    path = tmp_path / "s.yaml"
+    assert stages.stage_config(load_config(path, ["attention.position=xpos"]), 1).attention.rope.base == 1.0e5
+    with pytest.raises(ConfigError, match=r"train\.stages\[0\]\.rope_base: sets RoPE.s theta, but no layer "
+                                          r"\(nope x\d+\) rotates"):
+        load_config(path, ["attention.position=nope"])
+
+
 @pytest.mark.parametrize("name, world", [("smollm3-stages", 32), ("llama3-stages", 64)])
 def test_dry_run_of_each_shipped_staged_config_estimates_every_stage(megatron_1rank, repo, capsys, name, world):
     from lenext_dist.train.dryrun import dry_run
@@ -81,7 +94,6 @@ def test_the_stage_rope_base_and_length_reach_the_built_model(megatron_1rank, tm
     from lenext_dist.model import build_model
 
     cfg = _load(tmp_path, [{"start_step": 4, "seq_length": 256, "rope_base": 1.0e5}])
-    cfg.attention.position = "rope"
     bases = {k: {m.base for m in build_model(stages.stage_config(cfg, k), device="meta").modules()
                  if isinstance(m, RoPE)} for k in (0, 1)}
     assert bases == {0: {cfg.attention.rope.base}, 1: {1.0e5}}
