@@ -20,6 +20,9 @@ from lenext_dist.errors import CheckpointError
 LATEST = "latest"
 COMPLETE = "COMPLETE"
 CONFIG = "config.yaml"  # the resolved RunConfig the step was written with
+FROZEN_FP32 = "fp32_frozen"
+"""Client-state key of the exact fp32 values of frozen fp32 parameters (train/fp32_params.frozen):
+the module file holds them in the training dtype."""
 
 
 _TAG = re.compile(r"step_(\d+)")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from lenext_dist.checkpoint.layout import resolve
+from lenext_dist.checkpoint.layout import FROZEN_FP32, resolve
 from lenext_dist.checkpoint.safe_load import load as safe_load
 from lenext_dist.checkpoint.safe_load import weights_only_loads
 from lenext_dist.errors import CheckpointError
@@ -25,22 +25,28 @@ def read_state(step_dir: str | os.PathLike) -> tuple[dict[str, torch.Tensor], st
     partition; DeepSpeed records them for zero_to_fp32 only when it partitions gradients (stages
     2-3), so at stage 1 they come from the module file, where they are whole and never changed.
     source 'module': ZeRO-0 has no partitions; its module file is complete.
+    Either way, frozen fp32 parameters (KERPLE's r1/r2 in a bf16 HeadScale run) take the exact
+    values the step saved beside the module (FROZEN_FP32); the module file rounds them.
     """
     step_dir = Path(step_dir)
+    saved = _model_states(step_dir)
     if any(step_dir.glob("*_optim_states.pt")):
         from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()), \
                 weights_only_loads(step_dir), unreadable(step_dir):
             state = get_fp32_state_dict_from_zero_checkpoint(str(step_dir.parent), tag=step_dir.name)
-        if any(step_dir.glob("mp_rank_*_model_states.pt")):  # stages 1-2 (ZeRO-3: per-rank placeholders)
-            for k, v in _module_state(step_dir).items():
+        if not saved["zero3"]:  # stages 1-2 (ZeRO-3's module files hold per-rank placeholders)
+            for k, v in saved["module"].items():
                 if k not in state and isinstance(v, torch.Tensor) and v.numel():
                     state[k] = v
         source = "zero_fp32"
     else:
-        state, source = _module_state(step_dir), "module"
+        if saved["zero3"]:
+            raise CheckpointError(f"{step_dir}: no DeepSpeed model states file")
+        state, source = saved["module"], "module"
     state = {k: v for k, v in state.items() if isinstance(v, torch.Tensor)}
+    state.update(saved.get(FROZEN_FP32) or {})
     empty = [k for k, v in state.items() if v.numel() == 0]
     if empty:
         raise CheckpointError(f"{step_dir}: {len(empty)} tensors are empty placeholders (a ZeRO-3 "
@@ -48,19 +54,22 @@ def read_state(step_dir: str | os.PathLike) -> tuple[dict[str, torch.Tensor], st
     return state, source
 
 
-def _module_state(step_dir: Path) -> dict:
-    """The module state dict DeepSpeed saved with the step (TP = PP = 1)."""
+def _model_states(step_dir: Path) -> dict:
+    """What DeepSpeed saved beside the optimizer (TP = PP = 1): the module state dict ('module')
+    and our client state, from mp_rank_00_model_states.pt; under ZeRO-3, whose module there is
+    per-rank placeholders, from rank 0's zero_pp_rank_0_mp_rank_00_model_states.pt ('zero3')."""
     files = sorted(step_dir.glob("mp_rank_*_model_states.pt"))
+    zero3 = not files
+    files = files or sorted(step_dir.glob("zero_pp_rank_0_mp_rank_*_model_states.pt"))
     if not files:
         raise CheckpointError(f"{step_dir}: no DeepSpeed model states file")
     if len(files) > 1:
         raise CheckpointError(f"{step_dir}: {len(files)} model-parallel ranks; only TP=PP=1 is supported")
     saved = safe_load(files[0])
-    module = saved.get("module") if isinstance(saved, dict) else None
-    if not isinstance(module, dict):
+    if not isinstance(saved, dict) or not isinstance(saved.get("module"), dict):
         raise CheckpointError(f"{files[0]}: not a DeepSpeed model states file (no 'module' state "
                               "dict); copy it again, or choose another step")
-    return module
+    return {**saved, "zero3": zero3}
 
 
 _READ_FAILED = re.compile(r"PytorchStreamReader|zip archive|invalid load key|Ran out of input|"

@@ -470,4 +470,15 @@ MUTATIONS: list[M] = [
       'fit["r2"] is not None and fit["r2"] >= FIT_R2', "True", (T_CLAIMS,)),
     M("claim-entropy-any-seed", "claims", "experiments/nope_length/analysis.py",
       "ok = ok and None not in (first, last,", "ok = True or None not in (first, last,", (T_CLAIMS,)),
+    # ---- reviews of 30 Nov: a remade shard, resumed optimizer settings, frozen fp32 values -----
+    M("data-cache-ignores-the-shard-build", "data", "lenext_dist/data/gpt_data.py",
+      "    tok.shards = shard_identities(d)\n", "", (T_BOS,)),
+    M("resume-keeps-the-checkpoint-optim-settings", "train", "lenext_dist/train/optim.py",
+      "        g.update(settings)\n", "        pass\n", (T_ENGINE,)),
+    M("resume-drops-frozen-fp32-values", "train", "lenext_dist/train/loop.py",
+      "    fp32_params.restore(run.engine, client.get(fp32_params.FROZEN, {}))", "    pass", (T_ENGINE,)),
+    M("export-reads-frozen-values-rounded", "train", "lenext_dist/checkpoint/weights.py",
+      "    state.update(saved.get(FROZEN_FP32) or {})\n", "", (T_ENGINE,)),
+    M("bf16-zero1-reshard-keeps-padding", "train", "lenext_dist/train/reshard.py",
+      "else unpadded(m, sd[GROUP_PADDINGS][i])", "else m.reshape(-1)", (T_ENGINE,)),
 ]

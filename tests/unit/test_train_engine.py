@@ -246,16 +246,24 @@ def test_a_diverging_run_stops_at_the_bad_step_and_saves_nothing_after_it(shards
     assert not (tmp_path / "inf" / "checkpoints" / LATEST).exists()
 
 
+def new_engine(cfg):
+    """cfg's DeepSpeed engine on one rank (inside one_rank), as the loop builds it."""
+    from lenext_dist.train.loop import skip_deepspeed_shm_op
+
+    skip_deepspeed_shm_op()  # a minute of g++ otherwise (train/group.py)
+    init_megatron(cfg.train.seed)
+    model = build_model(cfg)
+    optim.freeze_for_mode(model, cfg)
+    return optim.build_engine(model, cfg, 1)
+
+
 @pytest.fixture
 def engine(shards, tmp_path):
     """A ZeRO-2 fp32 engine of a HeadScale run (all but the head scales frozen), and its config."""
     cfg = config(tmp_path, shards, "hs", train={"mode": "headscale"},
                  checkpoint={"init_from": "unused-here"})
     with one_rank():
-        init_megatron(cfg.train.seed)
-        model = build_model(cfg)
-        optim.freeze_for_mode(model, cfg)
-        yield optim.build_engine(model, cfg, 1), cfg
+        yield new_engine(cfg), cfg
 
 
 def step(engine, cfg, lr):
@@ -357,6 +365,130 @@ def test_an_accelerator_run_saves_and_restores_its_generators(engine, monkeypatc
     client = checkpoint.load(eng, cfg.checkpoint.dir, tag_for(2))
     assert {"accelerator", "tracker"} <= set(client["rng"])
     assert len(restored) == 1 and torch.equal(restored[0], saved)
+
+
+def settings(opt) -> list[dict]:
+    return [{k: v for k, v in g.items() if k != "params"} for g in opt.param_groups]
+
+
+@pytest.mark.parametrize("stage, precision", [(0, "fp32"), (1, "bf16"), (2, "fp32")])
+def test_a_resume_trains_with_this_runs_optimizer_settings(shards, tmp_path, stage, precision):
+    """torch's Optimizer.load_state_dict, inside DeepSpeed's load at every stage, put the
+    checkpoint's betas, eps, weight decay and kernel back into the param groups, and ZeRO-1/2 and
+    the bf16 optimizer its gradient clipping: `--optim.weight_decay=0` on resume trained on with
+    0.1 (and a resume at another rank count with 0). The moments still come from the checkpoint."""
+    par = dict(parallel={"zero_stage": stage}, train={"precision": precision})
+    old = config(tmp_path, shards, "old", **par)
+    new = config(tmp_path, shards, "new", optim={"weight_decay": 0.0, "beta2": 0.9, "eps": 1e-6,
+                                                 "grad_clip": 0.5, "fused": False}, **par)
+    new.checkpoint.dir = old.checkpoint.dir
+    with one_rank():
+        eng = new_engine(old)
+        step(eng, old, lr=1e-2)
+        checkpoint.save(eng, old, 2, 4)
+        fresh = new_engine(new)
+        want = settings(fresh.optimizer)
+        assert want != settings(eng.optimizer)
+        checkpoint.load(fresh, new.checkpoint.dir, tag_for(2))
+        assert settings(fresh.optimizer) == want
+        assert [g["weight_decay"] for g in want] == [0.0, 0.0] and want[0]["betas"] == (0.9, 0.9)
+        assert getattr(fresh.optimizer, "clip_grad", 0.5) == 0.5  # ZeRO-0: the engine's, from the config
+        base = getattr(fresh.optimizer, "optimizer", fresh.optimizer)
+        assert base.state and {float(st["step"]) for st in base.state.values()} == {1.0}
+        for e in (eng, fresh):
+            optim.release_engine(e)
+
+
+def cut_as_saved_by(sd: dict, dp: int) -> list[dict]:
+    """A 1-rank BF16_Optimizer's optimizer state as `dp` ranks save it: each group's vector zero-
+    padded to a multiple of 2 x dp (bf16_optimizer.py, nccl_start_alignment_factor x DP) and cut
+    into dp pieces, every piece saved with its padding; the last rank records the padding."""
+    from deepspeed.checkpoint.constants import BASE_OPTIMIZER_STATE as BASE
+    from deepspeed.checkpoint.constants import GROUP_PADDINGS as PADS
+    from deepspeed.checkpoint.constants import SINGLE_PARTITION_OF_FP32_GROUPS as MASTERS
+
+    ranks = [{**sd, MASTERS: [], PADS: [], BASE: {**sd[BASE], "state": {}}} for _ in range(dp)]
+    for i, (masters, pad) in enumerate(zip(sd[MASTERS], sd[PADS])):
+        n = masters.numel() - pad
+        size = -(-n // (2 * dp)) * 2 * dp
+        assert size - n < size // dp  # only the last rank holds padding, as in a real model's groups
+
+        def pieces(t):
+            padded = torch.zeros(size, dtype=t.dtype)
+            padded[:n] = t.reshape(-1)[:n]
+            return [c.clone() for c in padded.chunk(dp)]
+
+        for r, piece in enumerate(pieces(masters)):
+            ranks[r][MASTERS].append(piece)
+            ranks[r][PADS].append(size - n if r == dp - 1 else 0)
+        for key, v in sd[BASE]["state"][i].items():
+            cut = pieces(v) if v.dim() else [v] * dp
+            for r in range(dp):
+                ranks[r][BASE]["state"].setdefault(i, {})[key] = cut[r]
+    return ranks
+
+
+def test_a_bf16_zero1_checkpoint_reshards_to_another_rank_count(shards, tmp_path):
+    """ZeRO-1 with bf16 (fp32 accumulation, our bf16 config) runs DeepSpeed's BF16_Optimizer, not
+    the ZeRO-1/2 one: its partitions are `fp32_groups_flat_partition`, saved with their padding. A
+    resume at another rank count failed with an AttributeError on every rank. Its 1-rank checkpoint,
+    cut as 3 ranks save it (padding to 2 x 3), reshards back to 1 rank: the same masters and moments."""
+    from deepspeed.checkpoint.constants import OPTIMIZER_STATE_DICT
+
+    from lenext_dist.train.reshard import check_dp_size, optim_files
+
+    cfg = config(tmp_path, shards, "z1", parallel={"zero_stage": 1}, train={"precision": "bf16"})
+    step_dir = checkpoint.Path(cfg.checkpoint.dir) / tag_for(2)
+    with one_rank():
+        eng = new_engine(cfg)
+        assert type(eng.optimizer).__name__ == "BF16_Optimizer"
+        step(eng, cfg, lr=1e-2)
+        checkpoint.save(eng, cfg, 2, 4)
+        parts = eng.optimizer.fp32_groups_flat_partition
+        want = [(p.clone(), {k: v.clone() for k, v in eng.optimizer.optimizer.state[p].items()}) for p in parts]
+        [f] = optim_files(step_dir)
+        whole = torch.load(f, weights_only=False)
+        sd = whole[OPTIMIZER_STATE_DICT]
+        # the padding of 3 ranks is not 1 rank's: saved pieces joined with it would not fit
+        assert any(-(-(p.numel() - pad) // 6) * 6 > p.numel() for p, pad in zip(parts, sd["group_paddings"]))
+        for r, saved in enumerate(cut_as_saved_by(sd, 3)):
+            # bf16_zero_pp_rank_<r>_mp_rank_00_optim_states.pt: the bf16 optimizer's names
+            name = f.name.replace("pp_rank_0_", f"pp_rank_{r}_")
+            torch.save({**whole, OPTIMIZER_STATE_DICT: saved}, f.with_name(name))
+        assert check_dp_size(step_dir, 1, 1)
+        fresh = new_engine(cfg)
+        checkpoint.load(fresh, cfg.checkpoint.dir, tag_for(2), reshard=True)
+        for p, (master, state) in zip(fresh.optimizer.fp32_groups_flat_partition, want):
+            assert torch.equal(p, master)
+            got = fresh.optimizer.optimizer.state[p]
+            assert got.keys() == state.keys() and all(torch.equal(got[k], v) for k, v in state.items())
+        for e in (eng, fresh):
+            optim.release_engine(e)
+
+
+def test_a_resumed_headscale_search_keeps_the_frozen_kerple_values_exact(shards, tmp_path, capsys):
+    """KERPLE's r1/r2 are fp32 parameters a bf16 forward reads exactly (train/fp32_params.py).
+    Frozen in a HeadScale search, they came back bf16-rounded on resume: no optimizer master, a bf16
+    module file, and init_from (their exact source) skipped. The resumed steps' losses then left
+    those of the uninterrupted search."""
+    kerple = {"position": "kerple_log"}
+    run_train(config(tmp_path, shards, "src", attention=kerple, train={"steps": 2}))  # trained r1/r2
+    search = dict(attention=kerple, checkpoint={"init_from": str(tmp_path / "src" / "checkpoints")})
+    run_train(config(tmp_path, shards, "straight", train={"mode": "headscale", "precision": "bf16"}, **search))
+    seg = dict(train={"mode": "headscale", "precision": "bf16", "exit_at": 2}, **search)
+    run_train(config(tmp_path, shards, "seg", **seg))
+    capsys.readouterr()
+    seg["train"]["exit_at"] = 0
+    # (the scales' group has no decay: a changed weight_decay only shows in the line below)
+    assert run_train(config(tmp_path, shards, "seg", optim={"weight_decay": 0.0}, **seg))["step"] == STEPS
+    assert "optimizer settings changed since the checkpoint (this run's apply): optim.weight_decay: 0.1 -> 0.0" \
+        in capsys.readouterr().out
+    a = losses(tmp_path / "straight")
+    assert losses(tmp_path / "seg") == {s: pytest.approx(v, rel=1e-6, abs=0) for s, v in a.items()}
+    # what export reads: the exact values, not the module file's bf16 ones
+    src, got = (read_weights(tmp_path / r / "checkpoints") for r in ("src", "seg"))
+    kerple = [k for k in src if ".position." in k]
+    assert kerple and all(torch.equal(got[k], src[k]) for k in kerple), kerple
 
 
 def test_no_stage_engine_outlives_its_stage(shards, tmp_path):
