@@ -211,18 +211,15 @@ def check_resume(cfg: RunConfig, step_dir: str | os.PathLike) -> list[str]:
             f"keys (model.train_length: null means model.seq_length; set it to the old L) to resume it, "
             f"or start a new run (another run_dir, or checkpoint.start_over=true to move this one "
             f"aside; checkpoint.init_from={step_dir} starts it from these weights)")
-    if cfg.parallel.zero_stage != old.parallel.zero_stage:  # DeepSpeed would fail inside its load
-        raise CheckpointError(
-            f"{step_dir} holds the optimizer state of ZeRO-{old.parallel.zero_stage}; this run has "
-            f"parallel.zero_stage={cfg.parallel.zero_stage}: resume with parallel.zero_stage="
-            f"{old.parallel.zero_stage}, or start a new run from its weights "
-            f"(checkpoint.init_from={step_dir}; the optimizer state starts afresh)")
-    if cfg.optim.no_decay_embeddings != old.optim.no_decay_embeddings:  # torch would fail inside its load
-        raise CheckpointError(
-            f"{step_dir} was trained with optim.no_decay_embeddings={old.optim.no_decay_embeddings}, "
-            f"which sets the optimizer's parameter groups; resume with optim.no_decay_embeddings="
-            f"{old.optim.no_decay_embeddings}, or start a new run from its weights "
-            f"(checkpoint.init_from={step_dir}; the optimizer state starts afresh)")
+    # DeepSpeed (the partitions) or torch (the parameter groups) would fail inside the load
+    now, then = _flat(to_dict(cfg)), _flat(to_dict(old))
+    for key, what in (("parallel.zero_stage", "the optimizer state's partitions"),
+                      ("optim.no_decay_embeddings", "the optimizer's parameter groups")):
+        if now[key] != then[key]:
+            raise CheckpointError(
+                f"{step_dir} was trained with {key}={then[key]} ({what}); this run has {key}="
+                f"{now[key]}: resume with {key}={then[key]}, or start a new run from its weights "
+                f"(checkpoint.init_from={step_dir}; the optimizer state starts afresh)")
     return _changes(cfg, old, _DATA_KEYS)
 
 
