@@ -72,8 +72,8 @@ class EvalJob:
     """Raised when the kind draws or scores otherwise for the same options: its JSON records it
     (`args.protocol_version`, absent = 0), and a result of another version is neither taken as
     done nor overwritten."""
-    model: str = option(None, str, "HF model directory (config.json, weights, tokenizer.model); loaded "
-                        "with trust_remote_code=True", required=True)
+    model: str = option(None, str, "HF model directory (config.json, weights, tokenizer.model); no code "
+                        "from it runs (a custom export loads with lenext_dist.hf)", required=True)
     out: Optional[str] = option(None, str, "output folder (default results/<model name>)")
     tokenizer: Optional[str] = option(None, str, "SentencePiece .model (default <model>/tokenizer.model)")
     dtype: Optional[str] = option(None, help="weights/activations dtype (default: bfloat16 on CUDA, "

@@ -2,6 +2,7 @@
 JSON writer (numpy values as plain numbers; written to a temp file, then renamed)."""
 from __future__ import annotations
 
+import functools
 import os
 import platform
 import subprocess
@@ -29,17 +30,18 @@ def default_dtype(device: Optional[str] = None) -> str:
 
 def load_model(path: str, dtype: Optional[str] = None, device: Optional[str] = None,
                progress: bool = True):
-    """The model of HF folder `path` in eval mode (dtype None: `default_dtype`). A stock export (its config.json has
-    convert's provenance) loads as plain transformers: no code from the folder runs; any other
-    folder with trust_remote_code=True (a custom export ships its modeling code). progress False:
-    without transformers' "Loading weights" bar (--no-progress)."""
+    """The model of HF folder `path` in eval mode (dtype None: `default_dtype`). No code from the
+    folder runs: a custom export (model_type lenext) loads with this package's own classes
+    (lenext_dist/hf, of which its modeling files are copies that anyone who had the folder could
+    have changed), anything else as plain transformers (a model type it does not know, with code of
+    its own in auto_map, is refused). progress False: without transformers' "Loading weights" bar
+    (--no-progress)."""
     import json
 
     from safetensors import SafetensorError
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
-    from lenext_dist.convert.stock import PROVENANCE
     from lenext_dist.errors import UserError
 
     config = os.path.join(path, "config.json")
@@ -50,14 +52,18 @@ def load_model(path: str, dtype: Optional[str] = None, device: Optional[str] = N
             data = json.load(f)
     except ValueError as e:
         raise UserError(f"{config}: not valid JSON ({e}); export the model again") from None
-    stock = isinstance(data, dict) and data.get(PROVENANCE) is not None
+    if isinstance(data, dict) and data.get("model_type") == "lenext":
+        from lenext_dist.hf.modeling_lenext import LenextForCausalLM  # not the folder's copy
+
+        load = LenextForCausalLM.from_pretrained
+    else:  # transformers' own class, whatever auto_map names
+        load = functools.partial(AutoModelForCausalLM.from_pretrained, trust_remote_code=False)
     dev = checked_device(default_device(device))
     bars = hf_logging.is_progress_bar_enabled()
     if not progress:
         hf_logging.disable_progress_bar()
     try:
-        model = AutoModelForCausalLM.from_pretrained(path, trust_remote_code=not stock,
-                                                     dtype=torch_dtype(dtype or default_dtype(dev)))
+        model = load(path, dtype=torch_dtype(dtype or default_dtype(dev)))
     except (OSError, ValueError) as e:  # no weights file, an unknown architecture: transformers' words
         _check_readable(path)  # safetensors calls an unreadable file "No such file or directory"
         raise UserError(f"{path}: cannot load the model ({_first_line(e)}); export it again with "

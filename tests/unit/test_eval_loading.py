@@ -1,5 +1,5 @@
-"""`lenext eval` loads a stock export (convert's provenance in its config.json) as plain
-transformers: no code from the folder runs. `lenext report` on a result JSON that is not what its
+"""`lenext eval` runs no code from a model folder: a stock export loads as plain transformers, a
+custom one with this package's classes. `lenext report` on a result JSON that is not what its
 `kind` says: one error line naming the file, exit 2."""
 import json
 
@@ -28,9 +28,24 @@ def test_stock_export_loads_without_running_the_folders_code(tmp_path):
     assert not (tmp_path / "RAN").exists()
 
 
-def test_custom_export_still_loads_its_shipped_code(tmp_path):
+def test_custom_export_loads_with_the_package_classes_not_its_shipped_copy(tmp_path):
+    """A custom export's modeling files are copies anyone who had the folder could have changed:
+    evaluation runs lenext_dist.hf's classes (trust_remote_code ran the folder's)."""
+    from lenext_dist.errors import UserError
+    from lenext_dist.hf.modeling_lenext import LenextForCausalLM
+
     out = save_tiny_lenext(str(tmp_path / "custom"), layers=1)
-    assert type(load_model(out, device="cpu")).__name__ == "LenextForCausalLM"
+    shipped = tmp_path / "custom" / "modeling_lenext.py"
+    if shipped.exists():
+        shipped.write_text(PLANTED.format(marker=str(tmp_path / "RAN")) + shipped.read_text())
+    assert type(load_model(out, device="cpu")) is LenextForCausalLM
+    assert not (tmp_path / "RAN").exists()
+    # a model type transformers does not know, with code of its own: refused, its code not run
+    cfg = json.loads((tmp_path / "custom" / "config.json").read_text())
+    (tmp_path / "custom" / "config.json").write_text(json.dumps({**cfg, "model_type": "planted"}))
+    with pytest.raises(UserError, match="cannot load the model") as e:
+        load_model(out, device="cpu")
+    assert "\n" not in str(e.value) and not (tmp_path / "RAN").exists()
 
 
 def test_no_progress_silences_transformers_loading_bar_and_only_that_load(tmp_path, capfd):
