@@ -5,7 +5,8 @@ new one, never half of one: the text goes to `<path>.tmp-<host>-<pid>` (temp_suf
 target (same folder, so the rename stays on one file system) and `os.replace` (atomic on POSIX)
 puts it in place. The suffix keeps concurrent writers apart, on other nodes too, and lets data
 prep sweep a killed worker's leftovers (lenext_dist/prep/pool.py globs `*<temp_suffix(pid)>*`).
-A failed write removes its temporary.
+A failed write removes its temporary; a temporary is always a new file (open_new), never a link
+planted at its name written through.
 Folders of several files (an export) are staged differently: lenext_dist/convert/outdir.py.
 """
 from __future__ import annotations
@@ -28,13 +29,25 @@ def temp_suffix(pid: Optional[int] = None) -> str:
     return f".tmp-{_HOST}-{os.getpid() if pid is None else pid}"
 
 
+def open_new(path: Union[str, Path]) -> BinaryIO:
+    """`path` opened for writing as a new regular file of this process. An entry already there (a
+    killed run's leftover, or a symbolic link another user planted under a predictable temporary
+    name in a shared folder: data.cache_dir, a group's prep --out) is removed, never written
+    through: the new file is made with O_EXCL | O_NOFOLLOW, so a link planted after the removal
+    fails the open instead of redirecting the write."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+    return os.fdopen(os.open(path, flags, 0o666), "wb")
+
+
 @contextlib.contextmanager
 def atomic_file(path: Union[str, Path], *, fsync: bool = False) -> Iterator[BinaryIO]:
     """A binary file to write that appears at `path` whole when the block ends (and not at all
     if it raises). For writers that want a file object (numpy.save of megatron's cache)."""
     tmp = os.fspath(path) + temp_suffix()
     try:
-        with open(tmp, "wb") as f:
+        with open_new(tmp) as f:
             yield f
             if fsync:
                 f.flush()

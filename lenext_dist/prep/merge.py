@@ -18,7 +18,7 @@ import time
 
 import numpy as np
 
-from lenext_dist.atomic import temp_suffix
+from lenext_dist.atomic import open_new, temp_suffix
 
 from .errors import PrepError
 from .lock import RunLock
@@ -116,7 +116,7 @@ def _concatenate(parts: list[str], prefix: str, dtype) -> None:
         counts = [tuple(map(len, _part_index(p, dtype, check_bin=True))) for p in parts]
         # one pass over the parts per section of the .idx (all lengths, then all pointers, then all
         # document indices), each part's index memory-mapped again rather than held
-        with open(tmp + ".idx", "wb") as f:
+        with open_new(tmp + ".idx") as f:
             f.write(IDX_MAGIC + struct.pack("<QB", 1, mc.DType.code_from_dtype(dtype)))
             # [S] lengths, [S] byte pointers, [1 + sum(D_i - 1)] document indices (each part's
             # leading 0 dropped, its indices shifted by the sequences before it)
@@ -134,7 +134,7 @@ def _concatenate(parts: list[str], prefix: str, dtype) -> None:
                 f.write((before + _part_index(p, dtype)[1][1:]).astype(np.int64).tobytes())
                 before += seqs
         total, done, last = sum(os.path.getsize(p + ".bin") for p in parts), 0, time.time()
-        with open(tmp + ".bin", "wb") as out:
+        with open_new(tmp + ".bin") as out:
             for p in parts:
                 with open(p + ".bin", "rb") as src:
                     shutil.copyfileobj(src, out, 16 << 20)

@@ -21,7 +21,7 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from lenext_dist.atomic import temp_suffix
+from lenext_dist.atomic import open_new, temp_suffix
 
 from .errors import EMPTY, EXCLUDED_SET, SHORT, Bad, PrepError
 from .lock import RunLock
@@ -60,6 +60,7 @@ class _SplitWriters:
                 final = answers_prefix(prefix) if mask else prefix
                 tmp = final + temp_suffix()
                 self.paths[s, mask] = (tmp, final)
+                open_new(tmp + ".bin").close()  # megatron opens it with "wb": ours, not a planted link
                 self.builders[s, mask] = builder(tmp + ".bin", dtype=np.uint8 if mask else dtype)
 
     def add(self, split: str, tokens, answers: tuple = ()) -> None:
@@ -76,6 +77,7 @@ class _SplitWriters:
 
     def commit(self) -> None:
         for key, b in self.builders.items():
+            open_new(self.paths[key][0] + ".idx").close()  # as the .bin above
             b.finalize(self.paths[key][0] + ".idx")
         for tmp, final in self.paths.values():
             for ext in (".bin", ".idx"):

@@ -37,3 +37,22 @@ def test_the_temporary_carries_the_host_and_pool_sweeps_it(tmp_path):
         assert tmp == "plan.json" + temp_suffix()
         assert glob.glob(str(tmp_path / f"*{temp_suffix(os.getpid())}")) == [str(tmp_path / tmp)]
     assert os.listdir(tmp_path) == ["plan.json"]
+
+
+def test_a_link_planted_at_the_temporary_name_is_not_written_through(tmp_path):
+    """The temporary name is predictable (host tag, pid): in a shared folder (data.cache_dir, a
+    group's prep --out) another user could plant a link there to a file of the writer's."""
+    import os
+
+    from lenext_dist.atomic import atomic_write, open_new, temp_suffix
+
+    victim = tmp_path / "victim"
+    victim.write_text("mine")
+    target = tmp_path / "plan.json"
+    os.symlink(victim, str(target) + temp_suffix())
+    atomic_write(target, "{}")
+    assert victim.read_text() == "mine" and target.read_text() == "{}" and not target.is_symlink()
+    os.symlink(victim, tmp_path / "x.bin")
+    with open_new(tmp_path / "x.bin") as f:  # what prep pre-creates before megatron's open("wb")
+        f.write(b"data")
+    assert victim.read_text() == "mine" and not (tmp_path / "x.bin").is_symlink()
