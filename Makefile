@@ -5,6 +5,9 @@ BIN       := $(VENV)/bin
 # The tested torch line (pyproject.toml pins it): the CPU build lies on disk here; on a Linux GPU
 # host PyPI's torch==2.13.0 is the CUDA build (check: make gpu-check), as in docker/Dockerfile.gpu.
 TORCH_SPEC ?= torch==2.13.0
+# The index torch (and only torch, with its own dependencies) comes from, e.g. PyTorch's CPU index;
+# empty: PyPI. Never an extra index for the rest: a name on both would go to the higher version.
+TORCH_INDEX ?=
 NPROC     ?= 2
 PORT      ?=
 # (empty: each run picks a free port; 29500 is every torchrun's default, busy beside another job)
@@ -20,7 +23,7 @@ setup: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -qq --disable-pip-version-check --upgrade pip
-	$(BIN)/pip install -qq --disable-pip-version-check "$(TORCH_SPEC)"
+	$(BIN)/pip install -qq --disable-pip-version-check $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) "$(TORCH_SPEC)"
 	$(BIN)/pip install -qq --disable-pip-version-check -e ".[dev]"
 	touch $@
 
