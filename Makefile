@@ -22,7 +22,7 @@ setup: $(VENV)/.installed
 # -qq: pip's errors only (no index/location warnings, no progress); a failed install still stops make.
 $(VENV)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	$(BIN)/pip install -qq --disable-pip-version-check --upgrade pip
+	$(BIN)/pip install -qq --disable-pip-version-check "pip==26.3"  # pinned: CI installs nothing unpinned by name
 	$(BIN)/pip install -qq --disable-pip-version-check $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) "$(TORCH_SPEC)"
 	$(BIN)/pip install -qq --disable-pip-version-check -e ".[dev]"
 	touch $@
@@ -158,7 +158,7 @@ study-stage2: setup
 	$(BIN)/python -m experiments.stage2
 
 bench: setup
-	$(BIN)/pip install -q --no-deps mistral-common  # the 32K Mistral v1 model of bench_data_prep
+	$(BIN)/pip install -q --no-deps "mistral-common==1.13.1"  # the 32K Mistral v1 model of bench_data_prep
 	$(BIN)/python benchmarks/run_all.py
 
 # The first GPU hour (docs/cluster.md#gpu-check-make-gpu-check). Here, with network: `make wheelhouse`
