@@ -22,7 +22,7 @@ setup: $(VENV)/.installed
 # -qq: pip's errors only (no index/location warnings, no progress); a failed install still stops make.
 $(VENV)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	$(BIN)/pip install -qq --disable-pip-version-check "pip==26.3"  # pinned: CI installs nothing unpinned by name
+	$(BIN)/pip install -qq --disable-pip-version-check "pip==26.3"  # pinned (was --upgrade: whatever was newest that day)
 	$(BIN)/pip install -qq --disable-pip-version-check $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) "$(TORCH_SPEC)"
 	$(BIN)/pip install -qq --disable-pip-version-check -e ".[dev]"
 	touch $@
