@@ -350,7 +350,6 @@ def test_every_torch_load_inside_weights_only_loads_is_weights_only(tmp_path):
     assert got["zero_stage"] == ZeroStageEnum(2) and got["scaler"].cur_scale == 8
 
 
-
 def test_weights_only_loads_work_with_the_users_force_no_weights_only_switch(tmp_path, monkeypatch):
     """TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1 (a DeepSpeed workaround) beside ours made torch.load
     raise RuntimeError: a good file was called truncated. Unset inside, restored after."""
@@ -369,6 +368,7 @@ def test_weights_only_loads_work_with_the_users_force_no_weights_only_switch(tmp
     assert not marker.exists()
     assert os.environ["TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD"] == "1"
     assert "TORCH_FORCE_WEIGHTS_ONLY_LOAD" not in os.environ
+
 
 def test_convert_out_guard_refuses_what_is_not_a_previous_export(tmp_path):
     """--out: empty or absent is fine; non-empty needs --overwrite, which replaces only files a
@@ -391,7 +391,6 @@ def test_convert_out_guard_refuses_what_is_not_a_previous_export(tmp_path):
         check_out(out, True, [ckpt])
     with pytest.raises(OutputError, match="contains .*checkpoints, which this export reads"):
         check_out(tmp_path / "run", True, [ckpt])
-
 
 
 @pytest.mark.parametrize("fails, says", [
@@ -443,6 +442,7 @@ def test_overwrite_keeps_an_export_whichever_step_of_the_swap_fails(tmp_path, mo
     read = [(d / "config.json").read_text() if d.exists() else None for d in (out, tmp, old)]
     assert read == {"": ["new", None, None], "aside": ["old", None, None], "in": ["old", "new", None],
                     "in+back": [None, "new", "old"], "delete": ["new", None, "old"]}[fails]
+
 
 def test_reshard_reads_the_ranks_in_number_order_and_refuses_zero3(tmp_path):
     """12 saved ranks: rank 10 comes after rank 9 (not after rank 1, as names sort); resharding is
