@@ -418,7 +418,7 @@ def test_remote_code_model_needs_an_attention_override(tmp_path, megatron_1rank)
 def test_legacy_rope_scaling_key_and_single_reads_of_shards(tmp_path, megatron_1rank):
     """A config.json of transformers < 5 (`rope_scaling` {type: linear}) is read, not ignored; a
     sharded folder's tensors are each read once (the megatron state is the only copy built)."""
-    from lenext_dist.convert.hf_import import LazyWeights
+    from lenext_dist.convert.hf_weights import LazyWeights
 
     hf_dir = tmp_path / "hf"
     hf = make_hf(hf_dir, CASES["llama-pi"](), shard="60KB")
