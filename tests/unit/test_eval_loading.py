@@ -35,9 +35,8 @@ def test_custom_export_loads_with_the_package_classes_not_its_shipped_copy(tmp_p
     from lenext_dist.hf.modeling_lenext import LenextForCausalLM
 
     out = save_tiny_lenext(str(tmp_path / "custom"), layers=1)
-    shipped = tmp_path / "custom" / "modeling_lenext.py"
-    if shipped.exists():
-        shipped.write_text(PLANTED.format(marker=str(tmp_path / "RAN")) + shipped.read_text())
+    shipped = tmp_path / "custom" / "modeling_lenext.py"  # the export's copy: trust_remote_code ran it
+    shipped.write_text(PLANTED.format(marker=str(tmp_path / "RAN")) + shipped.read_text())
     assert type(load_model(out, device="cpu")) is LenextForCausalLM
     assert not (tmp_path / "RAN").exists()
     # a model type transformers does not know, with code of its own: refused, its code not run
