@@ -38,15 +38,14 @@ attention mask.
 Loader workers (`data.loader_workers`, default 1 on an accelerator, 0 on the CPU): a torch
 DataLoader over `StepBatches` builds the next steps' micro-batches in forked processes while the
 device computes (on a GPU the batch was otherwise built in the step's own time); the order is the
-generator's, so resume stays exact. Workers ignore SIGTERM/SIGUSR1: a signal to the whole process
-group (Slurm) is the training process's to act on, at a step boundary.
+generator's, so resume stays exact. Workers outlive the stop signals meant for the training process
+(workers.py).
 """
 from __future__ import annotations
 
 import hashlib
 import json
 import os
-import signal
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -61,6 +60,7 @@ from lenext_dist.prep.manifest import ANSWERS_SUFFIX, answers_prefix, shard_mani
 from lenext_dist.prep.mcore_io import IDX_DTYPES, IDX_HEAD, IDX_MAGIC
 
 from .sample_cache import no_pickle, regular_cache_files
+from .workers import worker_batches
 
 
 @dataclass
@@ -438,13 +438,6 @@ def loader_workers(cfg: RunConfig, device: str) -> int:
     return w if w is not None else int(not device.startswith("cpu"))
 
 
-def _worker_init(_worker_id: int) -> None:
-    # a stop signal is the training process's (StopSignal, a checkpoint at the next step): a
-    # worker that got it too, from a signal to the whole process group, keeps building batches
-    for s in (signal.SIGTERM, signal.SIGUSR1):
-        signal.signal(s, signal.SIG_IGN)
-
-
 def train_batches(dataset, cfg: RunConfig, rank: int, world: int, start_step: int, workers: int = 0,
                   span: Optional[tuple[int, int]] = None) -> Iterator[list[dict[str, torch.Tensor]]]:
     """Yield, per optimizer step from `start_step` to the end of `span` (StepBatches), this rank's
@@ -453,10 +446,7 @@ def train_batches(dataset, cfg: RunConfig, rank: int, world: int, start_step: in
     steps = StepBatches(dataset, cfg, rank, world, start_step, span)
     if not workers:
         return (steps[i] for i in range(len(steps)))
-    # fork: the workers inherit the dataset (megatron's, over memory-mapped shards) as it is;
-    # batch_size=None: each item is already a step's batches
-    return iter(torch.utils.data.DataLoader(steps, batch_size=None, num_workers=workers,
-                                            worker_init_fn=_worker_init, multiprocessing_context="fork"))
+    return worker_batches(steps, workers)
 
 
 def valid_batches(dataset, cfg: RunConfig, rank: int, world: int, eval_index: int

@@ -481,4 +481,10 @@ MUTATIONS: list[M] = [
       "    state.update(saved.get(FROZEN_FP32) or {})\n", "", (T_ENGINE,)),
     M("bf16-zero1-reshard-keeps-padding", "train", "lenext_dist/train/reshard.py",
       "else unpadded(m, sd[GROUP_PADDINGS][i])", "else m.reshape(-1)", (T_ENGINE,)),
+    # ---- 30 Nov (2): loader workers and stop signals -----
+    M("workers-forked-with-stop-signals-open", "data", "lenext_dist/data/workers.py",
+      "signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)", "signal.pthread_sigmask(signal.SIG_BLOCK, ())",
+      ("tests/unit/test_data_order.py",)),
+    M("workers-ignore-the-exit-sigterm", "data", "lenext_dist/data/workers.py",
+      "    if exiting.value:", "    if False:", ("tests/unit/test_data_order.py",)),
 ]

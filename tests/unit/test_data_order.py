@@ -64,21 +64,48 @@ def test_valid_batches_are_fresh_per_evaluation_and_the_same_on_any_world(world,
 def test_loader_workers_build_the_same_batches_in_order_and_ignore_stop_signals():
     """data.loader_workers > 0: the same steps' batches in the same order, from the resume step;
     a stop signal to a worker (Slurm signals every process of a step) does not end it: the
-    training process alone checkpoints, and its next batch still comes."""
+    training process alone checkpoints, and its next batch still comes. The signal comes as the
+    workers start, before their init could have run (they are forked with it blocked)."""
     import os
     import signal
 
     cfg = load_config(None, ["train.steps=7", "train.micro_batch_size=2", "train.global_batch_size=4"])
-    for start in (0, 3):
+    for start in (0, 3, 0, 3):
         want = list(train_batches(IndexDataset(), cfg, 1, 2, start))
         it = train_batches(IndexDataset(), cfg, 1, 2, start, workers=2)
-        got = [next(it)]
         for w in it._workers:
             os.kill(w.pid, signal.SIGTERM)
-        got += list(it)
+            os.kill(w.pid, signal.SIGUSR1)
+        got = list(it)
         assert [[mb["tokens"].tolist() for mb in s] for s in got] == \
             [[mb["tokens"].tolist() for mb in s] for s in want]
         assert len(got) == 7 - start
+
+
+CRASH_WITH_WORKERS = """
+import sys
+sys.path.insert(0, {tests!r})
+from test_data_order import IndexDataset
+from lenext_dist.config import load_config
+from lenext_dist.data.gpt_data import train_batches
+cfg = load_config(None, ["train.steps=7", "train.micro_batch_size=2", "train.global_batch_size=4"])
+it = train_batches(IndexDataset(), cfg, 0, 1, 0, workers=2)
+next(it)
+raise FloatingPointError("loss is nan")
+"""
+
+
+def test_a_training_process_that_crashes_with_live_workers_exits():
+    """A crash keeps the batch iterator alive in the traceback until exit, where multiprocessing
+    ends the workers with SIGTERM and waits for them: workers that ignored it hung the exit (a
+    crashed job held its nodes until the time limit)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = CRASH_WITH_WORKERS.format(tests=str(Path(__file__).parent))
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 1 and "FloatingPointError: loss is nan" in p.stderr
 
 
 def test_loader_workers_default_to_one_on_an_accelerator_and_none_on_the_cpu():
