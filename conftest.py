@@ -77,3 +77,29 @@ def destroy_group():
     groups = sys.modules.get("deepspeed.utils.groups")
     if groups is not None and hasattr(groups, "_release_process_group_references"):
         groups._release_process_group_references(None)
+
+
+def pytest_sessionfinish(session):
+    """A process a test left running (a failed test's loader worker, a launcher's rank) can hold
+    pytest's exit forever: multiprocessing waits for its children at exit. Kill each one, and name
+    it in the summary (a leak is a defect of that test or of the code it ran)."""
+    import psutil
+
+    left = psutil.Process().children(recursive=True)
+    names = []
+    for p in left:
+        try:
+            names.append(" ".join(p.cmdline()[:4]))
+            p.kill()
+        except psutil.Error:  # it ended meanwhile
+            pass
+    session.config.stash[LEFT] = names
+    psutil.wait_procs(left, timeout=10)
+
+
+def pytest_terminal_summary(terminalreporter):
+    for line in terminalreporter.config.stash.get(LEFT, []):
+        terminalreporter.write_line(f"killed a process the tests left running: {line}", yellow=True)
+
+
+LEFT = pytest.StashKey[list]()
