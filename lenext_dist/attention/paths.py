@@ -334,12 +334,22 @@ def _probe_backward(q: Tensor, k: Tensor, v: Tensor, m: Tensor, q_scale: Optiona
     """Forward + backward once on detached copies, so that the backward's compile (which would
     otherwise happen at the caller's first `loss.backward()`, outside any try, e.g. KERPLE's
     learnable bias on CUDA, or no FlexAttention backward at all on CPU) fails here, where the
-    caller can still fall back. Costs one extra attention pass per new training shape."""
+    caller can still fall back. Costs one extra attention pass per new training shape.
+
+    The probe's own saved tensors bypass any saved-tensor hooks around it (the innermost hooks
+    win): under activation checkpointing (non-reentrant) the layer's forward would otherwise save
+    the probe's tensors too, and its recomputation in backward, where the signature is already
+    compiled and no probe runs, would save fewer: torch's CheckpointError at the first backward."""
     leaves = [t if not isinstance(t, Tensor) else t.detach().requires_grad_(t.requires_grad)
               for t in (q, k, v, m, q_scale, bias)]
-    out = _flex_forward(*leaves[:5], leaves[5], mask, documents, options)
-    wrt = [t for t in leaves if isinstance(t, Tensor) and t.requires_grad]
-    torch.autograd.grad(out.float().sum(), wrt)
+    with torch.autograd.graph.saved_tensors_hooks(_keep, _keep):
+        out = _flex_forward(*leaves[:5], leaves[5], mask, documents, options)
+        wrt = [t for t in leaves if isinstance(t, Tensor) and t.requires_grad]
+        torch.autograd.grad(out.float().sum(), wrt)
+
+
+def _keep(t: Tensor) -> Tensor:
+    return t
 
 
 def kernel_ladder(device_type: str) -> tuple:

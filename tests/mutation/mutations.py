@@ -487,4 +487,7 @@ MUTATIONS: list[M] = [
       ("tests/unit/test_data_order.py",)),
     M("workers-ignore-the-exit-sigterm", "data", "lenext_dist/data/workers.py",
       "    if exiting.value:", "    if False:", ("tests/unit/test_data_order.py",)),
+    M("flex-probe-inside-the-checkpoint", "attention", "lenext_dist/attention/paths.py",
+      "    with torch.autograd.graph.saved_tensors_hooks(_keep, _keep):\n", "    if True:\n",
+      ("tests/unit/test_gpu_ready.py",)),
 ]

@@ -317,6 +317,41 @@ def test_flex_backward_failure_falls_back_before_the_callers_backward(monkeypatc
     torch.testing.assert_close(fwd, ref.detach(), atol=2e-5, rtol=1e-5)
 
 
+def test_flex_first_call_inside_activation_checkpointing_backpropagates(monkeypatch):
+    """On CUDA a training call with a mask or bias takes flex, and its first call per signature
+    runs the backward probe inside the layer's non-reentrant checkpoint (train.activation_
+    checkpointing): the probe's saved tensors joined the layer's, its recomputation (no probe:
+    the signature is compiled by then) saved fewer, and the first backward raised torch's
+    CheckpointError. The kernel is a differentiable stand-in (the chunked path): torch 2.13 has no
+    FlexAttention backward on the CPU; what is under test is the probe inside the checkpoint."""
+    from torch.utils.checkpoint import checkpoint
+
+    from lenext_dist.attention import paths
+    from lenext_dist.attention.mask import MaskSpec
+
+    def kernel(q, k, v, m, q_scale, bias, mask, documents=None, options=None):
+        return paths.chunked_attention(q, k, v, m, q_scale=q_scale, bias=bias, mask=mask)
+
+    monkeypatch.setattr(paths, "_flex_forward", kernel)
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(1, 4, 64, 16, generator=gen)
+    m = torch.full((4,), 1.25)
+    grads = []
+    for wrap in (lambda f, *a: f(*a), lambda f, *a: checkpoint(f, *a, use_reentrant=False)):
+        monkeypatch.setattr(paths, "_flex_shapes", {})
+        monkeypatch.setattr(paths, "_flex_broken", {})
+        q, k, v = (x.clone().requires_grad_() for _ in range(3))
+
+        def layer(q, k, v):
+            return paths.flex_path_attention(q * 2, k, v, m, mask=MaskSpec(window=16)) * 3
+
+        wrap(layer, q, k, v).square().sum().backward()
+        assert not paths._flex_broken and len(paths._flex_shapes) == 1  # the flex path, not its fallback
+        grads.append([t.grad for t in (q, k, v)])
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b, atol=0, rtol=0)
+
+
 # ---- dry-run memory terms ------------------------------------------------------------------------
 
 TINYLLAMA = ["model.num_layers=22", "model.hidden_size=2048", "model.num_attention_heads=32",
