@@ -135,6 +135,10 @@ def test_deepspeed_json_from_config():
     assert ds["train_micro_batch_size_per_gpu"] == 2
     assert ds["zero_optimization"]["stage"] == 3 and ds["bf16"]["enabled"] is True
     assert ds["gradient_clipping"] == 0.5
+    assert "offload_optimizer" not in ds["zero_optimization"]
+    offload = deepspeed_config(load_config(None, ["parallel.offload_optimizer=true"]), world_size=1)
+    # pinned: pageable host buffers halve the copies' bandwidth and cannot overlap the step on a GPU
+    assert offload["zero_optimization"]["offload_optimizer"] == {"device": "cpu", "pin_memory": True}
 
 
 def test_config_reference_page_is_current(repo):
