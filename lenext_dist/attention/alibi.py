@@ -23,7 +23,7 @@ class ALiBi(PositionVariant):
     def __init__(self, num_heads: int):
         super().__init__()
         self.num_heads = num_heads
-        self.slopes = torch.tensor(alibi_slopes(num_heads), dtype=torch.float32)  # [h], plain attr
+        self.slopes = torch.tensor(alibi_slopes(num_heads), dtype=torch.float32, device="cpu")  # [h], plain attr
 
     @classmethod
     def from_config(cls, attn_cfg, *, head_dim: int, train_length: int,

@@ -60,8 +60,8 @@ class _Kerple(PositionVariant):
             return
         # draw in fp32 on CPU (same numbers on every device), then copy
         h = self.num_heads
-        r1 = (torch.rand(h) * self.r1_init_max).clamp(min=2 * self.eps)
-        r2 = (torch.rand(h) * self.r2_init_max).clamp(min=2 * self.eps)
+        r1 = (torch.rand(h, device="cpu") * self.r1_init_max).clamp(min=2 * self.eps)
+        r2 = (torch.rand(h, device="cpu") * self.r2_init_max).clamp(min=2 * self.eps)
         self.r1_raw.copy_(self._r1_inverse(r1))
         self.r2_raw.copy_(self._r2_inverse(r2))
 

@@ -42,7 +42,7 @@ from .position import PositionVariant
 
 def _base_inv_freq(dim: int, base: float) -> Tensor:
     # theta_i = base^(-2i/d), i = 0..d/2-1; [d/2] fp32 (same expression as HF's default rope)
-    return 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64).to(torch.float32) / dim))
+    return 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64, device="cpu").to(torch.float32) / dim))
 
 
 def _none(dim: int, base: float, factor: float, train_length: int) -> tuple[Tensor, float]:
@@ -72,9 +72,9 @@ def _yarn(dim: int, base: float, factor: float, train_length: int,
     high = min(math.ceil(correction_dim(beta_slow)), dim - 1)
     if low == high:
         high += 0.001  # avoid 0/0 in the ramp (as HF)
-    ramp = torch.clamp((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low), 0, 1)
+    ramp = torch.clamp((torch.arange(dim // 2, dtype=torch.float32, device="cpu") - low) / (high - low), 0, 1)
     extrapolate = 1.0 - ramp  # 1: keep theta_i (high frequency), 0: interpolate theta_i / s
-    pos_freqs = base ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim)
+    pos_freqs = base ** (torch.arange(0, dim, 2, dtype=torch.float32, device="cpu") / dim)
     inv_freq = (1.0 / (factor * pos_freqs)) * (1 - extrapolate) + (1.0 / pos_freqs) * extrapolate
     return inv_freq, mscale
 

@@ -37,12 +37,12 @@ class Sandwich(PositionVariant):
             raise ValueError(f"sandwich dim must be even and >= 2, got {dim}")
         self.num_heads, self.dim, self.scale, self.per_head, self.base = (
             num_heads, dim, scale, per_head, base)
-        lam = torch.full((num_heads,), float(scale))
+        lam = torch.full((num_heads,), float(scale), device="cpu")
         if per_head:
-            s = torch.tensor(alibi_slopes(num_heads))
+            s = torch.tensor(alibi_slopes(num_heads), device="cpu")
             lam = lam * s / s[0]
         self.lam = lam  # [h] fp32, plain attr
-        self.inv_freq = base ** (-torch.arange(0, dim, 2, dtype=torch.float32) / dim)  # [d'/2]
+        self.inv_freq = base ** (-torch.arange(0, dim, 2, dtype=torch.float32, device="cpu") / dim)  # [d'/2]
 
     @classmethod
     def from_config(cls, attn_cfg, *, head_dim: int, train_length: int,

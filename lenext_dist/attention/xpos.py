@@ -41,7 +41,9 @@ class XPOS(RoPE):
                  scale_base: float = 512.0, blockwise: bool = False, train_length: int = 2048):
         super().__init__(head_dim, base=base, train_length=train_length)
         self.gamma, self.scale_base, self.blockwise = gamma, scale_base, blockwise
-        k = torch.arange(0, head_dim, 2, dtype=torch.float32)
+        # on the CPU whatever the ambient device (build_model runs under torch.device(dev));
+        # const() moves it to each call's device
+        k = torch.arange(0, head_dim, 2, dtype=torch.float32, device="cpu")
         self.xi = (k / head_dim + gamma) / (1 + gamma)  # [d/2] fp32, k = 2k': k'/(d/2), plain attr
         self.block = train_length if blockwise else None
 
@@ -72,7 +74,8 @@ class XPOS(RoPE):
         `dtype`: rotated keys with entries up to headroom / sqrt(2) (a rotation mixes two) stay finite
         (fp16: ~2.8K with the defaults; bf16/fp32: ~35K)."""
         room = math.log(torch.finfo(dtype).max / headroom)
-        return int(room * self.scale_base / -math.log(float(self.xi.min())))
+        xi_min = self.gamma / (1 + self.gamma)  # xi at k = 0, in Python: no device sync per forward
+        return int(room * self.scale_base / -math.log(xi_min))
 
     def rotate(self, q: Tensor, k: Tensor, positions: Union[Tensor, int]) -> tuple[Tensor, Tensor]:
         if isinstance(positions, int) and positions + q.shape[2] - 1 > self.max_position(q.dtype):

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from lenext_dist.config import ConfigError, deepspeed_config, load_config
+from lenext_dist.attention import POSITIONS, SCALINGS
 from lenext_dist.train.device import (check_gpu_visible, gpu_job_reason, local_rank,
                                       visible_device_index)
 
@@ -350,6 +351,35 @@ def test_flex_first_call_inside_activation_checkpointing_backpropagates(monkeypa
         grads.append([t.grad for t in (q, k, v)])
     for a, b in zip(*grads):
         torch.testing.assert_close(a, b, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("position", sorted(POSITIONS) + [f"rope:{s}" for s in sorted(SCALINGS) if s != "none"])
+def test_position_constants_stay_on_the_cpu_under_the_ambient_device(position):
+    """build_model builds the layers under torch.device(dev) (cuda:N on a GPU rank): a variant's
+    plain constants (RoPE's inv_freq, ALiBi's slopes, XPOS's xi) landed there, XPOS read xi on
+    the host in every forward (a device sync per layer), and KERPLE drew its initial values from
+    the device's generator (another init than the CPU's for one seed). Meta stands in for CUDA:
+    what lands on it is not on the CPU."""
+    from lenext_dist.attention import build_position
+    from lenext_dist.attention.kerple import KerpleLog
+
+    name, _, scaling = position.partition(":")
+    over = [f"attention.position={name}", "model.num_attention_heads=4"]
+    cfg = load_config(None, over + ([f"attention.rope.scaling={scaling}"] if scaling else []))
+    with torch.device("meta"):
+        v = build_position(cfg.attention, head_dim=16, train_length=64, num_heads=4)
+        if name == "xpos":
+            assert v.max_position(torch.bfloat16) > 30_000  # computed without reading a device tensor
+    consts = {k: t.device.type for k, t in vars(v).items() if isinstance(t, torch.Tensor)}
+    assert set(consts.values()) <= {"cpu"}, consts
+    if name.startswith("kerple"):
+        torch.manual_seed(7)
+        want = KerpleLog(4)
+        got = KerpleLog(4)
+        torch.manual_seed(7)
+        with torch.device("meta"):
+            got.reset_parameters()  # draws on the CPU whatever the ambient device
+        assert torch.equal(got.r1_raw, want.r1_raw) and torch.equal(got.r2_raw, want.r2_raw)
 
 
 # ---- dry-run memory terms ------------------------------------------------------------------------
