@@ -369,6 +369,8 @@ def _first_compile(key: tuple, grad: bool, args: tuple) -> Optional[Tensor]:
             if grad:
                 _probe_backward(*args, options=options)
             out = _flex_forward(*args, options=options)
+        except torch.OutOfMemoryError:
+            raise  # the batch does not fit (flex would, at a smaller one): not a reason to leave flex
         except Exception as e:  # noqa: BLE001 - no compiler / unsupported backend: stay correct
             if "out of resource" in str(e) and options is not ladder[-1]:
                 continue  # a smaller tile may fit the shared memory

@@ -6,7 +6,8 @@ runners (run_train.py, run_attention.py, run_export.py) read the same objects.
 
 Kinds (build_plan gives the order they run in: train, export, long attention, 2K attention):
 1. train: the TinyLlama-1.1B NoPE step at its real shape (--config: 22 layers, seq 2048, bf16)
-   under DeepSpeed ZeRO-2 and ZeRO-1, the largest micro-batch that fits (searched down on OOM).
+   under DeepSpeed ZeRO-2 and ZeRO-1, the largest micro-batch that fits (searched down on OOM);
+   then ZeRO-2 with packed documents under activation checkpointing (FlexAttention in the model).
 2. attention: forward+backward of one attention call per distinct layer variant, q [1, h, L, d]
    with TinyLlama's heads, bf16: every registered position variant, layout and temperature
    schedule at L = 2K; document masks, windows and chunked attention at 2K and LONG, and the
@@ -89,9 +90,20 @@ def attention_cases(long: int = LONG) -> list[Case]:
     return cases
 
 
+RECOMPUTE_DOCUMENTS = 4
+"""Documents packed per row of the recompute case."""
+
+
 def train_cases() -> list[Case]:
-    return [Case(f"train/zero{z}", "train", SHORT, ["train.precision=bf16", f"parallel.zero_stage={z}"])
-            for z in (2, 1)]
+    """ZeRO-2 and ZeRO-1 at the real shape (MFU judged); then document masks under activation
+    checkpointing, as the production recipes train (configs/exp/*-stages.yaml): FlexAttention
+    inside the model, its backward through the recomputed layers (a CheckpointError before
+    30 Nov), judged on running flex and a finite loss, not on MFU."""
+    bf16 = ["train.precision=bf16"]
+    return [*(Case(f"train/zero{z}", "train", SHORT, [*bf16, f"parallel.zero_stage={z}"]) for z in (2, 1)),
+            Case("train/zero2-documents-recompute", "train", SHORT,
+                 [*bf16, "parallel.zero_stage=2", "data.document_mask=true", "train.activation_checkpointing=true"],
+                 documents=RECOMPUTE_DOCUMENTS)]
 
 
 def export_cases() -> list[Case]:
@@ -195,7 +207,8 @@ def train_plan(cfg, device_bytes: Optional[int] = None) -> dict:
             "zero_stage": cfg.parallel.zero_stage, "precision": cfg.train.precision,
             "micro_batch_start": start, "micro_batches": [b for b in MICRO_BATCHES if b <= start],
             "memory_estimate_bytes": est[start], "estimates": est,
-            "kernel": "sdpa:flash" if cfg.attention.position == "nope" else "see attention cases"}
+            "kernel": ("flex" if cfg.data.document_mask else "sdpa:flash") if cfg.attention.position == "nope"
+            else "see attention cases"}
 
 
 def build_plan(config: Optional[str], long: int = LONG) -> list[Case]:

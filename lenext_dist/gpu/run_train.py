@@ -22,7 +22,7 @@ def _with_micro(cfg, b: int):
     return dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, micro_batch_size=b, global_batch_size=b))
 
 
-def measure(cfg, b: int, mfu_floor: float, dev: torch.device) -> dict:
+def measure(cfg, b: int, mfu_floor: float, dev: torch.device, documents: int = 1) -> dict:
     from lenext_dist.model import build_model
     from lenext_dist.train import optim
 
@@ -30,7 +30,7 @@ def measure(cfg, b: int, mfu_floor: float, dev: torch.device) -> dict:
     kernels.reset_peak(dev)
     engine = optim.build_engine(build_model(cfg), cfg, 1)
     try:
-        return _measure(engine, cfg, b, mfu_floor, dev, start)
+        return _measure(engine, cfg, b, mfu_floor, dev, start, documents)
     finally:
         # else the next case runs beside this one's states (the H100 check of 27 Nov: ZeRO-1's
         # peak came out 19.8 GB over ZeRO-2's, about ZeRO-2's 18 bytes/parameter of states)
@@ -42,14 +42,17 @@ def _above(peak, start: int):
     return None if peak is None else peak - start
 
 
-def _measure(engine, cfg, b: int, mfu_floor: float, dev: torch.device, start: int) -> dict:
+def _measure(engine, cfg, b: int, mfu_floor: float, dev: torch.device, start: int, documents: int) -> dict:
+    from lenext_dist.attention import paths
     from lenext_dist.model import flops_per_token
     from lenext_dist.train.peak import peak_tflops
 
     s, v = cfg.model.seq_length, cfg.model.vocab_size
     ids = torch.randint(0, v, (b, s + 1), device=dev)
+    # documents > 1: that many equal documents per row, as document ids [b, s] (the loop's batch)
+    doc_ids = (torch.arange(s, device=dev) * documents // s).expand(b, s) if documents > 1 else None
     batch = dict(input_ids=ids[:, :-1], position_ids=torch.arange(s, device=dev).expand(b, s),
-                 attention_mask=None, labels=ids[:, 1:])
+                 attention_mask=doc_ids, labels=ids[:, 1:])
 
     def step():
         loss = engine(**batch).float().mean()
@@ -74,17 +77,24 @@ def _measure(engine, cfg, b: int, mfu_floor: float, dev: torch.device, start: in
            "peak_source": src, "peak_bytes": _above(kernels.peak_bytes(dev), start),
            "start_bytes": start,
            "loss": float(loss), "sdpa_calls": seen, "kernel": ", ".join(sorted(seen)) or "none seen"}
-    fused = set(seen) <= kernels.FUSED and seen
+    if documents > 1:  # flex, compiled for the step's shape, its backward through the recompute
+        out["kernel"] = "flex" if paths._flex_shapes and not paths._flex_broken else \
+            f"not flex: {next(iter(paths._flex_broken.values()), 'never compiled')}"
+        fused = out["kernel"] == "flex" and not set(seen) - kernels.FUSED
+    else:
+        fused = set(seen) <= kernels.FUSED and seen
     # the floor is of the datasheet peak: over a measured matmul (a device not in train/peak.py's
-    # table) MFU reads 1.3-1.5x high, and the floor would pass what it should not
-    out["mfu_judged"] = src.startswith("table")
+    # table) MFU reads 1.3-1.5x high, and the floor would pass what it should not; a documents
+    # case checks the kernel and the backward, not throughput
+    out["mfu_judged"] = src.startswith("table") and documents == 1
     low = out["mfu_judged"] and mfu < mfu_floor
     out["ok"] = bool(not low and fused and out["loss"] == out["loss"])
     if not out["ok"]:
         out["error"] = (f"MFU {100 * mfu:.1f}% < floor {100 * mfu_floor:.0f}%" if low else
-                        f"SDPA backends {seen}: not all fused" if not fused else "loss is NaN")
+                        f"attention {out['kernel']}: not all fused" if not fused else "loss is NaN")
     elif not out["mfu_judged"]:
-        out["note"] = f"MFU not judged: the peak is {src}, not a datasheet's (add the device to train/peak.py)"
+        out["note"] = ("MFU not judged: a documents case" if documents > 1 else
+                       f"MFU not judged: the peak is {src}, not a datasheet's (add the device to train/peak.py)")
     return out
 
 
@@ -94,7 +104,8 @@ def run(case: plan.Case, ctx) -> dict:
     oom = []
     for b in tp["micro_batches"]:
         try:
-            return {**measure(_with_micro(cfg, b), b, ctx.mfu_floor, ctx.device), "out_of_memory_at": oom,
+            return {**measure(_with_micro(cfg, b), b, ctx.mfu_floor, ctx.device, case.documents),
+                    "out_of_memory_at": oom,
                     # the dry run's estimate at the micro-batch that ran (the report's budget)
                     "budget_bytes": tp["estimates"][b],
                     "shape": {k: tp[k] for k in ("layers", "hidden", "heads", "seq", "parameters",

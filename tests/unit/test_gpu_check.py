@@ -72,7 +72,11 @@ def test_dry_plan_has_the_real_training_shape(dry):
     result, _, _ = dry
     cfg = load_config(result["config"], [])
     train = [c for c in result["cases"] if c["kind"] == "train"]
-    assert sorted(c["plan"]["zero_stage"] for c in train) == [1, 2]
+    assert sorted(c["plan"]["zero_stage"] for c in train) == [1, 2, 2]
+    # the recompute case: packed documents under activation checkpointing take flex in the model
+    rec = [c for c in train if "train.activation_checkpointing=true" in c["overrides"]]
+    assert len(rec) == 1 and rec[0]["documents"] > 1 and "data.document_mask=true" in rec[0]["overrides"]
+    assert rec[0]["plan"]["kernel"] == "flex"
     for c in train:
         p = c["plan"]
         assert (p["layers"], p["seq"], p["hidden"]) == (cfg.model.num_layers, cfg.model.seq_length,

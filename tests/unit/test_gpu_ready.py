@@ -382,6 +382,24 @@ def test_position_constants_stay_on_the_cpu_under_the_ambient_device(position):
         assert torch.equal(got.r1_raw, want.r1_raw) and torch.equal(got.r2_raw, want.r2_raw)
 
 
+def test_out_of_memory_in_the_first_flex_call_is_raised_not_a_reason_to_leave_flex(monkeypatch):
+    """An OOM while the first call of a signature compiles and runs (the gpu-check's micro-batch
+    search, a user's first step) recorded the signature as broken: every later call of that shape
+    ran the chunked path, silently. The OOM now reaches the caller and flex stays eligible."""
+    from lenext_dist.attention import paths
+
+    def oom(*a, **kw):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    monkeypatch.setattr(paths, "_compiled_flex", lambda: oom)
+    monkeypatch.setattr(paths, "_flex_shapes", {})
+    monkeypatch.setattr(paths, "_flex_broken", {})
+    q, k, v = (torch.randn(1, 2, 32, 16) for _ in range(3))
+    with torch.no_grad(), pytest.raises(torch.OutOfMemoryError):
+        paths.flex_path_attention(q, k, v, torch.ones(2), bias=torch.zeros(2, 32))
+    assert not paths._flex_broken and not paths._flex_shapes
+
+
 # ---- dry-run memory terms ------------------------------------------------------------------------
 
 TINYLLAMA = ["model.num_layers=22", "model.hidden_size=2048", "model.num_attention_heads=32",
