@@ -85,14 +85,17 @@ def pytest_sessionfinish(session):
     it in the summary (a leak is a defect of that test or of the code it ran)."""
     import psutil
 
-    left = psutil.Process().children(recursive=True)
-    names = []
-    for p in left:
+    left, names = [], []
+    for p in psutil.Process().children(recursive=True):
         try:
-            names.append(" ".join(p.cmdline()[:4]))
+            cmd = " ".join(p.cmdline()[:4])
+            if any(f"multiprocessing.{s}" in cmd for s in SERVICES):
+                continue
             p.kill()
         except psutil.Error:  # it ended meanwhile
-            pass
+            continue
+        left.append(p)
+        names.append(cmd)
     session.config.stash[LEFT] = names
     psutil.wait_procs(left, timeout=10)
 
@@ -103,3 +106,5 @@ def pytest_terminal_summary(terminalreporter):
 
 
 LEFT = pytest.StashKey[list]()
+SERVICES = ("resource_tracker", "forkserver")
+"""multiprocessing's own helpers, started once per process: they end when pytest does."""
