@@ -6,6 +6,7 @@
    run resumes from `latest`, and the loss curve equals the uninterrupted run's bit for bit.
 """
 import os
+import re
 import sys
 import time
 
@@ -88,6 +89,33 @@ def test_usr1_checkpoints_requeues_and_resumes_bitwise(slurm, reference, sample_
     assert f"resumed from {tmp_path / 'pre' / 'checkpoints'}/step_{stopped:07d}" in log
     assert f"finished: step {STEPS} of {STEPS}" in log
     assert losses(tmp_path / "pre") == reference["losses"]  # float equality: bitwise identical curve
+
+
+@pytest.mark.parametrize("cancel", [("--batch", "--signal=TERM"), ()], ids=["term-to-script", "scancel"])
+def test_sigterm_checkpoints_and_does_not_requeue(slurm, sample_shards, tmp_path, cancel):
+    """A stop for good with a checkpoint. TERM to the script alone (`scancel --batch
+    --signal=TERM`): it passed TERM on to srun, which answers SIGTERM by SIGKILL to every task
+    ("srun: forcing job termination"): exit 137, no checkpoint; it now passes USR1 on. A plain
+    scancel (TERM to every process of the job): the ranks save before slurmstepd's KillWait."""
+    cfg = write_config(tmp_path, sample_shards, "term", train={"steps": 400, "eval_interval": 0},
+                       checkpoint={"interval": 0})
+    out = tmp_path / "job.out"
+    jid = slurm.sbatch(SCRIPT, options=OPTIONS + (f"--output={out}",), CONFIG=str(cfg))
+    metrics = tmp_path / "term" / "metrics.jsonl"
+    assert wait_for(lambda: metrics.exists() and len(metrics.read_text().splitlines()) >= 3,
+                    timeout=240, every=0.05), (out.read_text() if out.exists() else "") + slurm.logs()
+    slurm.cmd(["scancel", *cancel, str(jid)])
+    info = slurm.wait_done(jid, timeout=180)
+    log = out.read_text()
+    assert info["JobState"] == ("COMPLETED" if cancel else "CANCELLED"), log[-4000:]
+    assert info.get("Restarts") == "0" and "requeueing job" not in log
+    saved = re.search(r"SIG(TERM|USR1) received: saving a checkpoint at step (\d+)", log)
+    assert saved, log[-4000:]
+    stopped = int(saved.group(2))
+    assert 3 <= stopped < 400
+    assert (tmp_path / "term" / "checkpoints" / "latest").read_text().strip() == f"step_{stopped:07d}"
+    if cancel:
+        assert f"stopped by SIGTERM at step {stopped} of 400 (cancel or preemption): not requeueing" in log
 
 
 def test_srun_pmix_with_mpi_discovery(slurm, sample_shards, tmp_path):
