@@ -8,6 +8,11 @@ fails with a PrepError (bad input, disk full) stops the run with that message.
 
 Workers are forked, so they start in milliseconds with the tokenizer already loaded, and
 read their tasks from the parent's memory (only unit indices and small records travel).
+
+Workers end with the parent: a SIGTERM to it (`kill PID`, Slurm) runs the clean-up below as a
+Ctrl-C does, and a parent killed outright takes its workers with it (Linux's parent-death
+signal). An orphan went on tokenizing, held the run's lock (a rerun was refused) and blocked
+forever once the results pipe was full.
 """
 
 from __future__ import annotations
@@ -17,6 +22,8 @@ import multiprocessing as mp
 import os
 import queue
 import signal
+import sys
+import threading
 import traceback
 from typing import Callable, Sequence
 
@@ -25,7 +32,23 @@ from lenext_dist.atomic import temp_suffix
 from .errors import PrepError
 
 
-def _worker(tasks, fn, todo, results) -> None:
+def _die_with(parent: int) -> None:
+    """The kernel kills this process when `parent` dies (PR_SET_PDEATHSIG, linux/prctl.h); where
+    there is no prctl, the parent's own clean-up (SIGTERM, Ctrl-C) still stops its workers."""
+    import ctypes
+
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return
+    PR_SET_PDEATHSIG = 1
+    prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent:  # it died before the prctl
+        os._exit(1)
+
+
+def _worker(tasks, fn, todo, results, parent: int) -> None:
+    _die_with(parent)
     pid = os.getpid()
     while True:
         i = todo.get()
@@ -74,10 +97,14 @@ def run_pool(tasks: Sequence[tuple], fn: Callable, workers: int, on_progress: Ca
         todo.put(i)
     for _ in range(workers):
         todo.put(None)
-    procs = [ctx.Process(target=_worker, args=(tasks, fn, todo, results), daemon=True)
+    procs = [ctx.Process(target=_worker, args=(tasks, fn, todo, results, os.getpid()), daemon=True)
              for _ in range(workers)]
     for p in procs:
         p.start()
+    # after the forks: a worker keeps SIGTERM's default (terminate() below ends it at once)
+    stop_on_term = threading.current_thread() is threading.main_thread()
+    if stop_on_term:
+        before = signal.signal(signal.SIGTERM, _stopped)
     holding: dict = {}  # pid -> task index being worked on
     left = len(tasks)
 
@@ -135,3 +162,13 @@ def run_pool(tasks: Sequence[tuple], fn: Callable, workers: int, on_progress: Ca
                     os.remove(f)  # a stopped worker's unfinished partials
         results.cancel_join_thread()
         todo.cancel_join_thread()
+        if stop_on_term:
+            signal.signal(signal.SIGTERM, before)
+
+
+def _stopped(signum: int, _frame) -> None:
+    """SIGTERM in the parent: unwind through run_pool's clean-up (workers stopped, their partials
+    removed) and the run lock's release, then exit as the signal would have (128 + 15)."""
+    print("stopped by SIGTERM: workers stopped, finished units kept; rerun the same command to "
+          "resume", file=sys.stderr, flush=True)
+    raise SystemExit(128 + signum)

@@ -490,4 +490,9 @@ MUTATIONS: list[M] = [
     M("flex-probe-inside-the-checkpoint", "attention", "lenext_dist/attention/paths.py",
       "    with torch.autograd.graph.saved_tensors_hooks(_keep, _keep):\n", "    if True:\n",
       ("tests/unit/test_gpu_ready.py",)),
+    M("prep-sigterm-skips-the-clean-up", "prep", "lenext_dist/prep/pool.py",
+      "before = signal.signal(signal.SIGTERM, _stopped)", "before = signal.getsignal(signal.SIGTERM)",
+      ("tests/unit/test_prep_reliability.py",)),
+    M("prep-workers-outlive-their-parent", "prep", "lenext_dist/prep/pool.py",
+      "    prctl(PR_SET_PDEATHSIG, signal.SIGKILL)\n", "", ("tests/unit/test_prep_reliability.py",)),
 ]

@@ -131,6 +131,67 @@ def test_a_killed_worker_is_an_error_naming_its_input_not_a_hang(tmp_path, big):
     assert file_bytes(tmp_path / "o", "t") == file_bytes(tmp_path / "ref", "t")
 
 
+STOPPABLE_PREP = """
+import runpy, sys
+from lenext_dist.prep import units
+units.MIN_UNIT = 64 << 10  # as the small_units fixture: many units from a small file
+sys.argv = {argv!r}
+runpy.run_path({script!r}, run_name="__main__")
+"""
+
+
+def _gone(pid: int) -> bool:
+    try:
+        return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except OSError:
+        return True
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["term", "kill"])
+def test_a_stopped_prep_leaves_no_worker_running_and_no_lock_held(tmp_path, sig):
+    """`kill PID` of a `lenext prep` with workers: the parent died at once, its workers went on
+    tokenizing as orphans, held the run's lock (the rerun was refused) and blocked for good once
+    the results pipe was full. SIGTERM now unwinds (workers stopped, partials removed, exit 143);
+    SIGKILL takes the workers with it (parent-death signal). Either way the rerun resumes."""
+    src = _big_jsonl(tmp_path / "in" / "big.jsonl", 1.5)
+    argv = [SHARD, "--input", src, "--format", "jsonl", "--tokenizer", TOKENIZER, "--out",
+            str(tmp_path / "o"), "--name", "t", "--workers", "2", "--no-progress"]
+    p = subprocess.Popen([sys.executable, "-c", STOPPABLE_PREP.format(argv=argv, script=SHARD)],
+                         stderr=subprocess.PIPE, text=True, cwd=REPO)
+    parts = parts_dir(str(tmp_path / "o"), "t")
+    workers = []
+    for _ in range(6000):  # until a worker is inside a unit (its partial exists)
+        kids = _children(p.pid)
+        if any(glob.glob(os.path.join(parts, f"*{temp_suffix(k)}.bin")) for k in kids):
+            workers = kids
+            break
+        time.sleep(0.005)
+    assert len(workers) == 2, p.communicate(timeout=60)[1][-2000:]
+    if sig == signal.SIGKILL:  # held where they are: an orphan could not finish its units meanwhile
+        for w in workers:
+            os.kill(w, signal.SIGSTOP)
+    os.kill(p.pid, sig)
+    p.wait(timeout=60)  # the parent alone: an orphan would hold stderr open until it finished
+    try:
+        deadline = time.time() + 10
+        while not all(_gone(w) for w in workers) and time.time() < deadline:
+            time.sleep(0.02)
+        assert all(_gone(w) for w in workers), [w for w in workers if not _gone(w)]
+    finally:
+        for w in workers:
+            if not _gone(w):
+                os.kill(w, signal.SIGKILL)
+    err = p.stderr.read()
+    if sig == signal.SIGTERM:
+        assert p.returncode == 128 + signal.SIGTERM and "stopped by SIGTERM" in err, err[-2000:]
+        assert not [f for f in os.listdir(parts) if "tmp-" in f]
+    else:
+        assert p.returncode == -signal.SIGKILL
+    shard([src], tmp_path / "o", fmt="jsonl", workers=2)  # not refused: no lock held
+    shard([src], tmp_path / "ref", fmt="jsonl")
+    assert file_bytes(tmp_path / "o", "t") == file_bytes(tmp_path / "ref", "t")
+
+
 @pytest.mark.parametrize("change", ["size", "mtime"])
 def test_an_input_changed_after_its_units_finished_is_refused(tmp_path, change):
     src = tmp_path / "in" / "a.jsonl"
