@@ -14,12 +14,16 @@ from __future__ import annotations
 import contextlib
 import os
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import NoReturn, Optional, Sequence, Union
+
+from lenext_dist.train.signals import STOP_FILE_ENV
 
 MODULE = "lenext_dist.train"
 """The module every rank runs (`python -m lenext_dist.train`)."""
@@ -66,37 +70,56 @@ def launcher_status(cmd: Sequence[str], env: Optional[dict] = None, stdout: Opti
     (`lenext extend` launches its searches through here and goes on); `stdout`: a file descriptor
     for the launcher's stdout and stderr (default: this process's). SIGTERM or SIGUSR1 to this
     process, or to its process group, reaches the launcher's group as SIGUSR1: the ranks save at
-    the next step boundary and exit 0, the launchers ignore it. DeepSpeed's launch.py never sees
-    a SIGTERM: its handler would terminate the ranks and SIGKILL them 30 s later, losing a step +
-    save that takes longer. SIGINT and SIGHUP are passed on as they are (Ctrl-C stops the run). A
-    kill -9 of this process leaves the launcher running: signal its group (the pid it prints)."""
+    the next step boundary and exit 0, the launchers ignore it; a rank still starting up (it
+    ignores the signal until its handler is in place) finds the stop in the file STOP_FILE_ENV
+    names. DeepSpeed's launch.py never sees a SIGTERM: its handler would terminate the ranks and
+    SIGKILL them 30 s later, losing a step + save that takes longer. SIGINT and SIGHUP are passed
+    on as they are (Ctrl-C stops the run). A kill -9 of this process leaves the launcher running:
+    signal its group (the pid it prints)."""
     handled = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1)
     before = {s: signal.getsignal(s) for s in handled}
     ignore_stop_signal()  # inherited by the launcher (fork and exec); its ranks install theirs
     print(f"[lenext train] {shlex.join(cmd)}", flush=True)
     sys.stderr.flush()
     child: list = []
+    stop_dir = tempfile.mkdtemp(prefix="lenext-stop-")
+    env = {**(os.environ if env is None else env), STOP_FILE_ENV: os.path.join(stop_dir, "stop")}
 
-    def forward(signum, _frame):
-        sig = signal.SIGUSR1 if signum in (signal.SIGTERM, signal.SIGUSR1) else signum
-        if signum == signal.SIGTERM:
-            print("[lenext train] SIGTERM: passed on to the ranks as SIGUSR1 (they save at the "
-                  "next step boundary and exit 0)", flush=True)
+    def send(sig) -> None:
         if child:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(child[0].pid, sig)
+
+    def forward(signum, _frame):
+        if signum not in (signal.SIGTERM, signal.SIGUSR1):
+            return send(signum)
+        # the file first: a rank whose handler is not in place yet ignores the signal, and reads
+        # the file when it installs the handler (signals.StopSignal)
+        with open(env[STOP_FILE_ENV], "w") as f:
+            f.write(signal.Signals(signum).name)
+        send(signal.SIGUSR1)
+        if signum == signal.SIGTERM:
+            _say("[lenext train] SIGTERM: passed on to the ranks as SIGUSR1 (they save at the next step "
+                 "boundary and exit 0)")
 
     try:
         for s in handled[:3]:
             signal.signal(s, forward)
         # SIGUSR1 still ignored here: exec keeps an ignored signal ignored but resets a handled one
-        child.append(subprocess.Popen(list(cmd), env=dict(os.environ if env is None else env),
-                                      start_new_session=True, stdout=stdout,
+        child.append(subprocess.Popen(list(cmd), env=env, start_new_session=True, stdout=stdout,
                                       stderr=None if stdout is None else subprocess.STDOUT))
         signal.signal(signal.SIGUSR1, forward)
-        print(f"[lenext train] launcher pid {child[0].pid} (its process group)", flush=True)
+        _say(f"[lenext train] launcher pid {child[0].pid} (its process group)")
         rc = child[0].wait()  # a handled signal interrupts the wait, which Python resumes (PEP 475)
     finally:
         for s, h in before.items():
             signal.signal(s, h)
+        shutil.rmtree(stop_dir, ignore_errors=True)
     return rc if rc >= 0 else 128 - rc
+
+
+def _say(line: str) -> None:
+    # a closed stdout (`lenext train ... | tee log`, tee killed by the same group signal) must
+    # not stop the signal's forwarding, nor leave the launcher running without this process
+    with contextlib.suppress(OSError):
+        print(line, flush=True)

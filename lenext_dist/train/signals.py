@@ -17,10 +17,14 @@ group never reaches: under torchrun, signal the ranks.
 """
 from __future__ import annotations
 
+import os
 import signal
 
-import torch
-import torch.distributed as dist
+
+STOP_FILE_ENV = "LENEXT_STOP_FILE"
+"""A file `lenext train` (launch.py) writes, with the signal's name, before it passes a stop on:
+a rank ignores SIGUSR1 until its handler is in place (seconds of imports after it starts), so a
+stop sent meanwhile would be lost; the rank reads the file once its handler is in place."""
 
 
 class StopSignal:
@@ -30,6 +34,11 @@ class StopSignal:
         self.name = None
         for s in self.SIGNALS:
             signal.signal(s, self._handle)
+        stop_file = os.environ.get(STOP_FILE_ENV)
+        if stop_file and os.path.isfile(stop_file):  # a stop that came before the handler
+            with open(stop_file) as f:
+                name = f.read().strip()
+            self.name = name if name in {s.name for s in self.SIGNALS} else "SIGUSR1"
 
     def _handle(self, signum, _frame):
         self.name = signal.Signals(signum).name
@@ -38,6 +47,9 @@ class StopSignal:
         """True on every rank if any rank got a signal (collective: call on all ranks). `name` is
         then the signal's name on every rank, whichever rank received it. `device`: where the
         process group reduces (the accelerator under NCCL, which takes no CPU tensors)."""
+        import torch
+        import torch.distributed as dist
+
         num = torch.tensor([signal.Signals[self.name].value if self.name else 0], device=device)
         if dist.is_initialized():
             dist.all_reduce(num, op=dist.ReduceOp.MAX)

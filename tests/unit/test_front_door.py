@@ -191,3 +191,47 @@ def test_launcher_status_returns_and_restores_the_signal_handlers():
     assert launch.launcher_status([sys.executable, "-c", "import sys; sys.exit(3)"]) == 3
     assert launch.launcher_status([sys.executable, "-c", "import os; os.kill(os.getpid(), 9)"]) == 137
     assert {s: signal.getsignal(s) for s in sigs} == before
+
+
+def test_a_stop_before_the_ranks_handler_reaches_the_rank_through_the_stop_file(tmp_path):
+    """SIGTERM to `lenext train` while its ranks still start up (SIGUSR1 ignored until their
+    handler is in place): the signal it passed on was lost and the run trained to its end. The
+    stop is written to the file the ranks read when they install the handler; the file goes with
+    the launch."""
+    import threading
+
+    child = ("import os, time; time.sleep(1.5); from lenext_dist.train.signals import STOP_FILE_ENV, "
+             "StopSignal; print(StopSignal().name, os.environ[STOP_FILE_ENV], flush=True)")
+    out = tmp_path / "out.txt"
+    threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGTERM)).start()
+    with open(out, "w") as f:
+        assert launch.launcher_status([sys.executable, "-c", child], stdout=f.fileno()) == 0
+    name, stop_file = out.read_text().split()[-2:]
+    assert name == "SIGTERM" and not os.path.exists(os.path.dirname(stop_file))
+
+
+def test_a_stop_is_passed_on_when_stdout_is_a_closed_pipe(tmp_path, monkeypatch):
+    """`lenext train ... | tee log` and a group SIGTERM that ends tee too: printing the notice
+    raised BrokenPipeError in the handler, out of the wait: the launcher was never told and
+    `lenext train` exited 1 with a traceback, its ranks running on in their own session."""
+    import threading
+
+    class Closed:
+        def write(self, _):
+            raise BrokenPipeError(32, "Broken pipe")
+
+        def flush(self):
+            raise BrokenPipeError(32, "Broken pipe")
+
+    child = ("import time; from lenext_dist.train.signals import StopSignal; s = StopSignal()\n"
+             "while s.name is None: time.sleep(0.05)\nprint(s.name, flush=True)")
+    out = tmp_path / "out.txt"
+
+    def tee_dies_then_term():
+        monkeypatch.setattr(sys, "stdout", Closed())
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Timer(1.5, tee_dies_then_term).start()
+    with open(out, "w") as f:
+        assert launch.launcher_status([sys.executable, "-c", child], stdout=f.fileno()) == 0
+    assert out.read_text().split()[-1] == "SIGUSR1"
