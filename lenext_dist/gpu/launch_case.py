@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -41,16 +42,37 @@ def _unready(config: str, overrides: list[str]) -> Optional[str]:
     return None
 
 
+LAUNCH_BOUND_S = 300.0
+"""A launch case's time bound (its steps take seconds): a rank that hangs, e.g. in a collective
+waiting on a peer that died, would otherwise hold the check until DeepSpeed's own 10 minutes."""
+
+
+def launch(cmd: list[str], env: dict) -> tuple[Optional[int], str]:
+    """(exit status, stderr) of `cmd` in a session of its own; past LAUNCH_BOUND_S the whole
+    session (launcher and ranks) is killed and the status is None."""
+    p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env,
+                         start_new_session=True)
+    try:
+        _, err = p.communicate(timeout=LAUNCH_BOUND_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        return None, p.communicate()[1]
+    return p.returncode, err
+
+
 def _run(cmd: list[str], env: dict, run_dir: Path) -> dict:
     shutil.rmtree(run_dir, ignore_errors=True)  # this check's own scratch run, started afresh
     t0 = time.perf_counter()
-    p = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    rc, err = launch(cmd, env)
     recs = []
     metrics = run_dir / "metrics.jsonl"
     if metrics.exists():
         recs = [json.loads(x) for x in metrics.read_text().splitlines() if x.strip()]
-    return {"ok": p.returncode == 0, "seconds": round(time.perf_counter() - t0, 1),
-            "records": recs[-3:], "stderr_tail": p.stderr[-2000:] if p.returncode else ""}
+    out = {"ok": rc == 0, "seconds": round(time.perf_counter() - t0, 1), "records": recs[-3:],
+           "stderr_tail": err[-2000:] if rc else ""}
+    if rc is None:
+        out["error"] = f"not done within {LAUNCH_BOUND_S:.0f} s: launcher and ranks killed"
+    return out
 
 
 def check_zero2(run_dir: Path, config: str) -> dict:

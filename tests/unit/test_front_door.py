@@ -5,6 +5,7 @@ launcher with SIGUSR1 ignored, and trains in its own process for N = 1; the Head
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -130,8 +131,6 @@ def test_the_headscale_search_is_launched_like_lenext_train(monkeypatch, tmp_pat
 def test_gpu_check_zero2_launches_like_lenext_train(monkeypatch, tmp_path):
     """The GPU check's --launch ZeRO-2 case: its config from the working directory (no path into a
     checkout), its data checked first, then the one launch command."""
-    from types import SimpleNamespace
-
     from lenext_dist.gpu import launch_case as gpu_check
     from lenext_dist.cluster import run_state
 
@@ -147,22 +146,18 @@ def test_gpu_check_zero2_launches_like_lenext_train(monkeypatch, tmp_path):
 
     runs = []
     monkeypatch.setattr(run_state, "preflight", lambda c: [])
-    monkeypatch.setattr(gpu_check.subprocess, "run",
-                        lambda cmd, **kw: runs.append((cmd, kw)) or SimpleNamespace(returncode=0, stderr=""))
+    monkeypatch.setattr(gpu_check, "launch", lambda cmd, env: runs.append((cmd, env)) or (0, ""))
     assert gpu_check.check_zero2(tmp_path / "z", str(cfg))["ok"]
-    (cmd, kw), = runs
+    (cmd, env), = runs
     port = cmd[cmd.index("--master_port") + 1]
     assert cmd[:len(cmd) - 11] == launch.launch_command(cfg, 2, int(port))
     assert "--parallel.zero_stage=2" in cmd and "--train.global_batch_size=16" in cmd
-    assert "cwd" not in kw
 
 
 def test_gpu_check_runs_one_rank_as_a_task_shown_only_its_own_gpu(monkeypatch, tmp_path):
     """launch/gpu-per-task: `python -m lenext_dist.train` alone, as local rank 3 of 4 that sees one
     GPU (Slurm's --gpus-per-task=1), where DeepSpeed set cuda:3; a launcher's rank variables of the
     check's own process are not passed on."""
-    from types import SimpleNamespace
-
     from lenext_dist.gpu import launch_case as gpu_check
     from lenext_dist.cluster import run_state
 
@@ -172,14 +167,12 @@ def test_gpu_check_runs_one_rank_as_a_task_shown_only_its_own_gpu(monkeypatch, t
     cfg.write_text("data: {tokenizer: nowhere.model}\n")
     runs = []
     monkeypatch.setattr(run_state, "preflight", lambda c: [])
-    monkeypatch.setattr(gpu_check.subprocess, "run",
-                        lambda cmd, **kw: runs.append((cmd, kw)) or SimpleNamespace(returncode=0, stderr=""))
+    monkeypatch.setattr(gpu_check, "launch", lambda cmd, env: runs.append((cmd, env)) or (0, ""))
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "5,6")
     monkeypatch.setenv("RANK", "7")
     assert gpu_check.check_gpu_per_task(tmp_path / "t", str(cfg))["ok"]
-    (cmd, kw), = runs
+    (cmd, env), = runs
     assert cmd[1:5] == ["-m", launch.MODULE, "--config", str(cfg)] and "--parallel.backend=nccl" in cmd
-    env = kw["env"]
     assert (env["RANK"], env["WORLD_SIZE"], env["LOCAL_RANK"], env["CUDA_VISIBLE_DEVICES"]) == ("0", "1", "3", "5")
 
 
@@ -235,3 +228,24 @@ def test_a_stop_is_passed_on_when_stdout_is_a_closed_pipe(tmp_path, monkeypatch)
     with open(out, "w") as f:
         assert launch.launcher_status([sys.executable, "-c", child], stdout=f.fileno()) == 0
     assert out.read_text().split()[-1] == "SIGUSR1"
+
+
+def test_gpu_check_launch_cases_are_bounded_and_kill_the_whole_launch(monkeypatch, tmp_path):
+    """A hung rank (a collective waiting on a dead peer) held `--launch` until DeepSpeed's own
+    10 minutes, and subprocess.run's timeout would kill the launcher alone: the ranks live on."""
+    from lenext_dist.gpu import launch_case as gpu_check
+
+    monkeypatch.setattr(gpu_check, "LAUNCH_BOUND_S", 1.0)
+    pid_file = tmp_path / "rank.pid"
+    hang = ("import subprocess, sys; r = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
+            f"open({str(pid_file)!r}, 'w').write(str(r.pid)); r.wait()")
+    out = gpu_check._run([sys.executable, "-c", hang], dict(os.environ), tmp_path / "run")
+    assert not out["ok"] and "not done within 1 s" in out["error"]
+    rank = int(pid_file.read_text())
+    for _ in range(100):  # reaped by init once killed
+        if not os.path.exists(f"/proc/{rank}") or open(f"/proc/{rank}/stat").read().split(")")[1].split()[0] == "Z":
+            break
+        time.sleep(0.05)
+    else:
+        os.kill(rank, signal.SIGKILL)
+        raise AssertionError("the launch's child outlived the bound")
