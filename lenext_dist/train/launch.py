@@ -95,7 +95,7 @@ def launcher_status(cmd: Sequence[str], env: Optional[dict] = None, stdout: Opti
             return send(signum)
         # the file first: a rank whose handler is not in place yet ignores the signal, and reads
         # the file when it installs the handler (signals.StopSignal)
-        with open(env[STOP_FILE_ENV], "w") as f:
+        with contextlib.suppress(OSError), open(env[STOP_FILE_ENV], "w") as f:
             f.write(signal.Signals(signum).name)
         send(signal.SIGUSR1)
         if signum == signal.SIGTERM:
