@@ -11,10 +11,13 @@ data_prep/shard.py and `python -m lenext_dist.convert`.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
+import signal
 import sys
-from typing import Callable, Optional, Sequence
+import threading
+from typing import Callable, Iterator, Optional, Sequence
 
 EXIT_USER_ERROR = 2
 DEBUG_ENV = "LENEXT_DEBUG"
@@ -75,3 +78,26 @@ def message(e: BaseException) -> str:
     else:
         text = str(e) or type(e).__name__
     return text.strip()
+
+
+@contextlib.contextmanager
+def sigterm_unwinds(notice: str) -> Iterator[None]:
+    """Within the block, SIGTERM (`kill PID`, Slurm) prints `notice` and raises SystemExit(143),
+    so every `finally` and `with` on the way out runs as on Ctrl-C (workers stopped, staging
+    folders and temporaries removed, locks released) instead of the process dying mid-write. The
+    handler before is restored after; off the main thread (no signal handlers there) a no-op.
+    Install it after forking workers: a forked child would inherit it."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def unwind(signum, _frame):
+        with contextlib.suppress(OSError):
+            print(notice, file=sys.stderr, flush=True)
+        raise SystemExit(128 + signum)
+
+    before = signal.signal(signal.SIGTERM, unwind)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, before)

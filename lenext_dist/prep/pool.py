@@ -22,12 +22,11 @@ import multiprocessing as mp
 import os
 import queue
 import signal
-import sys
-import threading
 import traceback
 from typing import Callable, Sequence
 
 from lenext_dist.atomic import temp_suffix
+from lenext_dist.errors import sigterm_unwinds
 
 from .errors import PrepError
 
@@ -102,9 +101,12 @@ def run_pool(tasks: Sequence[tuple], fn: Callable, workers: int, on_progress: Ca
     for p in procs:
         p.start()
     # after the forks: a worker keeps SIGTERM's default (terminate() below ends it at once)
-    stop_on_term = threading.current_thread() is threading.main_thread()
-    if stop_on_term:
-        before = signal.signal(signal.SIGTERM, _stopped)
+    with sigterm_unwinds("stopped by SIGTERM: workers stopped, finished units kept; rerun the same "
+                         "command to resume"):
+        _watch(tasks, procs, results, todo, on_progress, tmp_dir)
+
+
+def _watch(tasks, procs, results, todo, on_progress, tmp_dir: str) -> None:
     holding: dict = {}  # pid -> task index being worked on
     left = len(tasks)
 
@@ -162,13 +164,3 @@ def run_pool(tasks: Sequence[tuple], fn: Callable, workers: int, on_progress: Ca
                     os.remove(f)  # a stopped worker's unfinished partials
         results.cancel_join_thread()
         todo.cancel_join_thread()
-        if stop_on_term:
-            signal.signal(signal.SIGTERM, before)
-
-
-def _stopped(signum: int, _frame) -> None:
-    """SIGTERM in the parent: unwind through run_pool's clean-up (workers stopped, their partials
-    removed) and the run lock's release, then exit as the signal would have (128 + 15)."""
-    print("stopped by SIGTERM: workers stopped, finished units kept; rerun the same command to "
-          "resume", file=sys.stderr, flush=True)
-    raise SystemExit(128 + signum)

@@ -42,6 +42,8 @@ import tempfile
 import zlib
 from typing import Iterable
 
+from lenext_dist.errors import sigterm_unwinds
+
 from .errors import PrepError
 from .tokenizer import refuse_other_model, sha256_file
 
@@ -180,7 +182,8 @@ def build_sample(out: str = DEFAULT_OUT, work: str | None = None, command: str =
     parent = os.path.dirname(os.path.abspath(out))
     os.makedirs(parent, exist_ok=True)
     stage = tempfile.mkdtemp(prefix=".sample.tmp-", dir=parent)  # one file system: moves are renames
-    try:
+    # a SIGTERM unwinds through the finally below (the staging folder was left behind, never swept)
+    with sigterm_unwinds("stopped by SIGTERM: rerun `lenext prep sample`"), _removed(stage):
         downloads = tempfile.TemporaryDirectory(prefix="lenext-sample-") if work is None \
             else contextlib.nullcontext(work)
         with downloads as w:
@@ -194,9 +197,15 @@ def build_sample(out: str = DEFAULT_OUT, work: str | None = None, command: str =
             os.makedirs(dest, exist_ok=True)
             for n in names:
                 os.replace(os.path.join(root, n), os.path.join(dest, n))
-    finally:
-        shutil.rmtree(stage, ignore_errors=True)
     return info
+
+
+@contextlib.contextmanager
+def _removed(folder: str):
+    try:
+        yield
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _build(out: str, work: str, command: str) -> dict:

@@ -5,6 +5,8 @@ import ast
 import re
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = re.compile(r"\b(?:launch|data_prep)/\w+\.py\b")
 
@@ -60,3 +62,26 @@ def test_the_extending_guide_names_only_files_that_exist():
     assert len(paths) >= 15
     missing = sorted(p for p in paths if not (REPO / p).exists())
     assert not missing, missing
+
+
+def test_sigterm_unwinds_through_finally_blocks_and_restores_the_handler(capsys):
+    """`kill PID` of a command inside sigterm_unwinds: SystemExit(143) instead of death mid-write,
+    so its finally blocks (staging folders, workers, locks) run; the handler before comes back."""
+    import os
+    import signal
+    import time
+
+    from lenext_dist.errors import sigterm_unwinds
+
+    before = signal.getsignal(signal.SIGTERM)
+    ran = []
+    with pytest.raises(SystemExit) as e:
+        with sigterm_unwinds("stopped by SIGTERM: rerun it"):
+            try:
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(5)  # the handler raises at the next bytecode, well before
+            finally:
+                ran.append("cleaned")
+    assert e.value.code == 143 and ran == ["cleaned"]
+    assert "stopped by SIGTERM: rerun it" in capsys.readouterr().err
+    assert signal.getsignal(signal.SIGTERM) is before

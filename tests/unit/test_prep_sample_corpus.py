@@ -3,7 +3,9 @@
 import glob
 import json
 import os
+import signal
 import tempfile
+import time
 
 import pyarrow.parquet as pq
 import pytest
@@ -108,4 +110,18 @@ def test_a_rebuild_keeps_the_same_tokenizer_and_refuses_another_changing_nothing
     with pytest.raises(ZeroDivisionError) as failed:
         sc.build_sample(str(tmp_path / "other"))
     assert failed.value and os.listdir(scratch) == []  # (the traceback holds the failed call's frames)
+    assert sorted(os.listdir(tmp_path)) == ["sample", "tmp"]
+    # `kill PID` midway: the staging folder beside --out was left behind (never swept)
+    monkeypatch.setattr(sc, "fetch_plays", lambda work: os.kill(os.getpid(), signal.SIGTERM) or time.sleep(5))
+
+    def not_unwound(*_):  # stands in for the default action (death), which would end pytest
+        raise AssertionError("SIGTERM reached the default handler")
+
+    before = signal.signal(signal.SIGTERM, not_unwound)
+    try:
+        with pytest.raises(SystemExit) as stopped:
+            sc.build_sample(str(tmp_path / "other"))
+    finally:
+        signal.signal(signal.SIGTERM, before)
+    assert stopped.value.code == 143 and os.listdir(scratch) == []
     assert sorted(os.listdir(tmp_path)) == ["sample", "tmp"]
