@@ -112,3 +112,26 @@ def largest_allocation(fn: Callable[[], object], dev: torch.device) -> tuple[Opt
             if ev.get("action") == "alloc":
                 largest = max(largest, int(ev.get("size", 0)))
     return torch.cuda.max_memory_allocated(dev) - base, largest
+
+
+def reset_flex_state() -> None:
+    """Each case compiles afresh: torch.compile's per-function recompile limit and paths.py's
+    process-wide record of flex signatures (FLEX_MAX_SHAPES, past which it takes the chunked
+    path; failed signatures) would otherwise push the later cases off FlexAttention."""
+    from lenext_dist.attention import paths
+
+    torch._dynamo.reset()
+    paths._flex_shapes.clear()
+    paths._flex_broken.clear()
+
+
+def flex_outcome(seen: dict[str, int]) -> dict:
+    """Where FlexAttention was expected, what ran (`seen`: backends_run's SDPA calls): "flex" (it
+    runs no SDPA op) or "chunked" (SDPA per chunk: flex failed, the error kept, or never chose)."""
+    from lenext_dist.attention import paths
+
+    out = {"kernel": "chunked" if seen or paths._flex_broken else "flex",
+           "flex_kernel_options": list(paths._flex_shapes.values())}
+    for e in paths._flex_broken.values():  # it was tried and failed (paths.py warned)
+        out["flex_error"] = f"{type(e).__name__}: {e}"[:300]
+    return out

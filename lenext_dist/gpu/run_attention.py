@@ -15,19 +15,8 @@ import torch
 from . import kernels, plan
 
 
-def _reset_flex_state() -> None:
-    """Each case compiles afresh: torch.compile's per-function recompile limit and paths.py's
-    process-wide record of flex signatures (FLEX_MAX_SHAPES, past which it takes the chunked
-    path; failed signatures) would otherwise push the later cases off FlexAttention."""
-    from lenext_dist.attention import paths
-
-    torch._dynamo.reset()
-    paths._flex_shapes.clear()
-    paths._flex_broken.clear()
-
-
 def one_call(variant, case: plan.Case, shape, dtype, dev: torch.device) -> dict:
-    from lenext_dist.attention import Documents, attend, paths
+    from lenext_dist.attention import Documents, attend
 
     b, h, g, L, d = shape
     if isinstance(variant, torch.nn.Module):
@@ -45,7 +34,7 @@ def one_call(variant, case: plan.Case, shape, dtype, dev: torch.device) -> dict:
             t.grad = None
         attend(q, k, v, m, variant, documents=docs).float().sum().backward()
 
-    _reset_flex_state()
+    kernels.reset_flex_state()
     step()  # compiles FlexAttention where it runs
     seen = kernels.backends_run(step)
     kernels.synchronize(dev)
@@ -57,11 +46,8 @@ def one_call(variant, case: plan.Case, shape, dtype, dev: torch.device) -> dict:
     expected = plan.attention_kernel(variant, case.documents, shape, dtype)
     out = {"expected": expected, "sdpa_calls": seen, "ms": round(ms, 2), "peak_bytes": peak,
            "largest_alloc_bytes": largest}
-    if expected == "flex":  # FlexAttention runs no SDPA op; the chunked path is SDPA per chunk
-        out["kernel"] = "chunked" if seen or paths._flex_broken else "flex"
-        out["flex_kernel_options"] = [o for o in paths._flex_shapes.values()]
-        for e in paths._flex_broken.values():  # it was tried and failed (paths.py warned)
-            out["flex_error"] = f"{type(e).__name__}: {e}"[:300]
+    if expected == "flex":
+        out.update(kernels.flex_outcome(seen))
     else:
         out["kernel"] = "sdpa:" + "+".join(sorted(seen)) if seen else "none seen"
     return out

@@ -26,6 +26,8 @@ def measure(cfg, b: int, mfu_floor: float, dev: torch.device, documents: int = 1
     from lenext_dist.model import build_model
     from lenext_dist.train import optim
 
+    if documents > 1:
+        kernels.reset_flex_state()
     start = kernels.allocated_bytes(dev)  # what earlier cases left on the device (0 if nothing)
     kernels.reset_peak(dev)
     engine = optim.build_engine(build_model(cfg), cfg, 1)
@@ -43,7 +45,6 @@ def _above(peak, start: int):
 
 
 def _measure(engine, cfg, b: int, mfu_floor: float, dev: torch.device, start: int, documents: int) -> dict:
-    from lenext_dist.attention import paths
     from lenext_dist.model import flops_per_token
     from lenext_dist.train.peak import peak_tflops
 
@@ -78,9 +79,8 @@ def _measure(engine, cfg, b: int, mfu_floor: float, dev: torch.device, start: in
            "start_bytes": start,
            "loss": float(loss), "sdpa_calls": seen, "kernel": ", ".join(sorted(seen)) or "none seen"}
     if documents > 1:  # flex, compiled for the step's shape, its backward through the recompute
-        out["kernel"] = "flex" if paths._flex_shapes and not paths._flex_broken else \
-            f"not flex: {next(iter(paths._flex_broken.values()), 'never compiled')}"
-        fused = out["kernel"] == "flex" and not set(seen) - kernels.FUSED
+        out.update(kernels.flex_outcome(seen))
+        fused = out["kernel"] == "flex"
     else:
         fused = set(seen) <= kernels.FUSED and seen
     # the floor is of the datasheet peak: over a measured matmul (a device not in train/peak.py's

@@ -33,7 +33,6 @@ import json
 import os
 import random
 import re
-import shutil
 import subprocess
 import sys
 import sysconfig
@@ -181,9 +180,10 @@ def build_sample(out: str = DEFAULT_OUT, work: str | None = None, command: str =
     nothing there changed (shards and checkpoints may have been made with it); the same is kept."""
     parent = os.path.dirname(os.path.abspath(out))
     os.makedirs(parent, exist_ok=True)
-    stage = tempfile.mkdtemp(prefix=".sample.tmp-", dir=parent)  # one file system: moves are renames
-    # a SIGTERM unwinds through the finally below (the staging folder was left behind, never swept)
-    with sigterm_unwinds("stopped by SIGTERM: rerun `lenext prep sample`"), _removed(stage):
+    # the stage beside `out` (one file system: moves are renames), removed on the way out, a
+    # SIGTERM's included (it was left behind, never swept)
+    with sigterm_unwinds("stopped by SIGTERM: rerun `lenext prep sample`"), \
+            tempfile.TemporaryDirectory(prefix=".sample.tmp-", dir=parent, ignore_cleanup_errors=True) as stage:
         downloads = tempfile.TemporaryDirectory(prefix="lenext-sample-") if work is None \
             else contextlib.nullcontext(work)
         with downloads as w:
@@ -198,14 +198,6 @@ def build_sample(out: str = DEFAULT_OUT, work: str | None = None, command: str =
             for n in names:
                 os.replace(os.path.join(root, n), os.path.join(dest, n))
     return info
-
-
-@contextlib.contextmanager
-def _removed(folder: str):
-    try:
-        yield
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _build(out: str, work: str, command: str) -> dict:
